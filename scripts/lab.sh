@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# lab.sh — run a command on the NetReduce lab's hosts side, with the switch up.
+#
+#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bmv2]
+#                  [--memory SIZE] [--cpus N] -- CMD [ARGS...]
+#
+# The lab: hosts h0..hN-1 (network namespaces, rxe device each, 10.77.0.(I+1)), every host
+# cabled to a port of one switch; the switch process (python -m switch, with its controller
+# on 10.77.0.254:50051, cabled to the last port) runs in namespace nrlab.
+#  - native (a kernel with per-namespace rxe, Linux >= 7.1): hosts are namespaces on this
+#    machine, cabled by veth pairs to the switch namespace.
+#  - vm (every other kernel, e.g. these machines'): one virtme-ng boot of the Debian kernel
+#    that scripts/install.sh unpacked, under TCG; one virtio NIC per host whose other end is
+#    a tap in nrlab, where the switch runs natively (emulation slows Python ~10x: the switch,
+#    the hot spot, stays outside). CMD runs inside the VM as root, in its root namespace, with
+#    the repo shared read-write at the same path, PATH starting with the venv, and
+#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR set.
+# CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
+# processes) is removed afterwards; the switch's counters are printed. Runs are serialised
+# with a lock. Default: --hosts 4 --mtu 9000, --native when possible, else --vm.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${NR_VENV:-$ROOT/.venv}
+PY=$VENV/bin/python
+LABDIR=$ROOT/.lab
+SWNS=nrlab
+CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
+hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2
+
+say() { echo "[lab] $*" >&2; }
+die() { echo "[lab] error: $*" >&2; exit 1; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    --hosts) hosts=$2; shift 2 ;;
+    --mtu) mtu=$2; shift 2 ;;
+    --vm) mode=vm; shift ;;
+    --native) mode=native; shift ;;
+    --switch) switch=$2; shift 2 ;;
+    --memory) memory=$2; shift 2 ;;
+    --cpus) cpus=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+done
+[ $# -ge 1 ] || die "no command given: scripts/lab.sh [options] -- CMD [ARGS...]"
+[ "$(id -u)" = 0 ] || die "must run as root (namespaces, taps)"
+[ -x "$PY" ] || die "no venv at $VENV: run scripts/install.sh first"
+[[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || die "--hosts must be 2..64"
+case $switch in soft|bmv2) ;; *) die "--switch must be soft or bmv2" ;; esac
+
+native_ok() {
+  modprobe rdma_rxe 2>/dev/null || return 1
+  printf '%s\n%s\n' 7.1 "$(uname -r | sed 's/[-+].*//')" | sort -V -C
+}
+if [ $mode = auto ]; then
+  if native_ok; then mode=native; else mode=vm; fi
+elif [ $mode = native ] && ! native_ok; then
+  die "--native: kernel $(uname -r) has no per-namespace rdma_rxe (needs >= 7.1); use --vm"
+fi
+
+mkdir -p "$LABDIR"
+exec 9>"$LABDIR/lock"
+flock -w 3600 9 || die "another lab run holds $LABDIR/lock"
+rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,cmd.sh,env}
+
+switch_pid=""
+cleanup() {
+  set +e
+  if [ -n "$switch_pid" ] && kill -0 "$switch_pid" 2>/dev/null; then
+    kill -TERM "$switch_pid"; for _ in $(seq 50); do kill -0 "$switch_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$switch_pid" 2>/dev/null
+  fi
+  if [ -s "$LABDIR/switch.log" ]; then say "switch log and counters:"; sed 's/^/[switch] /' "$LABDIR/switch.log" >&2; fi
+  [ $mode = native ] && "$ROOT/scripts/setup_rxe.sh" down --switch-ns "$SWNS" >/dev/null 2>&1
+  ip netns del "$SWNS" 2>/dev/null
+  true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- the switch namespace: ports + the controller's own leg ------------------------------
+ip netns del "$SWNS" 2>/dev/null || true
+ip netns add "$SWNS"
+ip -n "$SWNS" link set lo up
+ip -n "$SWNS" link add nrctl type veth peer name nrctlp
+ip -n "$SWNS" link set nrctl address "$CTL_MAC" mtu "$mtu" up
+ip -n "$SWNS" link set nrctlp mtu "$mtu" up
+ip -n "$SWNS" addr add "$CTL_IP/24" dev nrctl
+for d in nrctl nrctlp; do ip netns exec "$SWNS" ethtool -K "$d" tx off tso off gso off gro off >/dev/null 2>&1 || true; done
+
+ports=()
+if [ $mode = native ]; then
+  say "native lab: kernel $(uname -r), $hosts hosts on veths"
+  "$ROOT/scripts/setup_rxe.sh" down --switch-ns "$SWNS" >/dev/null 2>&1 || true
+  "$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --switch-ns "$SWNS" >&2
+  for ((i = 0; i < hosts; i++)); do ports+=(--port "$((i + 1))=nrp$i"); done
+else
+  kver=$(ls -d /lib/modules/*/vmlinuz 2>/dev/null | sed 's|/lib/modules/||; s|/vmlinuz||' | sort -V | tail -1)
+  [ -n "$kver" ] || die "no VM kernel under /lib/modules/*/vmlinuz: run scripts/install.sh"
+  command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing: run scripts/install.sh"
+  say "vm lab: kernel $kver under TCG, $hosts hosts on virtio NICs, switch on taps in $SWNS"
+  qemu_opts=""
+  for ((i = 0; i < hosts; i++)); do
+    ip -n "$SWNS" tuntap add "nrtap$i" mode tap
+    ip -n "$SWNS" link set "nrtap$i" mtu "$mtu" up
+    ip netns exec "$SWNS" ethtool -K "nrtap$i" tx off tso off gso off gro off >/dev/null 2>&1 || true
+    ports+=(--port "$((i + 1))=nrtap$i")
+    qemu_opts+=" -netdev tap,id=nr$i,ifname=nrtap$i,script=no,downscript=no"
+    qemu_opts+=" -device virtio-net-pci,netdev=nr$i,mac=$(printf '02:4e:52:00:00:%02x' $((i + 1))),host_mtu=$mtu"
+  done
+fi
+ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
+
+if [ $switch = bmv2 ]; then
+  die "--switch bmv2: not available yet in this tree"
+fi
+ctl=(--controller "$CTL_IP:$CTL_PORT"); [ -z "${NR_NO_CTL:-}" ] || ctl=()
+ip netns exec "$SWNS" "$PY" -m switch "${ports[@]}" "${ctl[@]}" \
+  --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
+  >"$LABDIR/switch.log" 2>&1 &
+switch_pid=$!
+for _ in $(seq 300); do
+  [ -f "$LABDIR/switch.ready" ] && break
+  kill -0 "$switch_pid" 2>/dev/null || { cat "$LABDIR/switch.log" >&2; switch_pid=""; die "the switch exited at start"; }
+  sleep 0.1
+done
+[ -f "$LABDIR/switch.ready" ] || die "the switch did not become ready in 30 s"
+say "switch up (pid $switch_pid): ${ports[*]}"
+
+# --- the command ---------------------------------------------------------------------------
+{
+  printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+  printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q\n' \
+    "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT"
+  for v in CI PYTEST_ADDOPTS NR_DEBUG; do
+    [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+  done
+  true
+} > "$LABDIR/env"
+printf '%q ' "$@" > "$LABDIR/cmd.sh"; echo >> "$LABDIR/cmd.sh"
+
+rc=0
+if [ $mode = native ]; then
+  (set +u; . "$LABDIR/env"; cd "$ROOT"; exec bash "$LABDIR/cmd.sh") || rc=$?
+else
+  t0=$(date +%s)
+  PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
+    --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
+    --qemu-opts="$qemu_opts" \
+    --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu" < /dev/null || rc=$?
+  say "VM ran $(( $(date +%s) - t0 )) s"
+  if [ -f "$LABDIR/rc" ]; then
+    rc=$(cat "$LABDIR/rc")
+  else
+    say "the VM gave no exit code (vng status $rc): the guest never ran the command"
+    [ "$rc" != 0 ] || rc=1
+  fi
+fi
+say "command exited $rc"
+exit "$rc"

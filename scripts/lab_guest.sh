@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# lab_guest.sh HOSTS MTU — run by scripts/lab.sh inside the lab VM (as root): brings the hosts
+# up on the virtio NICs (matched by MAC), runs the command lab.sh wrote, records its exit code.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LABDIR=$ROOT/.lab
+hosts=$1 mtu=$2
+rc=1
+trap 'echo "$rc" > "$LABDIR/rc"' EXIT
+
+nics=()
+for ((i = 0; i < hosts; i++)); do
+  mac=$(printf '02:4e:52:00:00:%02x' $((i + 1)))
+  dev=""
+  for a in /sys/class/net/*/address; do
+    [ "$(cat "$a")" = "$mac" ] && { dev=$(basename "$(dirname "$a")"); break; }
+  done
+  if [ -z "$dev" ]; then
+    echo "[lab-guest] error: no NIC with MAC $mac for host h$i; NICs: $(ls /sys/class/net | tr '\n' ' ')" >&2
+    exit
+  fi
+  nics+=(--nic "$i=$dev")
+done
+if ! out=$("$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" "${nics[@]}" 2>&1); then
+  echo "$out" >&2
+  echo "[lab-guest] error: setup_rxe.sh up failed" >&2
+  exit
+fi
+echo "$out" | sed 's/^/[lab-guest] /' >&2
+
+set +u
+. "$LABDIR/env"
+set -u
+cd "$ROOT"
+bash "$LABDIR/cmd.sh"
+rc=$?

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# setup_rxe.sh — the host side of the NetReduce lab on a Linux with per-namespace rxe (>= 7.1).
+#
+#   setup_rxe.sh up --hosts N [--mtu M] [--nic I=IFNAME ...] [--switch-ns NS]
+#   setup_rxe.sh down [--switch-ns NS]
+#   setup_rxe.sh status [--switch-ns NS]
+#
+# up: host I is network namespace hI with one interface nr0 (address 10.77.0.(I+1)/24,
+#     MAC 02:4e:52:00:00:(I+1), MTU M, default 9000 so RoCE path MTU 4096 fits), checksum and
+#     segmentation offloads off (a raw-socket switch forwards frames as they are), and an
+#     rxe device rxeI on nr0. nr0 is either a veth whose peer nrpI sits in the switch
+#     namespace NS (default nrlab) as switch port I+1, or, with --nic I=IFNAME, that NIC
+#     moved into hI (e.g. a VM's virtio NIC whose other end is a switch port).
+#     Idempotent: what exists already is kept and checked.
+# down: removes the hosts' rxe devices and namespaces (veth peers go with them).
+# status: hosts, addresses, rxe devices, RoCEv2 GIDs, switch ports.
+set -euo pipefail
+
+SUBNET=10.77.0
+MIN_KERNEL=7.1
+mtu=9000 hosts="" switch_ns=nrlab
+declare -A nic=()
+
+die() { echo "setup_rxe.sh: $*" >&2; exit 1; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+
+host_ip() { echo "$SUBNET.$(($1 + 1))"; }
+host_mac() { printf '02:4e:52:00:00:%02x' $(($1 + 1)); }
+in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+ns_exists() { ip netns list | awk '{print $1}' | grep -qx "$1"; }
+
+check_kernel() {
+  local v; v=$(uname -r)
+  if ! modprobe rdma_rxe 2>/dev/null && [ ! -d /sys/module/rdma_rxe ]; then
+    die "kernel $v has no rdma_rxe module (no Soft-RoCE here). Run the lab in a VM instead: scripts/lab.sh --hosts N -- CMD"
+  fi
+  if ! printf '%s\n%s\n' "$MIN_KERNEL" "${v%%[-+]*}" | sort -V -C; then
+    die "kernel $v: its rxe lives only in the initial network namespace (per-namespace rxe needs Linux >= $MIN_KERNEL), so hosts in namespaces cannot talk. Use scripts/lab.sh, which boots a newer kernel in a VM"
+  fi
+}
+
+offloads_off() {  # ns ifname
+  in_ns "$1" ethtool -K "$2" tx off tso off gso off gro off >/dev/null 2>&1 \
+    || in_ns "$1" ethtool -K "$2" tx off >/dev/null 2>&1 || true
+}
+
+host_up() {  # I
+  local i=$1 ns="h$1" ip mac
+  ip=$(host_ip "$i"); mac=$(host_mac "$i")
+  ns_exists "$ns" || ip netns add "$ns"
+  in_ns "$ns" ip link set lo up
+  if ! in_ns "$ns" ip link show nr0 >/dev/null 2>&1; then
+    if [ -n "${nic[$i]:-}" ]; then
+      local dev=${nic[$i]}
+      ip link show "$dev" >/dev/null 2>&1 || die "host h$i: NIC $dev not found in the root namespace"
+      ip link set "$dev" down
+      ip link set "$dev" netns "$ns"
+      in_ns "$ns" ip link set "$dev" name nr0
+    else
+      ns_exists "$switch_ns" || ip netns add "$switch_ns"
+      in_ns "$switch_ns" ip link del "nrp$i" >/dev/null 2>&1 || true
+      ip link add nr0 netns "$ns" type veth peer name "nrp$i" netns "$switch_ns"
+      in_ns "$switch_ns" ip link set "nrp$i" mtu "$mtu" up
+      offloads_off "$switch_ns" "nrp$i"
+    fi
+  fi
+  in_ns "$ns" ip link set nr0 address "$mac" mtu "$mtu"
+  offloads_off "$ns" nr0
+  in_ns "$ns" ip link set nr0 up
+  in_ns "$ns" ip -4 addr replace "$ip/24" dev nr0
+  # rxe answers for every address of the netdev; keep replies on the lab interface.
+  in_ns "$ns" sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.nr0.rp_filter=0
+  if ! rdma link show "rxe$i/1" >/dev/null 2>&1; then
+    in_ns "$ns" rdma link add "rxe$i" type rxe netdev nr0
+  fi
+  local got; got=$(in_ns "$ns" rdma link show "rxe$i/1" | grep -o 'netdev [^ ]*' | cut -d' ' -f2 || true)
+  [ "$got" = nr0 ] || die "host h$i: rxe$i exists but is bound to '${got:-?}', not nr0 of h$i"
+}
+
+rocev2_ipv4_gid() {  # dev: the first RoCE v2 GID that maps an IPv4 address
+  local d=/sys/class/infiniband/$1/ports/1 g n
+  for g in "$d"/gids/*; do
+    n=${g##*/}
+    case $(cat "$g" 2>/dev/null) in
+      0000:0000:0000:0000:0000:ffff:*)
+        [ "$(cat "$d/gid_attrs/types/$n" 2>/dev/null)" = "RoCE v2" ] && { cat "$g"; return 0; } ;;
+    esac
+  done
+  return 0
+}
+
+hosts_present() { ip netns list | awk '{print $1}' | grep -E '^h[0-9]+$' | sed 's/^h//' | sort -n; }
+
+cmd_up() {
+  [ -n "$hosts" ] || die "up needs --hosts N"
+  [ "$hosts" -ge 1 ] && [ "$hosts" -le 200 ] || die "--hosts must be 1..200"
+  [ "$mtu" -ge 1500 ] || die "--mtu must be >= 1500"
+  check_kernel
+  for ((i = 0; i < hosts; i++)); do host_up "$i"; done
+  cmd_status
+}
+
+cmd_down() {
+  local i
+  for i in $(hosts_present); do
+    rdma link show "rxe$i/1" >/dev/null 2>&1 && in_ns "h$i" rdma link delete "rxe$i" 2>/dev/null || true
+    ip netns del "h$i"
+  done
+  # A VM NIC that was nr0 returns to the root namespace when its namespace goes: nothing to do.
+  echo "setup_rxe.sh: lab hosts removed"
+}
+
+cmd_status() {
+  local any=0 i
+  printf '%-4s %-8s %-15s %-17s %-6s %-6s %-40s %s\n' host netdev address mac mtu rxe gid switch-port
+  for i in $(hosts_present); do
+    any=1
+    local addr mac mtu_ rxe gid port
+    addr=$(in_ns "h$i" ip -4 -o addr show dev nr0 2>/dev/null | awk '{print $4}' | head -1)
+    mac=$(in_ns "h$i" cat /sys/class/net/nr0/address 2>/dev/null || echo -)
+    mtu_=$(in_ns "h$i" cat /sys/class/net/nr0/mtu 2>/dev/null || echo -)
+    rxe=-; gid=-
+    if rdma link show "rxe$i/1" >/dev/null 2>&1; then
+      rxe="rxe$i"
+      gid=$(rocev2_ipv4_gid "rxe$i")
+      gid=${gid:--}
+    fi
+    if ns_exists "$switch_ns" && in_ns "$switch_ns" ip link show "nrp$i" >/dev/null 2>&1; then
+      port="$((i + 1)) ($switch_ns/nrp$i)"
+    else
+      port="$((i + 1)) (NIC)"
+    fi
+    printf '%-4s %-8s %-15s %-17s %-6s %-6s %-40s %s\n' "h$i" nr0 "${addr:--}" "$mac" "$mtu_" "$rxe" "$gid" "$port"
+  done
+  [ $any = 1 ] || echo "(no lab hosts)"
+}
+
+[ $# -ge 1 ] || { usage; exit 2; }
+cmd=$1; shift
+while [ $# -gt 0 ]; do
+  case $1 in
+    --hosts) hosts=$2; shift 2 ;;
+    --mtu) mtu=$2; shift 2 ;;
+    --switch-ns) switch_ns=$2; shift 2 ;;
+    --nic) nic[${2%%=*}]=${2#*=}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || die "must run as root (namespaces, rdma link)"
+case $cmd in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  -h|--help|help) usage ;;
+  *) die "unknown command $cmd (up|down|status)" ;;
+esac
