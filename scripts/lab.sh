@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lab.sh — run a command on the NetReduce lab's hosts side, with the switch up.
 #
-#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bmv2]
+#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
 #                  [--memory SIZE] [--cpus N] -- CMD [ARGS...]
 #
 # The lab: hosts h0..hN-1 (network namespaces, rxe device each, 10.77.0.(I+1)), every host
@@ -17,7 +17,9 @@
 #    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs are serialised
-# with a lock. Default: --hosts 4 --mtu 9000, --native when possible, else --vm.
+# with a lock. --switch bridge joins the same ports with a kernel bridge instead of the
+# switch process (a reference for what forwarding costs; no controller, no aggregation).
+# Default: --hosts 4 --mtu 9000 --switch soft, --native when possible, else --vm.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,7 +52,7 @@ done
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, taps)"
 [ -x "$PY" ] || die "no venv at $VENV: run scripts/install.sh first"
 [[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || die "--hosts must be 2..64"
-case $switch in soft|bmv2) ;; *) die "--switch must be soft or bmv2" ;; esac
+case $switch in soft|bridge|bmv2) ;; *) die "--switch must be soft, bridge or bmv2" ;; esac
 
 native_ok() {
   modprobe rdma_rxe 2>/dev/null || return 1
@@ -115,21 +117,29 @@ else
 fi
 ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 
-if [ $switch = bmv2 ]; then
-  die "--switch bmv2: not available yet in this tree"
-fi
-ctl=(--controller "$CTL_IP:$CTL_PORT"); [ -z "${NR_NO_CTL:-}" ] || ctl=()
-ip netns exec "$SWNS" "$PY" -m switch "${ports[@]}" "${ctl[@]}" \
-  --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
-  >"$LABDIR/switch.log" 2>&1 &
-switch_pid=$!
-for _ in $(seq 300); do
-  [ -f "$LABDIR/switch.ready" ] && break
-  kill -0 "$switch_pid" 2>/dev/null || { cat "$LABDIR/switch.log" >&2; switch_pid=""; die "the switch exited at start"; }
-  sleep 0.1
-done
-[ -f "$LABDIR/switch.ready" ] || die "the switch did not become ready in 30 s"
-say "switch up (pid $switch_pid): ${ports[*]}"
+case $switch in
+  bmv2) die "--switch bmv2: not available yet in this tree" ;;
+  bridge)
+    ip -n "$SWNS" link add nrbr type bridge
+    ip -n "$SWNS" link set nrbr mtu "$mtu" up
+    for ((i = 1; i < ${#ports[@]}; i += 2)); do
+      [ "${ports[$((i - 1))]}" = --port ] || continue
+      ip -n "$SWNS" link set "${ports[$i]#*=}" master nrbr
+    done
+    say "kernel bridge nrbr up: ${ports[*]}" ;;
+  soft)
+    ip netns exec "$SWNS" "$PY" -m switch "${ports[@]}" --controller "$CTL_IP:$CTL_PORT" \
+      --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
+      >"$LABDIR/switch.log" 2>&1 &
+    switch_pid=$!
+    for _ in $(seq 300); do
+      [ -f "$LABDIR/switch.ready" ] && break
+      kill -0 "$switch_pid" 2>/dev/null || { cat "$LABDIR/switch.log" >&2; switch_pid=""; die "the switch exited at start"; }
+      sleep 0.1
+    done
+    [ -f "$LABDIR/switch.ready" ] || die "the switch did not become ready in 30 s"
+    say "switch up (pid $switch_pid): ${ports[*]}" ;;
+esac
 
 # --- the command ---------------------------------------------------------------------------
 {

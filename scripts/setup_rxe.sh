@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup_rxe.sh — the host side of the NetReduce lab on a Linux with per-namespace rxe (>= 7.1).
 #
-#   setup_rxe.sh up --hosts N [--mtu M] [--nic I=IFNAME ...] [--switch-ns NS]
+#   setup_rxe.sh up --hosts N [--mtu M] [--nic I=IFNAME|MAC ...] [--switch-ns NS]
 #   setup_rxe.sh down [--switch-ns NS]
 #   setup_rxe.sh status [--switch-ns NS]
 #
@@ -9,8 +9,9 @@
 #     MAC 02:4e:52:00:00:(I+1), MTU M, default 9000 so RoCE path MTU 4096 fits), checksum and
 #     segmentation offloads off (a raw-socket switch forwards frames as they are), and an
 #     rxe device rxeI on nr0. nr0 is either a veth whose peer nrpI sits in the switch
-#     namespace NS (default nrlab) as switch port I+1, or, with --nic I=IFNAME, that NIC
-#     moved into hI (e.g. a VM's virtio NIC whose other end is a switch port).
+#     namespace NS (default nrlab) as switch port I+1, or, with --nic I=IFNAME|MAC, that NIC
+#     moved into hI (e.g. a VM's virtio NIC whose other end is a switch port; by MAC, it is
+#     looked up in the root namespace, waiting a few seconds for one that is coming back).
 #     Idempotent: what exists already is kept and checked.
 # down: removes the hosts' rxe devices and namespaces (veth peers go with them).
 # status: hosts, addresses, rxe devices, RoCEv2 GIDs, switch ports.
@@ -39,6 +40,22 @@ check_kernel() {
   fi
 }
 
+resolve_nic() {  # IFNAME or MAC -> IFNAME in the root namespace
+  local want=$1 a t
+  case $want in
+    *:*:*:*:*:*)
+      # A NIC leaves a deleted namespace asynchronously: give it a moment to come back.
+      for t in $(seq 50); do
+        for a in /sys/class/net/*/address; do
+          [ "$(cat "$a")" = "${want,,}" ] && { basename "$(dirname "$a")"; return 0; }
+        done
+        sleep 0.2
+      done
+      return 1 ;;
+    *) ip link show "$want" >/dev/null 2>&1 && echo "$want" ;;
+  esac
+}
+
 offloads_off() {  # ns ifname
   in_ns "$1" ethtool -K "$2" tx off tso off gso off gro off >/dev/null 2>&1 \
     || in_ns "$1" ethtool -K "$2" tx off >/dev/null 2>&1 || true
@@ -51,8 +68,7 @@ host_up() {  # I
   in_ns "$ns" ip link set lo up
   if ! in_ns "$ns" ip link show nr0 >/dev/null 2>&1; then
     if [ -n "${nic[$i]:-}" ]; then
-      local dev=${nic[$i]}
-      ip link show "$dev" >/dev/null 2>&1 || die "host h$i: NIC $dev not found in the root namespace"
+      local dev; dev=$(resolve_nic "${nic[$i]}") || die "host h$i: NIC ${nic[$i]} not found in the root namespace (NICs: $(ls /sys/class/net | tr '\n' ' '))"
       ip link set "$dev" down
       ip link set "$dev" netns "$ns"
       in_ns "$ns" ip link set "$dev" name nr0

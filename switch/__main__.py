@@ -62,13 +62,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     server = None
     if args.controller:
-        from switch.controller import serve_software_target
-        server = serve_software_target(dp, args.controller)
+        from switch.controller import SoftwareTarget, serve
+        from switch.pipeline import AggregationPipeline
+        dp.pipeline = pipeline = AggregationPipeline()
+        try:
+            server, _ = serve(SoftwareTarget(pipeline, dp.port_of_mac, dp.port_counters),
+                              args.controller)
+        except OSError as e:
+            print(f"switch: controller: {e}", file=sys.stderr)
+            return 1
 
     def counters() -> dict:
         out = {"ports": dp.port_counters(), "mac_table": dp.mac_table_view()}
-        if dp.pipeline is not None and hasattr(dp.pipeline, "counters"):
-            out["pipeline"] = dp.pipeline.counters()
+        if server is not None:
+            out["rings"] = pipeline.counters()
         return out
 
     def dump(*_: object) -> None:
