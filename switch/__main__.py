@@ -6,13 +6,13 @@ writes --stats-file) without stopping.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 from pathlib import Path
 
-from switch.dataplane import DataPlane, format_port_table
+from switch.dataplane import DataPlane
+from switch.report import report
 
 
 def _port_arg(text: str) -> tuple[int, str]:
@@ -79,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     def dump(*_: object) -> None:
-        c = counters()
-        print(format_port_table(c["ports"]), file=sys.stderr, flush=True)
-        if args.stats_file:
-            tmp = args.stats_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(c, indent=1))
-            os.replace(tmp, args.stats_file)
+        report(counters(), args.stats_file)
 
     signal.signal(signal.SIGUSR1, dump)
     signal.signal(signal.SIGTERM, lambda *_: dp.stop())

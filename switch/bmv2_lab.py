@@ -1,0 +1,148 @@
+"""`python -m switch.bmv2_lab`: BMv2 in the software switch's place, same command line.
+
+Compiles switch/p4 (p4c), starts `simple_switch_grpc` on the given ports (port N is
+BMv2 port N: host hI on I+1, the controller's port last, as for `python -m switch`),
+pushes the program, installs the static MAC table and the flood group, and with
+--controller serves the controller's gRPC API with a Bmv2Target. BMv2 does not learn
+MAC addresses: give every host's --mac (unknown destinations are flooded). Runs until
+SIGTERM/SIGINT; SIGUSR1 prints the port counters and writes --stats-file.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from switch.__main__ import build_parser
+from switch.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
+from switch.controller import serve
+from switch.p4program import DEFAULT_BUILD, compile_program
+from switch.report import report
+
+SIMPLE_SWITCH = "simple_switch_grpc"
+START_TIMEOUT = 30.0
+
+
+class Bmv2Switch:
+    """A simple_switch_grpc process on `ports` with switch/p4 pushed, and its Bmv2Target.
+
+    Invariant: while the object is open the process runs and `target` is connected;
+    `close()` stops what it started (by pid) and is idempotent.
+    """
+
+    def __init__(self, ports: dict[int, str], macs: dict[str, int],
+                 build_dir: Path = DEFAULT_BUILD, grpc_port: int = 9559,
+                 thrift_port: int = 9090, log: Optional[Path] = None):
+        if shutil.which(SIMPLE_SWITCH) is None:
+            raise RuntimeError(f"{SIMPLE_SWITCH} is not on PATH: it comes with "
+                               "p4lang/behavioral-model (see switch/p4/README.md)")
+        build = compile_program(build_dir)
+        grpc_addr = f"127.0.0.1:{grpc_port}"
+        cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port)]
+        for num, ifname in sorted(ports.items()):
+            cmd += ["-i", f"{num}@{ifname}"]
+        cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
+        with open(log or os.devnull, "ab") as out:     # the child keeps its own copy
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            self._wait_listening(grpc_port)
+            self.target = Bmv2Target(ShellSession(grpc_addr, build), ports, macs,
+                                     ThriftRegisters(thrift_port))
+        except BaseException:
+            self._stop_process()
+            raise
+        self._open = True
+
+    def _wait_listening(self, port: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{SIMPLE_SWITCH} exited at start ({self.proc.returncode})")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{SIMPLE_SWITCH} did not listen on port {port} in "
+                           f"{START_TIMEOUT:.0f} s")
+
+    def _stop_process(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.target.close()
+        self._stop_process()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = build_parser()
+    ap.prog = "python -m switch.bmv2_lab"
+    ap.description = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
+    ap.add_argument("--build", type=Path, default=DEFAULT_BUILD,
+                    help=f"where p4c's output goes (default {DEFAULT_BUILD})")
+    ap.add_argument("--grpc-port", type=int, default=9559, help="BMv2's P4Runtime port")
+    ap.add_argument("--thrift-port", type=int, default=9090, help="BMv2's Thrift port")
+    ap.add_argument("--bmv2-log", type=Path, help="simple_switch_grpc's output goes here")
+    args = ap.parse_args(argv)
+    ports = dict(args.port)
+    if len(ports) != len(args.port):
+        print("bmv2_lab: a port number is given twice", file=sys.stderr)
+        return 2
+    try:
+        sw = Bmv2Switch(ports, dict(args.mac), args.build, args.grpc_port, args.thrift_port,
+                        args.bmv2_log)
+    except (RuntimeError, ValueError) as e:
+        print(f"bmv2_lab: {e}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    server = None
+    try:
+        if args.controller:
+            try:
+                server, _ = serve(sw.target, args.controller)
+            except OSError as e:
+                print(f"bmv2_lab: controller: {e}", file=sys.stderr)
+                return 1
+
+        def dump(*_: object) -> None:
+            c = sw.target.counters()
+            report({"ports": c["ports"], "mac_table": sw.target.macs(), "rings": c["rings"]},
+                   args.stats_file)
+
+        signal.signal(signal.SIGUSR1, dump)
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        print(f"bmv2_lab: {SIMPLE_SWITCH} pid {sw.proc.pid}, ports "
+              + ", ".join(f"{n}={i}" for n, i in sorted(ports.items()))
+              + (f"; controller on {args.controller}" if args.controller else "; forwarding only"),
+              file=sys.stderr, flush=True)
+        if args.ready_file:
+            args.ready_file.write_text(str(os.getpid()))
+        while not stop.wait(0.5):
+            if sw.proc.poll() is not None:
+                print(f"bmv2_lab: {SIMPLE_SWITCH} died ({sw.proc.returncode})", file=sys.stderr)
+                return 1
+        dump()
+    finally:
+        if server is not None:
+            server.stop(grace=None)
+        sw.close()
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+/* Headers and metadata of the NetReduce v1model program.
+ *
+ * RoCEv2 over IPv4 as rxe sends it (shared/ROCE.md):
+ *   Ethernet | IPv4 (IHL 5) | UDP (dport 4791) | BTH | [RETH][ImmDt] or [AETH] | payload | ICRC
+ * An RC RDMA WRITE's payload is parsed as up to NR_MAX_ELEMS big-endian int32 words.
+ */
+#ifndef NR_HEADERS_P4
+#define NR_HEADERS_P4
+
+#include "limits.p4"
+
+const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<8>  IPPROTO_UDP    = 17;
+const bit<16> ROCE_UDP_PORT  = 4791;
+
+const bit<16> IPV4_LEN  = 20;
+const bit<16> UDP_LEN   = 8;
+const bit<16> BTH_LEN   = 12;
+const bit<16> RETH_LEN  = 16;
+const bit<16> IMMDT_LEN = 4;
+const bit<16> ICRC_LEN  = 4;
+
+/* RC opcodes (IBTA Vol. 1 Table 38): the RDMA WRITEs the switch aggregates, and ACK. */
+const bit<8> OP_WRITE_FIRST     = 0x06;
+const bit<8> OP_WRITE_MIDDLE    = 0x07;
+const bit<8> OP_WRITE_LAST      = 0x08;
+const bit<8> OP_WRITE_LAST_IMM  = 0x09;
+const bit<8> OP_WRITE_ONLY      = 0x0a;
+const bit<8> OP_WRITE_ONLY_IMM  = 0x0b;
+const bit<8> OP_ACKNOWLEDGE     = 0x11;
+
+/* Payload bytes the parser accepts: a multiple of 4, at most NR_MAX_PL_BYTES. Because
+ * NR_MAX_PL_BYTES is a power of two, "< NR_MAX_PL_BYTES and a multiple of 4" is
+ * "value & PL_SHORT_MASK == 0". */
+const bit<16> MAX_PL_BYTES  = NR_MAX_PL_BYTES;
+const bit<16> PL_SHORT_MASK = ~(MAX_PL_BYTES - 1) | 3;
+
+/* Slot states (slot_head[47:40]); a slot whose epoch is not its ring's is empty. */
+const bit<8> SLOT_EMPTY   = 0;
+const bit<8> SLOT_OPEN    = 1;   // collecting contributions
+const bit<8> SLOT_EMITTED = 2;   // its result went out; retransmissions are served from it
+const bit<24> PSN_HALF    = 24w0x800000;  // serial arithmetic: a distance below this is "ahead"
+
+/* Ingress dispatch (meta.mode). */
+const bit<2> MODE_L2       = 0;  // forward by destination MAC
+const bit<2> MODE_RING     = 1;  // a packet of a registered connection
+const bit<2> MODE_CONTINUE = 2;  // a recirculated continuation: emit the ring's next slot
+
+header ethernet_t {
+    bit<48> dst;
+    bit<48> src;
+    bit<16> ether_type;
+}
+
+header ipv4_t {
+    bit<4>  version;
+    bit<4>  ihl;
+    bit<8>  tos;
+    bit<16> total_len;
+    bit<16> id;
+    bit<3>  flags;
+    bit<13> frag;
+    bit<8>  ttl;
+    bit<8>  protocol;
+    bit<16> csum;
+    bit<32> src;
+    bit<32> dst;
+}
+
+header udp_t {
+    bit<16> sport;
+    bit<16> dport;
+    bit<16> len;
+    bit<16> csum;
+}
+
+/* Base Transport Header. `fb` is byte 4 (FECN, BECN, 6 reserved bits): the ICRC counts
+ * it as all ones. */
+header bth_t {
+    bit<8>  opcode;
+    bit<1>  se;
+    bit<1>  mig;
+    bit<2>  pad;
+    bit<4>  tver;
+    bit<16> pkey;
+    bit<8>  fb;
+    bit<24> dqpn;
+    bit<1>  ackreq;
+    bit<7>  resv7;
+    bit<24> psn;
+}
+
+header reth_t {
+    bit<64> va;
+    bit<32> rkey;
+    bit<32> dma_len;
+}
+
+header immdt_t {
+    bit<32> imm;
+}
+
+header aeth_t {
+    bit<8>  syndrome;
+    bit<24> msn;
+}
+
+header word_t {
+    bit<32> v;
+}
+
+header icrc_t {
+    bit<32> v;   // the CRC-32 byte-reversed: it is stored little-endian on the wire
+}
+
+struct headers_t {
+    ethernet_t          eth;
+    ipv4_t              ipv4;
+    udp_t               udp;
+    bth_t               bth;
+    reth_t              reth;
+    immdt_t             immdt;
+    aeth_t              aeth;
+    word_t[NR_MAX_ELEMS] pl;
+    icrc_t              icrc;
+}
+
+struct meta_t {
+    /* parser */
+    bit<16> pl_bytes;      // UDP length - UDP - BTH - extension headers - ICRC (pad included)
+    bit<8>  words;         // payload words parsed into hdr.pl
+    bit<8>  words_left;    // parser loop counter
+    bit<1>  len_ok;        // pad 0 and pl_bytes a multiple of 4, <= MAX_PL_BYTES
+    /* ingress dispatch, connection (conn_table) and ring (ring_table) */
+    bit<2>  mode;
+    @field_list(NR_FL_CONTINUE)
+    bit<8>  ring;          // ring index
+    bit<8>  rank;
+    bit<24> psn0;
+    bit<9>  in_port;       // the requester's port
+    bit<9>  out_port;      // the responder's port
+    bit<32> conn;          // ring * NR_MAX_RANKS + rank
+    bit<16> epoch;         // the ring's registration epoch: older slot state counts as empty
+    bit<24> slot_mask;     // N - 1
+    bit<32> full;          // bitmap with one bit per rank of the ring
+    /* aggregation */
+    bit<1>  fresh;         // the packet (re)opened its slot: its payload starts the sums
+    bit<1>  served;        // a retransmission answered from an emitted slot (unicast)
+    /* emission, read by egress */
+    bit<1>  emit;          // this packet carries slot emit_gslot's result to the ring's group
+    bit<1>  cont;          // the slot after it is complete too: recirculate a continuation
+    bit<24> emit_k;        // relative PSN of the emitted slot
+    bit<32> emit_gslot;
+    bit<8>  emit_opcode;
+    bit<8>  emit_words;
+    bit<16> replica;       // egress: the rank whose result this replica becomes
+    /* L2 and egress fix-ups */
+    bit<1>  flood;
+    bit<1>  fix_icrc;
+    bit<1>  fix_ipv4;
+}
+
+#endif  /* NR_HEADERS_P4 */

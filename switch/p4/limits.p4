@@ -1,0 +1,51 @@
+/* NetReduce v1model program: its limits and its contract with the controller.
+ *
+ * The one place these numbers are stated. switch/p4program.py reads every
+ * `#define NR_<NAME> <integer>` line of this file (derived values, in parentheses, are
+ * not read); tests/test_p4_program.py checks the Python side and switch/p4/README.md
+ * against them. Change a limit here and nowhere else.
+ */
+#ifndef NR_LIMITS_P4
+#define NR_LIMITS_P4
+
+/* ---- limits ------------------------------------------------------------------------ */
+#define NR_MAX_RINGS        4       // rings registered at the same time
+#define NR_SLOTS            256     // aggregator slots per ring: a ring's N is a power of two <= this
+#define NR_MAX_RANKS        32      // ranks per ring (the contribution bitmap is a bit<32>)
+#define NR_MAX_ELEMS        64      // int32 payload elements per packet: 256 B, RoCE path MTU 256
+#define NR_MAX_MACS         1024    // static L2 (MAC -> port) entries
+#define NR_PORTS            512     // port counters (ports are bit<9>)
+
+/* ---- contract with switch/bmv2.py --------------------------------------------------- */
+#define NR_FLOOD_GROUP      1       // multicast group with every port: unknown/group destinations
+#define NR_RING_GROUP_BASE  16      // multicast group of ring index i: NR_RING_GROUP_BASE + i
+#define NR_CONT_RID         0xFFFF  // replica id of the continuation copy in a ring's group
+#define NR_FL_CONTINUE      1       // field list preserved by the continuation's recirculation
+#define NR_INSTANCE_RECIRC  4       // BMv2 simple_switch instance_type of a recirculated packet
+
+/* Counter ids. ring_ctr index = ring * NR_CTRS + id; conn_ctr index = conn * NR_CTRS + id
+ * with conn = ring * NR_MAX_RANKS + rank. The names are the software target's counter
+ * names (switch/pipeline.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
+#define NR_CTRS                     16
+#define NR_CTR_PACKETS              0
+#define NR_CTR_MESSAGES             1
+#define NR_CTR_AGGREGATED           2
+#define NR_CTR_COMPLETED            3
+#define NR_CTR_RESULTS_SENT         4
+#define NR_CTR_RETRANSMITS_SERVED   5
+#define NR_CTR_DROP_WRONG_PORT      6
+#define NR_CTR_DROP_BAD_OPCODE      7
+#define NR_CTR_DROP_BAD_LENGTH      8
+#define NR_CTR_DROP_OVERRUN         9
+#define NR_CTR_DROP_MISMATCH        10
+#define NR_CTR_DROP_DUPLICATE       11
+#define NR_CTR_DROP_STALE           12
+
+/* ---- derived sizes ------------------------------------------------------------------ */
+#define NR_RING_SLOTS       (NR_MAX_RINGS * NR_SLOTS)       // slots of all rings
+#define NR_CONNS            (NR_MAX_RINGS * NR_MAX_RANKS)   // connections of all rings
+#define NR_CONTRIBS         (NR_RING_SLOTS * NR_MAX_RANKS)  // (slot, rank) pairs
+#define NR_SUM_WORDS        (NR_RING_SLOTS * NR_MAX_ELEMS)  // int32 sums of all slots
+#define NR_MAX_PL_BYTES     (NR_MAX_ELEMS * 4)              // a power of two (parser mask)
+
+#endif  /* NR_LIMITS_P4 */

@@ -1,0 +1,47 @@
+"""The Harness for the software target: AggregationPipeline behind SoftwareTarget, plus
+the L2 forwarding the dataplane does for frames the pipeline hands back (MAC table from the
+vector's setup; unknown or broadcast destinations flood to every other port)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ring_setup.spec import RingSpec
+from switch.controller import SoftwareTarget
+from switch.pipeline import AggregationPipeline
+
+from conformance.format import ANY_PAYLOAD_LENGTH
+
+
+class SoftwareHarness:
+    supports = frozenset({ANY_PAYLOAD_LENGTH})
+
+    def __init__(self) -> None:
+        self.setup({"ports": [], "macs": {}, "rings": []})
+
+    def setup(self, vectors_setup: dict[str, Any]) -> None:
+        self.ports: list[int] = list(vectors_setup["ports"])
+        self.macs: dict[str, int] = dict(vectors_setup["macs"])
+        self.target = SoftwareTarget(AggregationPipeline(), self.macs.get)
+        for ring in vectors_setup["rings"]:
+            self.target.register_ring(RingSpec.from_dict(ring["spec"]), ring["slots"])
+
+    def send(self, in_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        out: list[tuple[int, bytes]] = []
+        buf = bytearray(frame)
+        def emit(port: int, parts: Sequence[bytes | memoryview]) -> None:
+            out.append((port, b"".join(parts)))
+
+        if not self.target.pipeline.process(memoryview(buf), in_port, emit):
+            dst = ":".join(f"{b:02x}" for b in frame[:6])
+            ports = [self.macs[dst]] if dst in self.macs else \
+                [p for p in self.ports if p != in_port]
+            out += [(p, bytes(buf)) for p in ports]
+        return out
+
+    def counters(self) -> dict[str, Any]:
+        return {rid: {"counters": ring["counters"],
+                      "connections": [c["counters"] for c in ring["connections"]]}
+                for rid, ring in self.target.counters()["rings"].items()}
+
+    def close(self) -> None:
+        self.setup({"ports": [], "macs": {}, "rings": []})

@@ -1,0 +1,313 @@
+"""The conformance vectors, crafted with scapy from docs/pipeline.md (not from any switch).
+
+Each scenario states, per input frame, its outcome (the counter it bumps) and which slots
+it completes; expected frames are the ranks' own scapy-built packets with the payload
+replaced by the numpy wrapping sum, and expected counters are the tally of the outcomes.
+RoCE path MTU 256 (64 int32 per packet) everywhere, so a fixed 64-element P4 parser can
+run every vector not tagged `any_payload_length`.
+
+JSON for targets run elsewhere: `cd tests && ../.venv/bin/python -m conformance.vectors OUT`.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+from collections import defaultdict
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+from scapy.compat import raw
+from scapy.contrib.roce import AETH, BTH
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+
+from conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
+from ring_setup.spec import RingSpec
+from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
+                         WRITE_ONLY, WRITE_ONLY_IMM, lab_port, mac_ports, make_ring,
+                         wrapping_sum, write_frame)
+from switch.pipeline import CONN_COUNTERS, RING_COUNTERS
+
+MTU = 256
+SEND_ONLY = 0x04
+BROADCAST = "ff:ff:ff:ff:ff:ff"
+
+
+def port_of_ip(ip: str) -> int:
+    return lab_port(int(ip.rsplit(".", 1)[1]) - 1)
+
+
+class Scenario:
+    """Builds one Vector step by step, keeping what each slot holds to predict results."""
+
+    def __init__(self, name: str, description: str, rings: Sequence[tuple[RingSpec, int]],
+                 hosts: int = 4, requires: Sequence[str] = ()):
+        self.name, self.description, self.requires = name, description, frozenset(requires)
+        self.rings = {spec.ring_id: spec for spec, _ in rings}
+        self.macs = mac_ports(hosts)
+        self.setup = {"ports": sorted(self.macs.values()), "macs": self.macs,
+                      "rings": [{"spec": json.loads(s.to_json()), "slots": n} for s, n in rings]}
+        self.steps: list[Step] = []
+        # (ring, k) -> rank -> (opcode, payload, write_frame kwargs) of the counted contribution
+        self.slots: dict[tuple[str, int], dict[int, tuple[int, np.ndarray, dict]]] = \
+            defaultdict(dict)
+        self.tally = {rid: {"counters": dict.fromkeys(RING_COUNTERS, 0),
+                            "connections": [dict.fromkeys(CONN_COUNTERS, 0)
+                                            for _ in range(s.world_size)]}
+                      for rid, s in self.rings.items()}
+
+    def write(self, rank: int, k: int, opcode: int = WRITE_ONLY, size: int = MTU, *,
+              ring: Optional[str] = None, outcome: str = "aggregated", emits: Sequence[int] = (),
+              port: Optional[int] = None, data: Optional[np.ndarray | bytes] = None,
+              mangle: Callable[[bytes], bytes] = bytes, note: str = "", **kw: Any) -> None:
+        """Rank's WRITE packet k of `ring` (default: the first) arrives; it bumps `outcome`
+        and completes the slots `emits`, whose results must leave in that order."""
+        spec = self.rings[ring or next(iter(self.rings))]
+        c = spec.connections[rank]
+        if data is None:
+            seed = [zlib.crc32(spec.ring_id.encode()), rank, k]
+            data = np.random.default_rng(seed).integers(-2**31, 2**31, size // 4, dtype=np.int32)
+            data[:2] = (2**31 - 1, -2**31)[:len(data[:2])]          # sums must wrap
+        expect: list[tuple[int, bytes]] = []
+        if outcome == "aggregated":
+            self.slots[spec.ring_id, k][rank] = (opcode, data, kw)
+        elif outcome == "retransmits_served":
+            expect.append((port_of_ip(c.dst_ip),
+                           write_frame(c, k, opcode, self._sum(spec, k), **kw)))
+        for done in emits:
+            expect += self._results(spec, done)
+        self._count(spec, rank, outcome, opcode, len(emits))
+        self.steps.append(Step(port_of_ip(c.src_ip) if port is None else port,
+                               mangle(write_frame(c, k, opcode, data, **kw)), tuple(expect),
+                               note or f"{spec.ring_id} rank {rank} k={k} op={opcode:#x}: "
+                                       f"{outcome}" + (f", emits {list(emits)}" if emits else "")))
+
+    def forward(self, frame: bytes, in_port: int, note: str) -> None:
+        """A frame no ring owns: L2 sends it unchanged to its MAC's port, or floods it."""
+        dst = Ether(frame).dst
+        ports = [self.macs[dst]] if dst in self.macs else \
+            [p for p in self.setup["ports"] if p != in_port]
+        self.steps.append(Step(in_port, frame, tuple((p, frame) for p in ports),
+                               f"forwarded: {note}"))
+
+    def vector(self) -> Vector:
+        return Vector(self.name, self.description, self.setup, tuple(self.steps), self.tally,
+                      self.requires)
+
+    def _sum(self, spec: RingSpec, k: int) -> np.ndarray:
+        held = self.slots[spec.ring_id, k]
+        assert len(held) == spec.world_size, f"{self.name}: slot {k} is not complete"
+        return wrapping_sum([p for _, p, _ in held.values()])
+
+    def _results(self, spec: RingSpec, k: int) -> list[tuple[int, bytes]]:
+        total = self._sum(spec, k)
+        held = self.slots[spec.ring_id, k]
+        return [(port_of_ip(c.dst_ip), write_frame(c, k, held[c.rank][0], total, **held[c.rank][2]))
+                for c in spec.connections]
+
+    def _count(self, spec: RingSpec, rank: int, outcome: str, opcode: int, completed: int) -> None:
+        t = self.tally[spec.ring_id]
+        conn, ring = t["connections"][rank], t["counters"]
+        conn["packets"] += 1
+        conn[outcome] += 1
+        ring[outcome] += 1
+        if outcome == "aggregated" and opcode in RETH_OPS:
+            conn["messages"] += 1
+        ring["completed"] += completed
+        ring["results_sent"] += completed * spec.world_size
+
+
+def ring2_write_only_imm() -> Vector:
+    s = Scenario("ring2_write_only_imm", "2 ranks, three 256 B WRITE_ONLY_WITH_IMM messages",
+                 [(make_ring(2, msg_size=MTU), 256)], hosts=2)
+    for k in range(3):
+        kw = {"ackreq": True, "imm": 0x100 + k, "reth": (0x10000 * k, 7, MTU)}
+        s.write(0, k, WRITE_ONLY_IMM, **kw)
+        s.write(1, k, WRITE_ONLY_IMM, emits=[k], **kw)
+    return s.vector()
+
+
+def ring3_first_middle_last() -> Vector:
+    s = Scenario("ring3_first_middle_last",
+                 "3 ranks, a 1 KiB message FIRST/MIDDLE/MIDDLE/LAST_WITH_IMM then a 512 B "
+                 "FIRST/LAST, ranks arriving in a different order for every packet",
+                 [(make_ring(3, msg_size=4 * MTU), 256)], hosts=3)
+    ops = [WRITE_FIRST, WRITE_MIDDLE, WRITE_MIDDLE, WRITE_LAST_IMM, WRITE_FIRST, WRITE_LAST]
+    for k, op in enumerate(ops):
+        kw = {"ackreq": op in (WRITE_LAST_IMM, WRITE_LAST), "ip_id": 0x500 + k,
+              "reth": (0x7F0000000000 + 0x1000 * (k // 4), 0x99, 4 * MTU if k < 4 else 2 * MTU)}
+        order = [(k + r) % 3 for r in range(3)]
+        for r in order[:-1]:
+            s.write(r, k, op, **kw)
+        s.write(order[-1], k, op, emits=[k], **kw)
+    return s.vector()
+
+
+def ring4_out_of_order_completion() -> Vector:
+    s = Scenario("ring4_out_of_order_completion",
+                 "4 ranks, two FIRST/LAST messages; slots 3, 2, 1 complete before slot 0 and "
+                 "wait; slot 0 completing releases 0, 1, 2, 3 in PSN order",
+                 [(make_ring(4, msg_size=2 * MTU), 256)], hosts=4)
+    ops = [WRITE_FIRST, WRITE_LAST, WRITE_FIRST, WRITE_LAST]
+    for r in range(3):
+        for k, op in enumerate(ops):
+            s.write(r, k, op, ackreq=op == WRITE_LAST)
+    for k in (3, 2, 1):
+        s.write(3, k, ops[k], ackreq=ops[k] == WRITE_LAST)
+    s.write(3, 0, WRITE_FIRST, emits=[0, 1, 2, 3])
+    return s.vector()
+
+
+def ring3_duplicates_and_retransmissions() -> Vector:
+    s = Scenario("ring3_duplicates_and_retransmissions",
+                 "a duplicate before emission is dropped (not added twice); after emission a "
+                 "retransmission gets the result on its own connection only, with its own "
+                 "header (new IP ID, AckReq); go-back-N over two emitted slots",
+                 [(make_ring(3, msg_size=2 * MTU), 256)], hosts=3)
+    s.write(0, 0, WRITE_FIRST)
+    s.write(0, 0, WRITE_FIRST, outcome="drop_duplicate",
+            data=np.full(64, 12345, dtype=np.int32), note="duplicate with another payload")
+    s.write(1, 0, WRITE_FIRST)
+    s.write(2, 0, WRITE_FIRST, emits=[0])
+    s.write(1, 0, WRITE_FIRST, outcome="retransmits_served", ip_id=0x4242, ackreq=True)
+    for r in range(3):
+        s.write(r, 1, WRITE_LAST, ackreq=True, emits=[1] if r == 2 else [])
+    s.write(2, 0, WRITE_FIRST, outcome="retransmits_served", ip_id=7)
+    s.write(2, 1, WRITE_LAST, outcome="retransmits_served", ip_id=8, ackreq=True)
+    s.write(0, 2, WRITE_FIRST)
+    s.write(0, 2, WRITE_FIRST, outcome="drop_duplicate")
+    return s.vector()
+
+
+def ring2_overrun_and_stale() -> Vector:
+    s = Scenario("ring2_overrun_and_stale",
+                 "N = 2 slots (window 1 x 1 packet): a packet N ahead of an unemitted slot is "
+                 "an overrun; once emitted the slot is re-used; a packet N or more past next_emit is "
+                 "an overrun, one older than a re-used slot is stale",
+                 [(make_ring(2, msg_size=MTU, window=1), 2)], hosts=2)
+    s.write(0, 0)
+    s.write(0, 2, outcome="drop_overrun")
+    s.write(1, 0, emits=[0])
+    s.write(0, 2)
+    s.write(1, 0, outcome="drop_stale", note="k=0 after its slot moved on to k=2")
+    s.write(1, 6, outcome="drop_overrun", note="k=6 is N or more past next_emit=1")
+    s.write(1, 1)
+    s.write(0, 1, emits=[1])
+    s.write(1, 2, emits=[2])
+    s.write(0, 4, note="slot 0 re-used again: k=2 was emitted")
+    s.write(1, 3)
+    s.write(0, 3, emits=[3])
+    s.write(1, 4, emits=[4])
+    return s.vector()
+
+
+def ring2_psn_wrap() -> Vector:
+    s = Scenario("ring2_psn_wrap", "initial PSNs 0xFFFFFE and 0xFFFFFF: relative PSNs run "
+                 "on across the 24-bit wrap", [(make_ring(2, psn0=[0xFFFFFE, 0xFFFFFF]), 256)],
+                 hosts=2)
+    for k in range(4):
+        s.write(1, k, WRITE_MIDDLE)
+        s.write(0, k, WRITE_MIDDLE, emits=[k])
+    return s.vector()
+
+
+def ring3_bad_packets() -> Vector:
+    s = Scenario("ring3_bad_packets",
+                 "wrong ingress port, SEND instead of WRITE, and contributions unlike the "
+                 "slot's first (other opcode) are dropped without touching the slot",
+                 [(make_ring(3, msg_size=2 * MTU), 256)], hosts=3)
+    s.write(0, 0, WRITE_FIRST, port=lab_port(2), outcome="drop_wrong_port")
+    s.write(0, 0, SEND_ONLY, outcome="drop_bad_opcode")
+    s.write(0, 0, WRITE_FIRST)
+    s.write(1, 0, WRITE_ONLY, outcome="drop_mismatch")
+    s.write(1, 0, WRITE_FIRST)
+    s.write(2, 0, WRITE_FIRST, port=lab_port(0), outcome="drop_wrong_port")
+    s.write(2, 0, WRITE_FIRST, emits=[0])
+    return s.vector()
+
+
+def forwarding_untouched() -> Vector:
+    spec = make_ring(2)
+    s = Scenario("forwarding_untouched", "ACKs, ARP, TCP, other QPs and unregistered hosts "
+                 "pass by L2, byte for byte, and touch no counter", [(spec, 256)], hosts=3)
+    c = spec.connections[0]
+    s.forward(raw(Ether(src=c.dst_mac, dst=c.src_mac) / IP(src=c.dst_ip, dst=c.src_ip, id=3)
+                  / UDP(sport=0xC001, dport=4791, chksum=0)
+                  / BTH(opcode=0x11, dqpn=c.src_qpn, psn=c.psn0) / AETH(syndrome=0x1F, msn=1)),
+              lab_port(1), "ACK from rank 1 to rank 0")
+    s.forward(raw(Ether(src=c.src_mac, dst=BROADCAST) / ARP(psrc=c.src_ip, pdst=c.dst_ip)),
+              lab_port(0), "ARP request, flooded")
+    s.forward(raw(Ether(src=c.dst_mac, dst=c.src_mac)
+                  / ARP(op=2, psrc=c.dst_ip, pdst=c.src_ip, hwsrc=c.dst_mac, hwdst=c.src_mac)),
+              lab_port(1), "ARP reply")
+    s.forward(raw(Ether(src=c.src_mac, dst=c.dst_mac) / IP(src=c.src_ip, dst=c.dst_ip)
+                  / TCP(sport=40000, dport=18515) / Raw(bytes(64))), lab_port(0), "TCP")
+    other = make_ring(2, qpn_base=0x70).connections[0]
+    s.forward(write_frame(other, 0, WRITE_ONLY, bytes(MTU)), lab_port(0), "a QP of no ring")
+    stranger = make_ring(3, hosts=[2, 0, 1]).connections[0]
+    s.forward(write_frame(stranger, 0, WRITE_ONLY, bytes(MTU)), lab_port(2),
+              "host 2, in no ring")
+    return s.vector()
+
+
+def two_rings_same_hosts() -> Vector:
+    a = make_ring(4, ring_id="a", msg_size=MTU)
+    b = make_ring(2, ring_id="b", msg_size=MTU, hosts=[1, 0], qpn_base=0x60)
+    s = Scenario("two_rings_same_hosts", "ring a over hosts 0-3 and ring b over hosts 1, 0 "
+                 "with their own QPs, interleaved: each sums only its own",
+                 [(a, 256), (b, 256)], hosts=4)
+    for k in range(2):
+        for r in range(4):
+            s.write(r, k, ring="a", emits=[k] if r == 3 else [])
+            if r < 2:
+                s.write(r, k, ring="b", emits=[k] if r == 1 else [])
+    return s.vector()
+
+
+def ring2_bad_lengths() -> Vector:
+    s = Scenario("ring2_bad_lengths", "payloads not a multiple of 4, with pad, longer than "
+                 "the path MTU, or cut short are dropped", [(make_ring(2), 256)], hosts=2,
+                 requires=[ANY_PAYLOAD_LENGTH])
+    s.write(0, 0, WRITE_MIDDLE, data=bytes(254), outcome="drop_bad_length")
+    s.write(0, 0, WRITE_MIDDLE, data=bytes(252), pad=2, outcome="drop_bad_length")
+    s.write(0, 0, WRITE_MIDDLE, size=MTU + 4, outcome="drop_bad_length")
+    s.write(0, 0, WRITE_MIDDLE, mangle=lambda f: f[:-8], outcome="drop_bad_length",
+            note="frame 8 bytes shorter than its UDP length")
+    s.write(0, 0, WRITE_MIDDLE)
+    s.write(1, 0, WRITE_MIDDLE, emits=[0])
+    return s.vector()
+
+
+def ring3_short_last_packet() -> Vector:
+    s = Scenario("ring3_short_last_packet", "a 640 B message: FIRST 256, MIDDLE 256, LAST 128; "
+                 "a LAST of another length at the same PSN is a mismatch",
+                 [(make_ring(3, msg_size=3 * MTU), 256)], hosts=3, requires=[ANY_PAYLOAD_LENGTH])
+    for k, (op, size) in enumerate([(WRITE_FIRST, MTU), (WRITE_MIDDLE, MTU), (WRITE_LAST, 128)]):
+        kw = {"reth": (0x1000, 5, 640), "ackreq": op == WRITE_LAST}
+        s.write(0, k, op, size, **kw)
+        s.write(1, k, op, size, **kw)
+        if op == WRITE_LAST:
+            s.write(2, k, op, 132, outcome="drop_mismatch", **kw)
+        s.write(2, k, op, size, emits=[k], **kw)
+    return s.vector()
+
+
+SCENARIOS = (ring2_write_only_imm, ring3_first_middle_last, ring4_out_of_order_completion,
+             ring3_duplicates_and_retransmissions, ring2_overrun_and_stale, ring2_psn_wrap,
+             ring3_bad_packets, forwarding_untouched, two_rings_same_hosts, ring2_bad_lengths,
+             ring3_short_last_packet)
+
+
+def all_vectors() -> list[Vector]:
+    return [make() for make in SCENARIOS]
+
+
+if __name__ == "__main__":
+    out = to_json(all_vectors())
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            f.write(out)
+    else:
+        print(out)

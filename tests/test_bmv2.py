@@ -1,0 +1,313 @@
+"""The BMv2 target without BMv2: RingSpec -> table entries and groups, the Target's
+bookkeeping over a fake P4Runtime session, and the clear errors when tools are missing."""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from roce_layers import mac_ports, make_ring
+from switch import bmv2_lab, p4program
+from switch.bmv2 import (Bmv2Target, McGroup, ShellSession, TableEntry, ThriftRegisters,
+                         plan_ring)
+from switch.controller import ControllerClient, SoftwareTarget, serve
+from switch.p4program import build_paths, contract
+from switch.pipeline import CONN_COUNTERS, RING_COUNTERS, AggregationPipeline
+
+C = contract()
+PORTS = {p: f"nrtap{p - 1}" for p in range(1, 6)}
+
+
+class FakeSession:
+    """Records writes like a P4Runtime server would accept them; counters are settable."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, TableEntry] = {}
+        self.groups: dict[int, McGroup] = {}
+        self.log: list[tuple[str, str]] = []
+        self.values: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
+        self.fail_table: Optional[str] = None
+        self.closed = False
+
+    def insert(self, entry: TableEntry) -> None:
+        key = (entry.table, entry.match)
+        assert key not in self.entries, f"ALREADY_EXISTS {key}"
+        if entry.table == self.fail_table:
+            raise RuntimeError("INTERNAL: table full")
+        self.entries[key] = entry
+        self.log.append(("insert", entry.table))
+
+    def delete(self, entry: TableEntry) -> None:
+        del self.entries[entry.table, entry.match]
+        self.log.append(("delete", entry.table))
+
+    def insert_group(self, group: McGroup) -> None:
+        assert group.group_id not in self.groups
+        self.groups[group.group_id] = group
+        self.log.append(("insert", f"group {group.group_id}"))
+
+    def delete_group(self, group_id: int) -> None:
+        del self.groups[group_id]
+        self.log.append(("delete", f"group {group_id}"))
+
+    def read_counter(self, name: str) -> dict[int, tuple[int, int]]:
+        return dict(self.values[name])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def session() -> FakeSession:
+    return FakeSession()
+
+
+@pytest.fixture
+def target(session: FakeSession) -> Bmv2Target:
+    return Bmv2Target(session, PORTS, {**mac_ports(4), "02:4E:52:00:00:FE": 5})
+
+
+def entries_of(session: FakeSession, table: str) -> list[TableEntry]:
+    return [e for e in session.entries.values() if e.table == table]
+
+
+def test_plan_ring_translates_the_spec() -> None:
+    spec = make_ring(3, psn0=[10, 20, 30])
+    plan = plan_ring(spec, {"10.77.0.1": 1, "10.77.0.2": 2, "10.77.0.3": 3}, 256, 2, 7, C)
+    assert plan.ring == TableEntry("NrIngress.ring_table", (("ring", 2),), "NrIngress.set_ring",
+                                   (("epoch", 7), ("slot_mask", 255), ("full", 0b111)))
+    assert plan.conns[2] == TableEntry(
+        "NrIngress.conn_table", (("src_ip", "10.77.0.3"), ("dst_ip", "10.77.0.1"),
+                                 ("dest_qp", spec.connections[2].dst_qpn)),
+        "NrIngress.set_conn", (("ring", 2), ("rank", 2), ("psn0", 30), ("in_port", 3),
+                               ("out_port", 1)))
+    assert plan.replicas[1] == TableEntry(
+        "NrEgress.replica_table", (("ring", 2), ("rank", 1)), "NrEgress.set_replica",
+        (("src_ip", "10.77.0.2"), ("dst_ip", "10.77.0.3"),
+         ("dest_qp", spec.connections[1].dst_qpn), ("psn0", 20)))
+    # rank r's result leaves by its responder's port; the continuation copy rides along
+    assert plan.group == McGroup(C.ring_group_base + 2, ((2, 0), (3, 1), (1, 2), (2, C.cont_rid)))
+    assert plan.install_order == (plan.ring, *plan.replicas, *plan.conns)
+
+
+def test_target_installs_the_flood_group_and_static_macs(target: Bmv2Target,
+                                                         session: FakeSession) -> None:
+    assert session.groups == {C.flood_group: McGroup(C.flood_group,
+                                                     tuple((p, 0) for p in range(1, 6)))}
+    l2 = {e.match[0][1]: e.params[0][1] for e in entries_of(session, "NrIngress.l2")}
+    assert l2 == {**mac_ports(4), "02:4e:52:00:00:fe": 5}
+    assert target.port_of_mac("02:4E:52:00:00:03") == 3
+    assert target.port_of_mac("02:4e:52:00:00:09") is None
+
+
+def test_static_macs_must_name_known_ports(session: FakeSession) -> None:
+    with pytest.raises(ValueError, match=r"unknown ports \[9\]"):
+        Bmv2Target(session, PORTS, {"02:4e:52:00:00:01": 9})
+
+
+def test_register_and_unregister_in_order(target: Bmv2Target, session: FakeSession) -> None:
+    session.log.clear()
+    got = target.register_ring(make_ring(3), 256)
+    assert got == {"ring_id": "ring", "slots": 256,
+                   "ports": {"10.77.0.1": 1, "10.77.0.2": 2, "10.77.0.3": 3}}
+    assert session.log == [("insert", f"group {C.ring_group_base}"),
+                           ("insert", "NrIngress.ring_table")] \
+        + [("insert", "NrEgress.replica_table")] * 3 + [("insert", "NrIngress.conn_table")] * 3
+    assert target.register_ring(make_ring(3), 256) == got          # the same again: no-op
+    with pytest.raises(ValueError, match="already registered differently"):
+        target.register_ring(make_ring(3), 128)
+    session.log.clear()
+    target.unregister_ring("ring")
+    assert session.log == [("delete", "NrIngress.conn_table")] * 3 \
+        + [("delete", "NrEgress.replica_table")] * 3 \
+        + [("delete", "NrIngress.ring_table"), ("delete", f"group {C.ring_group_base}")]
+    assert len(session.entries) == 5 and set(session.groups) == {C.flood_group}
+    with pytest.raises(KeyError):
+        target.unregister_ring("ring")
+
+
+def test_a_connection_belongs_to_one_ring(target: Bmv2Target) -> None:
+    target.register_ring(make_ring(2, ring_id="a"), 256)
+    with pytest.raises(ValueError, match="already registered by ring a"):
+        target.register_ring(make_ring(2, ring_id="b"), 256)
+
+
+def test_ring_indices_are_reused_with_a_new_epoch(target: Bmv2Target,
+                                                  session: FakeSession) -> None:
+    for i in range(C.max_rings):
+        target.register_ring(make_ring(2, ring_id=f"r{i}", qpn_base=0x100 * (i + 1)), 256)
+    with pytest.raises(ValueError, match=f"holds {C.max_rings} rings"):
+        target.register_ring(make_ring(2, ring_id="extra", qpn_base=0x900), 256)
+    target.unregister_ring("r1")
+    target.register_ring(make_ring(2, ring_id="again", qpn_base=0x900), 256)
+    ring_entries = {e.match: dict(e.params) for e in entries_of(session, "NrIngress.ring_table")}
+    assert ring_entries[(("ring", 1),)]["epoch"] == 2
+    assert ring_entries[(("ring", 0),)]["epoch"] == 1
+
+
+@pytest.mark.parametrize("kw,slots,message", [
+    ({"mtu": 1024}, 256, "must use path MTU 256"),
+    ({}, 512, "512 slots, the BMv2 program has 256 per ring"),
+    ({}, 3, "power of two"),                                        # the software rules too
+])
+def test_rings_beyond_the_program_limits_are_refused(target: Bmv2Target, kw: dict, slots: int,
+                                                     message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        target.register_ring(make_ring(2, **kw), slots)
+
+
+def test_a_failed_install_leaves_nothing_behind(target: Bmv2Target,
+                                                session: FakeSession) -> None:
+    before = (dict(session.entries), dict(session.groups))
+    session.fail_table = "NrIngress.conn_table"
+    with pytest.raises(RuntimeError, match="table full"):
+        target.register_ring(make_ring(2), 256)
+    assert (session.entries, session.groups) == before
+    session.fail_table = None
+    target.register_ring(make_ring(2), 256)                          # index 0 is free again
+
+
+def test_counters_are_relative_to_registration(target: Bmv2Target,
+                                               session: FakeSession) -> None:
+    ring_idx = C.ring_counter_index(0, "completed")
+    conn_idx = C.conn_counter_index(0, 1, "aggregated")
+    session.values["ring_ctr"][ring_idx] = (5, 0)                    # left by an earlier ring
+    session.values["conn_ctr"][conn_idx] = (9, 0)
+    target.register_ring(make_ring(2), 256)
+    session.values["ring_ctr"][ring_idx] = (8, 0)
+    session.values["conn_ctr"][conn_idx] = (10, 0)
+    session.values["port_rx"][2] = (4, 1024)
+    session.values["port_roce"][2] = (3, 0)
+    got = target.counters()
+    ring = got["rings"]["ring"]
+    assert ring["counters"] == {**dict.fromkeys(RING_COUNTERS, 0), "completed": 3}
+    assert ring["next_emit"] == 3
+    assert ring["connections"][1]["counters"] == {**dict.fromkeys(CONN_COUNTERS, 0),
+                                                  "aggregated": 1}
+    assert got["ports"]["2"] == {"ifname": "nrtap1", "rx_packets": 4, "rx_bytes": 1024,
+                                 "tx_packets": 0, "tx_bytes": 0, "roce_packets": 3,
+                                 "flooded": 0, "tx_errors": 0}
+
+
+def test_counters_have_the_software_targets_shape(target: Bmv2Target) -> None:
+    software = SoftwareTarget(AggregationPipeline(), mac_ports(4).get)
+    for t in (target, software):
+        t.register_ring(make_ring(3), 256)
+    ours, theirs = target.counters(), software.counters()
+    assert ours["target"] == "bmv2" and ours.keys() == theirs.keys()
+    assert ours["rings"]["ring"].keys() == theirs["rings"]["ring"].keys()
+    assert ours["rings"]["ring"]["connections"] == [
+        {**c, "reth": None} for c in theirs["rings"]["ring"]["connections"]]
+
+
+def test_reth_comes_from_the_register_reader(session: FakeSession) -> None:
+    reads = []
+
+    def reader(name: str, index: int) -> Optional[int]:
+        reads.append((name, index))
+        return (0x7F00 << 64 | 0x2A << 32 | 640) if index == C.max_ranks + 1 else 0
+
+    target = Bmv2Target(session, PORTS, mac_ports(4), reader)
+    target.register_ring(make_ring(2, ring_id="a"), 256)
+    target.register_ring(make_ring(2, ring_id="b", qpn_base=0x50), 256)
+    conns = target.counters()["rings"]["b"]["connections"]
+    assert conns[1]["reth"] == {"va": 0x7F00, "rkey": 0x2A, "dma_len": 640}
+    assert conns[0]["reth"] is None
+    assert ("conn_reth", C.max_ranks + 1) in reads
+
+
+def test_the_controller_serves_a_bmv2_target(target: Bmv2Target, session: FakeSession) -> None:
+    server, port = serve(target, "127.0.0.1:0")
+    try:
+        with ControllerClient(f"127.0.0.1:{port}", timeout=5) as client:
+            assert client.ping() == {"target": "bmv2"}
+            assert client.register_ring(make_ring(2))["slots"] == 256
+            assert client.counters()["rings"]["ring"]["world_size"] == 2
+            client.unregister_ring("ring")
+    finally:
+        server.stop(None)
+    assert not entries_of(session, "NrIngress.conn_table")
+
+
+def fake_tool(directory: Path, name: str, script: str) -> None:
+    path = directory / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_thrift_registers_reads_the_cli(tmp_path: Path) -> None:
+    fake_tool(tmp_path, "cli", 'cat >/dev/null; echo "RuntimeCmd: conn_reth[33]= 1234"')
+    read = ThriftRegisters(cli=str(tmp_path / "cli"))
+    assert read("conn_reth", 33) == 1234
+    assert read("conn_reth", 34) is None
+    assert ThriftRegisters(cli=str(tmp_path / "missing"))("conn_reth", 1) is None
+
+
+def test_missing_tools_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="p4c is not on PATH"):
+        p4program.compile_program(tmp_path / "out")
+    assert bmv2_lab.main(["--port", "1=nrtap0"]) == 1
+    assert "simple_switch_grpc is not on PATH" in capsys.readouterr().err
+
+
+def test_compile_runs_p4c_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    fake_tool(tmp_path, "p4c", f'echo "$@" >> {tmp_path}/calls\n'
+                               f'touch {out}/netreduce.json {out}/netreduce.p4info.txt')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert p4program.compile_program(out) == build_paths(out)
+    assert p4program.compile_program(out) == build_paths(out)       # up to date: no p4c
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == [" ".join(p4program.compile_command(out)[1:])]
+    fake_tool(tmp_path, "p4c", 'echo "netreduce.p4(3): syntax error" >&2; exit 1')
+    with pytest.raises(RuntimeError, match="syntax error"):
+        p4program.compile_program(tmp_path / "other")
+
+
+def test_the_shell_session_names_the_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "p4runtime_sh", None)
+    monkeypatch.setitem(sys.modules, "p4runtime_sh.shell", None)
+    with pytest.raises(RuntimeError, match=r"netreduce\[bmv2\]"):
+        ShellSession("127.0.0.1:9559", build_paths(Path("/nonexistent")))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bmv2_lab_stops_the_switch_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """simple_switch_grpc starts and listens, the P4Runtime session fails: the process
+    is stopped again and the error names what is missing."""
+    out = tmp_path / "build"
+    fake_tool(tmp_path, "p4c", f"touch {out}/netreduce.json {out}/netreduce.p4info.txt")
+    (tmp_path / "simple_switch_grpc").write_text(
+        f"#!{sys.executable}\nimport os, socket, sys, time\n"
+        "host, port = sys.argv[sys.argv.index('--grpc-server-addr') + 1].split(':')\n"
+        "s = socket.socket(); s.bind((host, int(port))); s.listen()\n"
+        f"open('{tmp_path}/args', 'w').write(' '.join(sys.argv[1:]))\n"
+        "time.sleep(60)\n")
+    (tmp_path / "simple_switch_grpc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "p4runtime_sh", None)
+    monkeypatch.setitem(sys.modules, "p4runtime_sh.shell", None)
+    out.mkdir()
+    grpc = free_port()
+    assert bmv2_lab.main(["--port", "1=nrtap0", "--port", "2=nrctlp", "--build", str(out),
+                          "--grpc-port", str(grpc), "--thrift-port", "9999"]) == 1
+    assert "netreduce[bmv2]" in capsys.readouterr().err
+    assert (tmp_path / "args").read_text() == (
+        f"--device-id 0 --thrift-port 9999 -i 1@nrtap0 -i 2@nrctlp --no-p4 -- "
+        f"--grpc-server-addr 127.0.0.1:{grpc}")
+    with pytest.raises(OSError):                 # nobody listens there any more
+        socket.create_connection(("127.0.0.1", grpc), timeout=1).close()
