@@ -18,7 +18,9 @@
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs are serialised
 # with a lock. --switch bridge joins the same ports with a kernel bridge instead of the
-# switch process (a reference for what forwarding costs; no controller, no aggregation).
+# switch process (a reference for what forwarding costs; no controller, no aggregation);
+# --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
+# and BMv2 on PATH; rings through it must use RoCE path MTU 256).
 # Default: --hosts 4 --mtu 9000 --switch soft, --native when possible, else --vm.
 set -euo pipefail
 
@@ -32,7 +34,7 @@ hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 while [ $# -gt 0 ]; do
   case $1 in
@@ -117,8 +119,20 @@ else
 fi
 ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 
+start_switch() {  # python module + its extra args; waits for its ready file
+  ip netns exec "$SWNS" "$PY" -m "$@" "${ports[@]}" --controller "$CTL_IP:$CTL_PORT" \
+    --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
+    >"$LABDIR/switch.log" 2>&1 &
+  switch_pid=$!
+  for _ in $(seq 600); do
+    [ -f "$LABDIR/switch.ready" ] && break
+    kill -0 "$switch_pid" 2>/dev/null || { cat "$LABDIR/switch.log" >&2; switch_pid=""; die "the switch ($1) exited at start"; }
+    sleep 0.1
+  done
+  [ -f "$LABDIR/switch.ready" ] || die "the switch ($1) did not become ready in 60 s"
+  say "switch $1 up (pid $switch_pid): ${ports[*]}"
+}
 case $switch in
-  bmv2) die "--switch bmv2: not available yet in this tree" ;;
   bridge)
     ip -n "$SWNS" link add nrbr type bridge
     ip -n "$SWNS" link set nrbr mtu "$mtu" up
@@ -127,18 +141,11 @@ case $switch in
       ip -n "$SWNS" link set "${ports[$i]#*=}" master nrbr
     done
     say "kernel bridge nrbr up: ${ports[*]}" ;;
-  soft)
-    ip netns exec "$SWNS" "$PY" -m switch "${ports[@]}" --controller "$CTL_IP:$CTL_PORT" \
-      --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
-      >"$LABDIR/switch.log" 2>&1 &
-    switch_pid=$!
-    for _ in $(seq 300); do
-      [ -f "$LABDIR/switch.ready" ] && break
-      kill -0 "$switch_pid" 2>/dev/null || { cat "$LABDIR/switch.log" >&2; switch_pid=""; die "the switch exited at start"; }
-      sleep 0.1
-    done
-    [ -f "$LABDIR/switch.ready" ] || die "the switch did not become ready in 30 s"
-    say "switch up (pid $switch_pid): ${ports[*]}" ;;
+  soft) start_switch switch ;;
+  bmv2)
+    # BMv2 learns no MACs: every host's MAC is configured (rings need RoCE path MTU 256).
+    for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done
+    start_switch switch.bmv2_lab --bmv2-log "$LABDIR/bmv2.log" ;;
 esac
 
 # --- the command ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ mtu=9000 hosts="" switch_ns=nrlab
 declare -A nic=()
 
 die() { echo "setup_rxe.sh: $*" >&2; exit 1; }
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 host_ip() { echo "$SUBNET.$(($1 + 1))"; }
 host_mac() { printf '02:4e:52:00:00:%02x' $(($1 + 1)); }
