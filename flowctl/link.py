@@ -1,0 +1,76 @@
+"""What the flow-control stream needs from one rank's place in a QP ring.
+
+A `Link` is the pair of RC QPs a rank holds in a ring: it posts RDMA WRITE WITH IMMEDIATE
+to its successor and receives them from its predecessor. `flowctl.verbs.VerbsLink` is the
+pyverbs implementation; tests drive the stream through an in-process one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Protocol, Self
+
+
+@dataclass(frozen=True)
+class _Span:
+    """[addr, addr + nbytes) of registered memory, accessed under `key`."""
+
+    addr: int
+    key: int
+    nbytes: int
+
+    def slice(self, offset: int, nbytes: int) -> Self:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"flowctl: slice [{offset}, {offset + nbytes}) outside a "
+                             f"{self.nbytes}-byte buffer")
+        return replace(self, addr=self.addr + offset, nbytes=nbytes)
+
+
+class LocalBuffer(_Span):
+    """Local memory a WRITE is read from; `key` is its L_Key."""
+
+    @property
+    def lkey(self) -> int:
+        return self.key
+
+
+class RemoteBuffer(_Span):
+    """A peer's memory a WRITE lands in; `key` is its R_Key."""
+
+    @property
+    def rkey(self) -> int:
+        return self.key
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One work completion. `index`: for a send, the message index it was posted with; for
+    a receive, the immediate (the sender's message index mod 2^32)."""
+
+    index: int
+    ok: bool
+    status: str = "success"
+
+
+class Link(Protocol):
+    """One rank's QP pair in a ring (successor and predecessor are ranks)."""
+
+    successor: int
+    predecessor: int
+
+    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+        """Post one signaled RDMA WRITE WITH IMMEDIATE (imm = index mod 2^32) of src.nbytes."""
+        ...
+
+    def post_recvs(self, count: int) -> None:
+        """Post `count` receive work requests on the QP from the predecessor."""
+        ...
+
+    def poll_sends(self, max_count: int) -> list[Completion]:
+        ...
+
+    def poll_recvs(self, max_count: int) -> list[Completion]:
+        ...
+
+    def diagnostics(self) -> str:
+        """QP states and device counters, for error messages."""
+        ...

@@ -1,0 +1,115 @@
+"""How a buffer becomes RDMA WRITE messages: the flow-control knobs and the message plan.
+
+Pure logic (no verbs), so it is unit-tested without RDMA. The switch depends on these knobs:
+every rank of a ring posts the same message sequence, one message is
+`packets_per_message` packets of at most `mtu` bytes, and at most `window` messages are
+outstanding per connection, so an aggregator pool of N slots needs N >= 2 * window_packets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence, overload
+
+PATH_MTUS = (256, 512, 1024, 2048, 4096)
+IMM_MODULUS = 1 << 32   # the immediate carries the message index modulo 2^32
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """Flow-control knobs of one communicator (identical on every rank).
+
+    Invariants: `mtu` is a RoCE path MTU; `msg_size` is a positive multiple of `mtu`;
+    `window` >= 1; `recv_depth` >= 1 receives stay posted per receiving QP;
+    `stall_timeout` > 0 seconds without any completion is an error.
+    """
+
+    mtu: int = 4096
+    msg_size: int = 64 * 1024
+    window: int = 8
+    recv_depth: int = 1024
+    stall_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.mtu not in PATH_MTUS:
+            raise ValueError(f"flowctl: path MTU {self.mtu} is not one of {PATH_MTUS}")
+        if self.msg_size <= 0 or self.msg_size % self.mtu:
+            raise ValueError(f"flowctl: message size {self.msg_size} must be a positive "
+                             f"multiple of the path MTU {self.mtu}")
+        if self.window < 1:
+            raise ValueError(f"flowctl: window {self.window} must be at least 1 message")
+        if self.recv_depth < 1:
+            raise ValueError(f"flowctl: recv_depth {self.recv_depth} must be at least 1")
+        if not self.stall_timeout > 0:
+            raise ValueError(f"flowctl: stall_timeout {self.stall_timeout} must be > 0 s")
+
+    @property
+    def packets_per_message(self) -> int:
+        return self.msg_size // self.mtu
+
+    @property
+    def window_packets(self) -> int:
+        """Most packets one connection can have unacknowledged: the switch needs 2x this."""
+        return self.window * self.packets_per_message
+
+
+@dataclass(frozen=True)
+class Message:
+    """One RDMA WRITE WITH IMMEDIATE: `length` bytes at `offset` of its transfer."""
+
+    index: int    # position in the stream of its direction; the immediate is index mod 2^32
+    offset: int
+    length: int
+
+    @property
+    def imm(self) -> int:
+        return self.index % IMM_MODULUS
+
+
+class MessagePlan(Sequence[Message]):
+    """A transfer of `nbytes` cut into messages of `msg_size` bytes (the last one shorter).
+
+    Invariants: messages are contiguous and in order, cover [0, nbytes) exactly, every one
+    but the last has `msg_size` bytes, none is empty (0 bytes -> no message), and their
+    indices run from `first_index` up by one. Sender and receiver build the same plan from
+    the same (nbytes, msg_size, first_index), which is how the receiver knows what arrives.
+    """
+
+    def __init__(self, nbytes: int, msg_size: int, first_index: int = 0) -> None:
+        if nbytes < 0:
+            raise ValueError(f"flowctl: transfer of {nbytes} bytes")
+        if msg_size <= 0:
+            raise ValueError(f"flowctl: message size {msg_size}")
+        self.nbytes = nbytes
+        self.msg_size = msg_size
+        self.first_index = first_index
+        self._count = -(-nbytes // msg_size)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> Message: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Message]: ...
+
+    def __getitem__(self, i: int | slice) -> Message | Sequence[Message]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(f"message {i} of a {self._count}-message plan")
+        offset = i * self.msg_size
+        return Message(self.first_index + i, offset, min(self.msg_size, self.nbytes - offset))
+
+    def __iter__(self) -> Iterator[Message]:
+        return (self[i] for i in range(self._count))
+
+    @property
+    def end_index(self) -> int:
+        """The index the message after this plan gets."""
+        return self.first_index + self._count
+
+    def __repr__(self) -> str:
+        return (f"MessagePlan(nbytes={self.nbytes}, msg_size={self.msg_size}, "
+                f"first_index={self.first_index}, messages={self._count})")

@@ -1,0 +1,169 @@
+"""The flow-control stream: messages out to the successor under the credit window, messages
+in from the predecessor, progressed together in one thread.
+
+Invariants of a `Stream`:
+- message indices run on per direction across transfers (0, 1, 2, ...); every message is
+  an RDMA WRITE WITH IMMEDIATE whose immediate is its index mod 2^32, and the receiver
+  checks each arrival carries the next index;
+- at most `config.window` messages are outstanding (posted, not yet completed);
+- `config.recv_depth` receives are posted on the receiving QP outside `transfer`; each
+  consumed receive is reposted, and receive completions are polled at most as many as the
+  current transfer still expects, so early arrivals of the next transfer stay queued;
+- between two `transfer` calls nothing is outstanding.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from flowctl.link import Completion, Link, LocalBuffer, RemoteBuffer
+from flowctl.plan import FlowConfig, Message, MessagePlan
+from flowctl.window import CreditWindow, WindowError
+
+
+class FlowError(RuntimeError):
+    """A transfer failed: the message names rank, peer, message, QP states and counters."""
+
+
+class CompletionError(FlowError):
+    """A work completion came back with an error status."""
+
+
+class StallError(FlowError):
+    """Nothing completed within the stall timeout while work was pending."""
+
+
+class SequenceError(FlowError):
+    """A completion named another message than the one due: the ranks are out of step."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """`src` (local) is written to `dst` (the successor's memory), both of the same size."""
+
+    src: LocalBuffer
+    dst: RemoteBuffer
+
+    def __post_init__(self) -> None:
+        if self.src.nbytes != self.dst.nbytes:
+            raise ValueError(f"flowctl: {self.src.nbytes} bytes sent into a "
+                             f"{self.dst.nbytes}-byte destination")
+
+
+OnArrival = Callable[[Message], None]
+
+
+class Backoff:
+    """Waiting between empty polls: `spins` immediate retries, then sleeps doubling from
+    `first_sleep` up to `max_sleep` seconds (a busy loop would starve the kernel's rxe)."""
+
+    def __init__(self, spins: int = 32, first_sleep: float = 20e-6,
+                 max_sleep: float = 1e-3) -> None:
+        self.spins, self.first_sleep, self.max_sleep = spins, first_sleep, max_sleep
+        self.reset()
+
+    def reset(self) -> None:
+        self._idle = 0
+        self._sleep = self.first_sleep
+
+    def wait(self) -> None:
+        self._idle += 1
+        if self._idle > self.spins:
+            time.sleep(self._sleep)
+            self._sleep = min(self.max_sleep, 2 * self._sleep)
+
+
+class Stream:
+    """A flow-controlled message stream over one `Link` (see the module's invariants)."""
+
+    def __init__(self, link: Link, config: FlowConfig, label: str) -> None:
+        self.link = link
+        self.config = config
+        self.label = label            # who we are in error messages, e.g. "rank 1, ring 'ring'"
+        self.window = CreditWindow(config.window)
+        self.next_send_index = 0
+        self.next_recv_index = 0
+        link.post_recvs(config.recv_depth)
+
+    def transfer(self, send: Outgoing | None, recv_nbytes: int = 0,
+                 on_arrival: OnArrival | None = None) -> None:
+        """Send `send` to the successor while `recv_nbytes` arrive from the predecessor;
+        `on_arrival(message)` runs for each arrived message, in order. Returns when every
+        sent message is acknowledged and every expected message has arrived."""
+        out = MessagePlan(send.src.nbytes if send else 0, self.config.msg_size,
+                          self.next_send_index)
+        inc = MessagePlan(recv_nbytes, self.config.msg_size, self.next_recv_index)
+        posted = completed = arrived = 0
+        idle = Backoff()
+        last_progress = time.monotonic()
+        while completed < len(out) or arrived < len(inc):
+            progressed = False
+            while posted < len(out) and self.window.available:
+                assert send is not None
+                m = out[posted]
+                self.link.post_write(m.index, send.src.slice(m.offset, m.length),
+                                     send.dst.slice(m.offset, m.length))
+                self.window.post(m.index)
+                posted += 1
+                progressed = True
+            if completed < posted:
+                for c in self.link.poll_sends(posted - completed):
+                    self._send_completed(c)
+                    completed += 1
+                    progressed = True
+            if arrived < len(inc):
+                got = self.link.poll_recvs(len(inc) - arrived)
+                for c in got:
+                    m = inc[arrived]
+                    self._check_arrival(c, m)
+                    arrived += 1
+                    if on_arrival is not None:
+                        on_arrival(m)
+                if got:
+                    self.link.post_recvs(len(got))
+                    progressed = True
+            if progressed:
+                last_progress = time.monotonic()
+                idle.reset()
+            elif time.monotonic() - last_progress > self.config.stall_timeout:
+                pending_recv = inc[arrived] if arrived < len(inc) else None
+                raise StallError(self._stall_message(len(out) - posted, pending_recv))
+            else:
+                idle.wait()
+        self.next_send_index = out.end_index
+        self.next_recv_index = inc.end_index
+
+    def _send_completed(self, c: Completion) -> None:
+        if not c.ok:
+            raise CompletionError(f"flowctl: {self.label}: RDMA WRITE of message {c.index} to "
+                                  f"rank {self.link.successor} failed: {c.status}; "
+                                  f"{self.link.diagnostics()}")
+        try:
+            self.window.complete(c.index)
+        except WindowError as exc:
+            raise SequenceError(f"{exc} ({self.label}, to rank {self.link.successor}); "
+                                f"{self.link.diagnostics()}") from exc
+
+    def _check_arrival(self, c: Completion, m: Message) -> None:
+        if not c.ok:
+            raise CompletionError(f"flowctl: {self.label}: receive of message {m.index} from "
+                                  f"rank {self.link.predecessor} failed: {c.status}; "
+                                  f"{self.link.diagnostics()}")
+        if c.index != m.imm:
+            raise SequenceError(f"flowctl: {self.label}: expected message {m.index} (imm "
+                                f"{m.imm}) from rank {self.link.predecessor}, got imm {c.index}: "
+                                f"the ranks posted different message sequences; "
+                                f"{self.link.diagnostics()}")
+
+    def _stall_message(self, unposted: int, pending_recv: Message | None) -> str:
+        waits = []
+        if self.window.outstanding:
+            waits.append(f"{len(self.window.outstanding)} message(s) to rank "
+                         f"{self.link.successor} unacknowledged (oldest: message "
+                         f"{self.window.oldest}, {unposted} more not yet posted)")
+        if pending_recv is not None:
+            waits.append(f"message {pending_recv.index} from rank {self.link.predecessor} "
+                         f"not arrived")
+        return (f"flowctl: {self.label}: nothing moved for {self.config.stall_timeout:g}s: "
+                f"{'; '.join(waits)}; {self.link.diagnostics()}")

@@ -1,0 +1,52 @@
+"""The module-level API: one default communicator per process."""
+from __future__ import annotations
+
+import atexit
+
+import numpy as np
+
+from flowctl.plan import FlowConfig
+from netreduce.comm import Communicator, CommunicatorError
+from ring_setup.rendezvous import DEFAULT_TIMEOUT
+
+_default: Communicator | None = None
+
+
+def init(rank: int | None = None, world_size: int | None = None,
+         master_addr: str | None = None, master_port: int | None = None, *,
+         device: str | None = None, local_addr: str | None = None, mtu: int = 4096,
+         msg_size: int = 64 * 1024, window: int = 8, recv_depth: int = 1024,
+         stall_timeout: float = 30.0, timeout: float = DEFAULT_TIMEOUT) -> Communicator:
+    """Create this process's default communicator (see `Communicator.create`); it is
+    closed by `finalize()` or at exit. `mtu`, `msg_size` (a multiple of `mtu`) and
+    `window` (messages in flight per connection) are the flow-control knobs."""
+    global _default
+    if _default is not None:
+        raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "
+                                "first)")
+    config = FlowConfig(mtu=mtu, msg_size=msg_size, window=window, recv_depth=recv_depth,
+                        stall_timeout=stall_timeout)
+    _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
+                                   local_addr=local_addr, config=config, timeout=timeout)
+    return _default
+
+
+def get_communicator() -> Communicator:
+    if _default is None:
+        raise CommunicatorError("netreduce: no communicator: call netreduce.init() first")
+    return _default
+
+
+def allreduce(array: np.ndarray, op: str = "sum", algo: str = "ring",
+              out: np.ndarray | None = None) -> np.ndarray:
+    """`Communicator.allreduce` on the default communicator."""
+    return get_communicator().allreduce(array, op=op, algo=algo, out=out)
+
+
+@atexit.register
+def finalize() -> None:
+    """Close the default communicator (collective: every rank waits for the others)."""
+    global _default
+    if _default is not None:
+        comm, _default = _default, None
+        comm.close()

@@ -1,0 +1,217 @@
+"""The communicator: one rank's rings of RC QPs, their streams, and allreduce on top.
+
+A communicator holds two rings of RC QPs to the same neighbours: "ring" for host
+algorithms (and the per-call metadata exchange) and "inc", dedicated to in-network
+aggregation: on "inc" every rank must post the identical message sequence, so nothing else
+is ever posted on it. `inc_ring_spec()` describes "inc" for the switch controller.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from flowctl.link import Link, LocalBuffer
+from flowctl.plan import FlowConfig
+from flowctl.stream import Stream
+from netreduce.algorithms import CallContext, resolve
+from netreduce.meta import (AllreduceMismatch, CallMeta, MetaExchange, check_agreement,
+                            check_dtype, check_op, control_bytes)
+from netreduce.workspace import RegisteredMemory, Workspace
+from ring_setup.device import source_ipv4_towards
+from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
+                                  check_endpoints, neighbours, ring_spec)
+from ring_setup.rendezvous import (DEFAULT_TIMEOUT, Rendezvous, RendezvousConfig,
+                                   RendezvousError)
+from ring_setup.spec import RingSpec
+
+RINGS = ("ring", "inc")
+_FAILED_LEAVE_TIMEOUT = 5.0
+
+
+class CommunicatorError(RuntimeError):
+    """The communicator cannot be used (closed, or broken by an earlier transfer error)."""
+
+
+class RingQPsLike(Protocol):
+    """This rank's QPs in one ring (ring_setup.verbs.RingQPs)."""
+
+    def local(self) -> RingEndpoint: ...
+    def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None: ...
+    def link(self, recv_sge: LocalBuffer, successor: int, predecessor: int) -> Link: ...
+
+
+class Host(Protocol):
+    """An opened RDMA device (ring_setup.verbs.RdmaHost; tests use an in-process one)."""
+
+    ip: str
+    mac: str
+
+    @property
+    def gid(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    def register(self, nbytes: int) -> RegisteredMemory: ...
+    def create_ring(self, name: str, config: FlowConfig) -> RingQPsLike: ...
+    def close(self) -> None: ...
+
+
+class Communicator:
+    """One rank's membership in a ring of `world_size` ranks. Build it with
+    `netreduce.init(...)` or `Communicator.create(...)`; close it on every rank."""
+
+    def __init__(self, *, rendezvous: Rendezvous, host: Host, config: FlowConfig,
+                 endpoints: list[HostEndpoint], streams: dict[str, Stream],
+                 control: RegisteredMemory) -> None:
+        self._rendezvous = rendezvous
+        self._host = host
+        self.config = config
+        self._endpoints = endpoints
+        self.rank = rendezvous.rank
+        self.world_size = rendezvous.world_size
+        self._streams = streams
+        self._control = control
+        _, successor = neighbours(endpoints, self.rank)
+        self._meta = MetaExchange(streams["ring"], control, successor.control, self.rank,
+                                  self.world_size)
+        self._workspace = Workspace(host.register)
+        self._calls = 0
+        self._broken: BaseException | None = None
+        self._closed = False
+        self.last_algo: str | None = None    # the algorithm the last allreduce ran
+
+    @classmethod
+    def create(cls, rank: int | None = None, world_size: int | None = None,
+               master_addr: str | None = None, master_port: int | None = None, *,
+               device: str | None = None, local_addr: str | None = None,
+               config: FlowConfig = FlowConfig(),
+               timeout: float = DEFAULT_TIMEOUT) -> "Communicator":
+        """Rendezvous with the other ranks (arguments, else RANK, WORLD_SIZE, MASTER_ADDR,
+        MASTER_PORT), open this rank's rxe device (`device`, else the one holding
+        `local_addr` as a RoCEv2 GID; `local_addr` defaults to the address this host
+        reaches MASTER_ADDR from) and connect both rings. A rank that fails on its own
+        tells the others through the rendezvous; `timeout` bounds every wait for peers."""
+        from ring_setup.verbs import RdmaHost   # pyverbs: only where a real device is opened
+        rdzv = RendezvousConfig.resolve(rank, world_size, master_addr, master_port, timeout)
+        ip = local_addr or source_ipv4_towards(rdzv.master_addr)
+        rendezvous = Rendezvous(rdzv).join()
+        host: RdmaHost | None = None
+        try:
+            host = RdmaHost(ip, device, config)
+            return cls.connect(rendezvous, host, config)
+        except BaseException as exc:
+            if not isinstance(exc, RendezvousError):    # the others could not know: tell them
+                rendezvous.abort(f"{type(exc).__name__}: {exc}")
+            if host is not None:
+                host.close()
+            rendezvous.close(timeout=_FAILED_LEAVE_TIMEOUT)
+            raise
+
+    @classmethod
+    def connect(cls, rendezvous: Rendezvous, host: Host, config: FlowConfig) -> "Communicator":
+        """Build both QP rings with the other ranks: create the QPs (INIT), exchange
+        endpoints through the rendezvous, connect (RTR, RTS), post receives, and wait until
+        every rank is ready so that nobody sends to a QP that is not yet in RTR."""
+        rank = rendezvous.rank
+        control = host.register(control_bytes(rendezvous.world_size))
+        rings = {name: host.create_ring(name, config) for name in RINGS}
+        me = HostEndpoint(rank=rank, ip=host.ip, mac=host.mac, gid=host.gid,
+                          device=host.device, mtu=config.mtu,
+                          msg_size=config.msg_size, window=config.window,
+                          control=control.remote(),
+                          rings={name: qps.local() for name, qps in rings.items()})
+        endpoints = [HostEndpoint.from_dict(d)
+                     for d in rendezvous.all_gather("endpoint", me.to_dict())]
+        check_endpoints(endpoints)
+        predecessor, successor = neighbours(endpoints, rank)
+        streams = {}
+        for name, qps in rings.items():
+            qps.connect(predecessor, successor)
+            link = qps.link(control.local(), successor.rank, predecessor.rank)
+            streams[name] = Stream(link, config, f"rank {rank}, ring {name!r}")
+        rendezvous.barrier("ready")
+        return cls(rendezvous=rendezvous, host=host, config=config, endpoints=endpoints,
+                   streams=streams, control=control)
+
+    @property
+    def device(self) -> str:
+        return self._host.device
+
+    def inc_ring_spec(self) -> RingSpec:
+        """The "inc" ring as the switch controller needs it (identical on every rank)."""
+        first = self._endpoints[0]
+        ring_id = f"nr-{first.ip}-{first.rings['inc'].send.qpn}"
+        return ring_spec(self._endpoints, "inc", ring_id, self.config)
+
+    def allreduce(self, array: np.ndarray, op: str = "sum", algo: str = "ring",
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """Reduce `array` element-wise over all ranks into `out` (default: `array` itself,
+        in place) and return it. Every rank must call with the same shape, dtype, op and
+        algo; a disagreement raises `AllreduceMismatch` on every rank and changes nothing.
+        Arguments that are wrong on their own (unsupported dtype, unknown op or algo, bad
+        `out`) raise before any exchange."""
+        self._check_usable()
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"allreduce: expected a numpy array, got {type(array).__name__}")
+        dtype = check_dtype(array.dtype)
+        ufunc = check_op(op)
+        algorithm = resolve(algo)
+        target = array if out is None else out
+        if not isinstance(target, np.ndarray) or target.shape != array.shape \
+                or target.dtype != dtype:
+            raise ValueError(f"allreduce: out must be a {dtype} array of shape {array.shape}")
+        if not target.flags.writeable:
+            raise ValueError("allreduce: the result array is read-only")
+
+        try:
+            workspace = self._workspace.ensure(
+                algorithm.workspace_bytes(array.size, dtype.itemsize, self.world_size))
+            mine = CallMeta(rank=self.rank, seq=self._calls, count=array.size, dtype=dtype.name,
+                            op=op, algo=algorithm.name, workspace=workspace.remote())
+            self._calls += 1
+            records = self._meta.exchange(mine)
+            check_agreement(records)
+            data = workspace.view()[:array.nbytes].view(dtype).reshape(array.shape)
+            np.copyto(data, array)
+            algorithm.run(CallContext(
+                rank=self.rank, world_size=self.world_size, count=array.size, dtype=dtype,
+                op=ufunc, workspace=workspace,
+                peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
+                streams=self._streams))
+            np.copyto(target, data)
+        except AllreduceMismatch:
+            raise
+        except BaseException as exc:
+            self._broken = exc
+            raise
+        self.last_algo = algorithm.name
+        return target
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CommunicatorError(f"rank {self.rank}: the communicator is closed")
+        if self._broken is not None:
+            raise CommunicatorError(f"rank {self.rank}: the communicator is unusable after an "
+                                    f"earlier error: {self._broken}")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Leave the ring: wait (up to `timeout` s) for every rank to close too, so no peer
+        is still sending to our QPs, then destroy QPs, memory and the device context."""
+        if self._closed:
+            return
+        self._closed = True
+        self._rendezvous.close(timeout)
+        self._workspace.close()
+        self._control.close()
+        self._host.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
+                f"device={self.device!r}, mtu={self.config.mtu}, "
+                f"msg_size={self.config.msg_size}, window={self.config.window})")

@@ -1,0 +1,145 @@
+"""Per-call metadata: what each rank is about to reduce, gathered by every rank before any
+data moves, so that disagreeing calls fail with the same message everywhere.
+
+Each rank's control region holds two banks (call parity) of `world_size` fixed-size records.
+The exchange is a ring all-gather on the host ring's stream: at step j rank r forwards the
+record of rank (r - j) mod n into the same slot of its successor's bank. Two banks suffice:
+a rank can only start call k+2 after its successor started call k+1, i.e. finished reading
+call k's records.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from flowctl.link import LocalBuffer, RemoteBuffer
+from flowctl.stream import Outgoing, SequenceError, Stream
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
+OPS: dict[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+
+_MAGIC = b"NRM1"
+_RECORD = struct.Struct("<4sIQQ8s8s8sQQI")
+RECORD_STRIDE = 128
+
+
+class AllreduceMismatch(RuntimeError):
+    """The ranks called allreduce with different arguments (raised on every rank alike)."""
+
+
+def check_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"allreduce: dtype {dtype} is not supported (supported: "
+                        f"{', '.join(d.name for d in SUPPORTED_DTYPES)})")
+    return dtype
+
+
+def check_op(op: str) -> np.ufunc:
+    try:
+        return OPS[op]
+    except KeyError:
+        raise ValueError(f"allreduce: op {op!r} is not supported (supported: "
+                         f"{', '.join(OPS)})") from None
+
+
+@dataclass(frozen=True)
+class CallMeta:
+    """One rank's description of one allreduce call, and where its workspace is."""
+
+    rank: int
+    seq: int              # calls this rank has started on the communicator, from 0
+    count: int
+    dtype: str            # numpy dtype name
+    op: str
+    algo: str             # the resolved algorithm
+    workspace: RemoteBuffer
+
+    def pack(self) -> bytes:
+        return _RECORD.pack(_MAGIC, self.rank, self.seq, self.count, self.dtype.encode(),
+                            self.op.encode(), self.algo.encode(), self.workspace.addr,
+                            self.workspace.nbytes, self.workspace.rkey)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "CallMeta":
+        magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey = _RECORD.unpack(
+            raw[:_RECORD.size])
+        if magic != _MAGIC:
+            raise ValueError(f"not a call record (magic {magic!r})")
+        text = [s.rstrip(b"\0").decode() for s in (dtype, op, algo)]
+        return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes))
+
+    def describe(self) -> str:
+        return f"{self.dtype}[{self.count}] op={self.op} algo={self.algo}"
+
+
+def control_bytes(world_size: int) -> int:
+    """Size of a rank's control region: two banks of one record per rank."""
+    return 2 * world_size * RECORD_STRIDE
+
+
+class ControlRegion(Protocol):
+    def local(self) -> LocalBuffer: ...
+    def view(self) -> np.ndarray: ...
+
+
+class MetaExchange:
+    """All-gathers one `CallMeta` per rank around the host ring (see the module doc)."""
+
+    def __init__(self, stream: Stream, control: ControlRegion, successor_control: RemoteBuffer,
+                 rank: int, world_size: int) -> None:
+        self.stream, self.control = stream, control
+        self.successor_control = successor_control
+        self.rank, self.world_size = rank, world_size
+
+    def _slot(self, seq: int, rank: int) -> int:
+        return ((seq % 2) * self.world_size + rank) * RECORD_STRIDE
+
+    def exchange(self, mine: CallMeta) -> list[CallMeta]:
+        """Every rank's record of this call, by rank."""
+        n, r, seq = self.world_size, self.rank, mine.seq
+        view = self.control.view()
+        at = self._slot(seq, r)
+        view[at:at + RECORD_STRIDE] = 0
+        view[at:at + _RECORD.size] = np.frombuffer(mine.pack(), dtype=np.uint8)
+        local = self.control.local()
+        for j in range(n - 1):
+            at = self._slot(seq, (r - j) % n)
+            self.stream.transfer(Outgoing(local.slice(at, RECORD_STRIDE),
+                                          self.successor_control.slice(at, RECORD_STRIDE)),
+                                 recv_nbytes=RECORD_STRIDE)
+        records = []
+        for q in range(n):
+            at = self._slot(seq, q)
+            try:
+                record = CallMeta.unpack(view[at:at + RECORD_STRIDE].tobytes())
+            except ValueError as exc:
+                raise SequenceError(f"allreduce: rank {r}: call #{seq}: the record of rank {q} "
+                                    f"is unreadable: {exc}") from exc
+            if record.rank != q:
+                raise SequenceError(f"allreduce: rank {r}: call #{seq}: slot {q} holds the "
+                                    f"record of rank {record.rank}")
+            records.append(record)
+        return records
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def check_agreement(records: list[CallMeta]) -> None:
+    """Raise `AllreduceMismatch` unless all records describe the same call. The message
+    depends only on the records, which every rank holds alike, so every rank raises the
+    same message."""
+    seqs = sorted({m.seq for m in records})
+    if len(seqs) > 1:
+        raise AllreduceMismatch("allreduce: ranks are out of step: " + "; ".join(
+            f"{_ranks([m.rank for m in records if m.seq == s])} at call #{s}" for s in seqs))
+    groups: dict[str, list[int]] = {}
+    for m in records:
+        groups.setdefault(m.describe(), []).append(m.rank)
+    if len(groups) > 1:
+        raise AllreduceMismatch(f"allreduce call #{seqs[0]}: ranks disagree: " + "; ".join(
+            f"{desc} on {_ranks(ranks)}" for desc, ranks in groups.items()))

@@ -1,0 +1,340 @@
+"""Rendezvous: a small TCP key-value store served by rank 0, torchrun style.
+
+Rank 0 serves the store from daemon threads at MASTER_ADDR:MASTER_PORT; every rank
+(rank 0 included) is a client. Ranks publish JSON values under "<name>/<rank>" and wait
+for everyone's; a wait that runs out names the ranks that never showed up. The store stays
+up after setup for small control exchanges; the data path never uses it.
+
+Wire protocol: one JSON object per line each way, one request at a time per connection.
+  hello {rank, world_size}           -> ok | error (world size disagreement, bad rank)
+  set   {key, value, exclusive}      -> ok | error (exclusive key already set)
+  get   {keys, timeout}              -> ok + values | missing keys | aborted ranks
+  abort {rank, reason}               -> ok   (every pending and later get fails with it)
+  leave {rank, timeout}              -> ok + missing ranks; once all ranks have left the
+                                        server stops accepting before it answers anyone, so a
+                                        rank that quickly rejoins reaches the next store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+DEFAULT_PORT = 29500
+DEFAULT_TIMEOUT = 30.0
+_MARGIN = 5.0            # extra socket timeout over a server-side wait
+
+
+class RendezvousError(RuntimeError):
+    """Setup could not agree with the other ranks."""
+
+
+class RendezvousTimeout(RendezvousError):
+    """Some rank never showed up; the message names it."""
+
+
+def _ranks_phrase(ranks: list[int]) -> str:
+    return (f"rank {ranks[0]}" if len(ranks) == 1
+            else "ranks " + ", ".join(str(r) for r in ranks))
+
+
+@dataclass(frozen=True)
+class RendezvousConfig:
+    """Who this rank is and where the store is. Invariant: 0 <= rank < world_size."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int = DEFAULT_PORT
+    timeout: float = DEFAULT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise RendezvousError(f"rendezvous: rank {self.rank} outside world size "
+                                  f"{self.world_size}")
+        if not self.timeout > 0:
+            raise RendezvousError(f"rendezvous: timeout {self.timeout} must be > 0 s")
+
+    @property
+    def where(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+    @classmethod
+    def resolve(cls, rank: int | None = None, world_size: int | None = None,
+                master_addr: str | None = None, master_port: int | None = None,
+                timeout: float = DEFAULT_TIMEOUT,
+                env: Mapping[str, str] = os.environ) -> "RendezvousConfig":
+        """Explicit arguments win; the rest come from RANK, WORLD_SIZE, MASTER_ADDR and
+        MASTER_PORT (default 29500), as torchrun and netreduce.launch set them."""
+        def pick(value: Any, var: str, default: Any = None) -> Any:
+            if value is not None:
+                return value
+            if var in env:
+                return env[var]
+            if default is None:
+                raise RendezvousError(f"rendezvous: {var} is not set: pass it explicitly or run "
+                                      f"under netreduce.launch / torchrun")
+            return default
+        try:
+            return cls(rank=int(pick(rank, "RANK")), world_size=int(pick(world_size, "WORLD_SIZE")),
+                       master_addr=str(pick(master_addr, "MASTER_ADDR")),
+                       master_port=int(pick(master_port, "MASTER_PORT", DEFAULT_PORT)),
+                       timeout=float(timeout))
+        except ValueError as exc:
+            raise RendezvousError(f"rendezvous: bad setting: {exc}") from exc
+
+
+class StoreServer:
+    """The store (rank 0): a dict guarded by one condition, one thread per client."""
+
+    def __init__(self, port: int, world_size: int, host: str = "") -> None:
+        self.world_size = world_size
+        self._cond = threading.Condition()
+        self._data: dict[str, Any] = {}
+        self._aborted: dict[int, str] = {}
+        self._left: set[int] = set()
+        self._conns: set[socket.socket] = set()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._listener.bind((host, port))
+        except OSError as exc:
+            self._listener.close()
+            raise RendezvousError(f"rendezvous: rank 0 cannot serve the store on port {port}: "
+                                  f"{exc}") from exc
+        self._listener.listen(128)
+        self.port: int = self._listener.getsockname()[1]
+        self._accepting = True
+        self._acceptor = threading.Thread(target=self._accept_loop, name="nr-store-accept",
+                                          daemon=True)
+        self._acceptor.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                break
+            with self._cond:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="nr-store-conn",
+                             daemon=True).start()
+        self._listener.close()
+
+    def _stop_accepting(self) -> None:
+        """Refuse new connections from now on (caller holds the condition)."""
+        if self._accepting:
+            self._accepting = False
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, give clients `grace` seconds to hang up, then cut them off."""
+        with self._cond:
+            self._stop_accepting()
+            self._cond.wait_for(lambda: not self._conns, timeout=grace)
+            for conn in self._conns:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self._acceptor.join(timeout=grace)
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn, conn.makefile("rb") as reader:
+                for line in reader:
+                    conn.sendall(json.dumps(self._handle(json.loads(line))).encode() + b"\n")
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self._cond:
+                self._conns.discard(conn)
+                self._cond.notify_all()
+
+    def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        with self._cond:
+            if op == "hello":
+                if req["world_size"] != self.world_size:
+                    return {"ok": False, "error": f"rank {req['rank']} has world size "
+                            f"{req['world_size']} but rank 0 has {self.world_size}"}
+                return {"ok": True}
+            if op == "set":
+                key = req["key"]
+                if req.get("exclusive") and key in self._data:
+                    return {"ok": False, "error": f"{key!r} was published twice: two processes "
+                            f"claim the same rank"}
+                self._data[key] = req["value"]
+                self._cond.notify_all()
+                return {"ok": True}
+            if op == "get":
+                keys = req["keys"]
+                self._cond.wait_for(lambda: self._aborted or all(k in self._data for k in keys),
+                                    timeout=req["timeout"])
+                if self._aborted:
+                    return {"ok": False, "aborted": {str(r): m for r, m in self._aborted.items()}}
+                missing = [k for k in keys if k not in self._data]
+                if missing:
+                    return {"ok": False, "missing": missing}
+                return {"ok": True, "values": {k: self._data[k] for k in keys}}
+            if op == "abort":
+                self._aborted[int(req["rank"])] = str(req["reason"])
+                self._cond.notify_all()
+                return {"ok": True}
+            if op == "leave":
+                self._left.add(int(req["rank"]))
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: len(self._left) == self.world_size,
+                                    timeout=req["timeout"])
+                if len(self._left) == self.world_size:
+                    self._stop_accepting()
+                return {"ok": True, "missing": sorted(set(range(self.world_size)) - self._left)}
+        return {"ok": False, "error": f"unknown request {op!r}"}
+
+
+class StoreClient:
+    """One connection to the store."""
+
+    def __init__(self, sock: socket.socket, where: str) -> None:
+        self._sock = sock
+        self._reader = sock.makefile("rb")
+        self._where = where
+
+    @classmethod
+    def connect(cls, config: RendezvousConfig) -> "StoreClient":
+        """Connect and say hello, retrying until the store is up or `config.timeout` passes."""
+        deadline = time.monotonic() + config.timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection((config.master_addr, config.master_port),
+                                                timeout=min(2.0, config.timeout))
+            except OSError as exc:
+                last = exc
+                time.sleep(0.2)
+                continue
+            client = cls(sock, config.where)
+            try:
+                reply = client.request({"op": "hello", "rank": config.rank,
+                                        "world_size": config.world_size}, wait=0)
+            except RendezvousError as exc:   # a store that was shutting down: try again
+                client.close()
+                last = exc
+                time.sleep(0.2)
+                continue
+            if not reply["ok"]:
+                client.close()
+                raise RendezvousError(f"rendezvous: {reply['error']}")
+            return client
+        raise RendezvousTimeout(f"rendezvous: rank 0 never joined within {config.timeout:g}s "
+                                f"(no store at {config.where}: {last})")
+
+    def request(self, req: dict[str, Any], wait: float) -> dict[str, Any]:
+        """Send one request; `wait` is how long the server may hold it."""
+        try:
+            self._sock.settimeout(wait + _MARGIN)
+            self._sock.sendall(json.dumps(req).encode() + b"\n")
+            line = self._reader.readline()
+        except OSError as exc:
+            raise RendezvousError(f"rendezvous: lost the store at {self._where}: {exc}") from exc
+        if not line:
+            raise RendezvousError(f"rendezvous: the store at {self._where} closed the connection")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+
+
+class Rendezvous:
+    """This rank's handle on the store (and, on rank 0, the store itself)."""
+
+    def __init__(self, config: RendezvousConfig) -> None:
+        self.config = config
+        self._server: StoreServer | None = None
+        self._client: StoreClient | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.config.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    def join(self) -> "Rendezvous":
+        """Start the store (rank 0) and connect to it."""
+        if self.rank == 0:
+            self._server = StoreServer(self.config.master_port, self.world_size)
+        try:
+            self._client = StoreClient.connect(self.config)
+        except BaseException:
+            self._stop_server()
+            raise
+        return self
+
+    def all_gather(self, name: str, value: Any, *, waiting_for: str = "joined") -> list[Any]:
+        """Publish `value` as this rank's `name`; return every rank's, by rank.
+        `waiting_for` completes the timeout message: "rank 2 never <waiting_for> within ..."."""
+        client = self._connected()
+        reply = client.request({"op": "set", "key": f"{name}/{self.rank}", "value": value,
+                                "exclusive": True}, wait=0)
+        if not reply["ok"]:
+            raise RendezvousError(f"rendezvous: {reply['error']}")
+        keys = [f"{name}/{r}" for r in range(self.world_size)]
+        reply = client.request({"op": "get", "keys": keys, "timeout": self.config.timeout},
+                               wait=self.config.timeout)
+        if "aborted" in reply:
+            raise RendezvousError("rendezvous: " + "; ".join(
+                f"rank {r} failed during setup: {why}" for r, why in sorted(
+                    reply["aborted"].items(), key=lambda kv: int(kv[0]))))
+        if not reply["ok"]:
+            missing = sorted(int(k.rsplit("/", 1)[1]) for k in reply["missing"])
+            raise RendezvousTimeout(f"rendezvous: {_ranks_phrase(missing)} never {waiting_for} "
+                                    f"within {self.config.timeout:g}s (waiting at "
+                                    f"{self.config.where})")
+        return [reply["values"][k] for k in keys]
+
+    def barrier(self, name: str) -> None:
+        self.all_gather(name, True, waiting_for=f"reached {name!r}")
+
+    def abort(self, reason: str) -> None:
+        """Tell every rank waiting in the store that this rank failed (best effort)."""
+        if self._client is None:
+            return
+        try:
+            self._client.request({"op": "abort", "rank": self.rank, "reason": reason}, wait=0)
+        except RendezvousError:
+            pass
+
+    def close(self, timeout: float = 10.0) -> list[int]:
+        """Leave: wait up to `timeout` s for every rank to leave too, then disconnect (rank 0
+        stops the store). Returns the ranks that did not leave in time."""
+        missing: list[int] = []
+        if self._client is not None:
+            try:
+                missing = self._client.request({"op": "leave", "rank": self.rank,
+                                                "timeout": timeout}, wait=timeout)["missing"]
+            except RendezvousError:
+                missing = []
+            self._client.close()
+            self._client = None
+        self._stop_server()
+        return missing
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def _connected(self) -> StoreClient:
+        if self._client is None:
+            raise RendezvousError("rendezvous: not joined (call join() first) or already closed")
+        return self._client

@@ -1,0 +1,171 @@
+"""An in-process stand-in for rxe, so the stream, the communicator and the ring algorithm
+run on a machine without RDMA: ranks are threads of one process, registered memory is numpy
+arrays, and an RDMA WRITE WITH IMMEDIATE is a memmove plus two completions.
+
+Like the real thing: a posted WRITE executes later (when its sender polls), only into a
+registered region under the right key and in bounds, consumes one posted receive of the
+responder (none posted -> it waits, like an RNR retry), and completes in order; CQs must
+never overflow. Faults on demand: `fail_index` (error completion) and `frozen` (stall).
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import random
+import threading
+from collections import deque
+
+import numpy as np
+
+from flowctl.link import Completion, LocalBuffer, RemoteBuffer
+from flowctl.plan import IMM_MODULUS, FlowConfig
+from ring_setup.device import ipv4_gid
+from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
+
+
+class FakeFabric:
+    def __init__(self, deliver_per_poll: int = 3) -> None:
+        self.lock = threading.RLock()
+        self.deliver_per_poll = deliver_per_poll
+        self.regions: dict[int, FakeRegion] = {}
+        self.receivers: dict[int, FakeLink] = {}      # recv QPN -> the link receiving on it
+        self._ids = itertools.count(1)
+        self.fail_index: int | None = None
+        self.frozen = False
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+
+class FakeRegion:
+    def __init__(self, fabric: FakeFabric, nbytes: int) -> None:
+        self._fabric = fabric
+        self._array: np.ndarray | None = np.zeros(nbytes, dtype=np.uint8)
+        self.nbytes = nbytes
+        self.addr = self._array.ctypes.data
+        self.lkey = self.rkey = fabric.new_id()
+        fabric.regions[self.lkey] = self
+
+    def local(self) -> LocalBuffer:
+        return LocalBuffer(self.addr, self.lkey, self.nbytes)
+
+    def remote(self) -> RemoteBuffer:
+        return RemoteBuffer(self.addr, self.rkey, self.nbytes)
+
+    def view(self) -> np.ndarray:
+        assert self._array is not None, "view of a closed region"
+        return self._array
+
+    def contains(self, addr: int, nbytes: int) -> bool:
+        return self._array is not None and self.addr <= addr and addr + nbytes <= self.addr + self.nbytes
+
+    def close(self) -> None:
+        self._fabric.regions.pop(self.lkey, None)
+        self._array = None
+
+
+class FakeHost:
+    def __init__(self, fabric: FakeFabric, rank: int) -> None:
+        self.fabric = fabric
+        self.ip = f"10.99.0.{rank + 1}"
+        self.mac = f"02:99:00:00:00:{rank + 1:02x}"
+        self.gid = ipv4_gid(self.ip)
+        self.device = f"fake{rank}"
+        self._regions: list[FakeRegion] = []
+        self.rings: dict[str, FakeRingQPs] = {}
+
+    def register(self, nbytes: int) -> FakeRegion:
+        region = FakeRegion(self.fabric, nbytes)
+        self._regions.append(region)
+        return region
+
+    def create_ring(self, name: str, config: FlowConfig) -> "FakeRingQPs":
+        self.rings[name] = FakeRingQPs(self.fabric, name, config)
+        return self.rings[name]
+
+    def close(self) -> None:
+        for region in self._regions:
+            region.close()
+
+
+class FakeRingQPs:
+    def __init__(self, fabric: FakeFabric, name: str, config: FlowConfig) -> None:
+        self.fabric, self.name, self.config = fabric, name, config
+        self.send_qpn, self.recv_qpn = fabric.new_id(), fabric.new_id()
+        self.send_psn, self.recv_psn = random.getrandbits(24), random.getrandbits(24)
+        self.dest_qpn: int | None = None
+        self.posted = 0                 # WRITEs posted on this ring's send QP (all time)
+
+    def local(self) -> RingEndpoint:
+        return RingEndpoint(QPEndpoint(self.send_qpn, self.send_psn),
+                            QPEndpoint(self.recv_qpn, self.recv_psn))
+
+    def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None:
+        self.dest_qpn = successor.rings[self.name].recv.qpn
+
+    def link(self, recv_sge: LocalBuffer, successor: int, predecessor: int) -> "FakeLink":
+        link = FakeLink(self, successor, predecessor)
+        self.fabric.receivers[self.recv_qpn] = link
+        return link
+
+
+class FakeLink:
+    """flowctl.link.Link for one rank of a fake ring."""
+
+    def __init__(self, qps: FakeRingQPs, successor: int, predecessor: int) -> None:
+        self.qps, self.fabric = qps, qps.fabric
+        self.successor, self.predecessor = successor, predecessor
+        self.wire: deque[tuple[int, LocalBuffer, RemoteBuffer]] = deque()
+        self.send_cq: deque[Completion] = deque()
+        self.recv_cq: deque[Completion] = deque()
+        self.recv_posted = 0
+        self.max_in_flight = 0      # most WRITEs posted and not yet polled at once
+
+    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+        with self.fabric.lock:
+            in_flight = len(self.wire) + len(self.send_cq) + 1
+            assert in_flight <= self.qps.config.window, "send queue / send CQ overflow"
+            self.max_in_flight = max(self.max_in_flight, in_flight)
+            self.wire.append((index, src, dst))
+            self.qps.posted += 1
+
+    def post_recvs(self, count: int) -> None:
+        with self.fabric.lock:
+            self.recv_posted += count
+            assert self.recv_posted <= self.qps.config.recv_depth, "receive queue overflow"
+
+    def _deliver(self) -> None:
+        fabric = self.fabric
+        with fabric.lock:
+            if fabric.frozen:
+                return
+            assert self.qps.dest_qpn is not None, "post before connect"
+            target = fabric.receivers[self.qps.dest_qpn]
+            for _ in range(fabric.deliver_per_poll):
+                if not self.wire or target.recv_posted == 0:
+                    return
+                index, src, dst = self.wire.popleft()
+                if index == fabric.fail_index:
+                    self.send_cq.append(Completion(index, False, "remote access error (fake)"))
+                    continue
+                src_region = fabric.regions.get(src.lkey)
+                dst_region = fabric.regions.get(dst.rkey)
+                assert src_region is not None and src_region.contains(src.addr, src.nbytes)
+                assert dst_region is not None and dst_region.contains(dst.addr, dst.nbytes)
+                ctypes.memmove(dst.addr, src.addr, src.nbytes)
+                target.recv_posted -= 1
+                target.recv_cq.append(Completion(index % IMM_MODULUS, True))
+                assert len(target.recv_cq) <= self.qps.config.recv_depth, "recv CQ overflow"
+                self.send_cq.append(Completion(index, True))
+
+    def poll_sends(self, max_count: int) -> list[Completion]:
+        self._deliver()
+        with self.fabric.lock:
+            return [self.send_cq.popleft() for _ in range(min(max_count, len(self.send_cq)))]
+
+    def poll_recvs(self, max_count: int) -> list[Completion]:
+        with self.fabric.lock:
+            return [self.recv_cq.popleft() for _ in range(min(max_count, len(self.recv_cq)))]
+
+    def diagnostics(self) -> str:
+        return f"fake link ({len(self.wire)} on the wire, {self.recv_posted} receives posted)"

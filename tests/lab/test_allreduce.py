@@ -1,0 +1,99 @@
+"""Host ring allreduce on real rxe: one process per lab host, started by netreduce.launch.
+
+Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_allreduce.py
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from netreduce.launch import LaunchResult, launch
+from ring_setup.spec import RingSpec
+from tests.lab.labhosts import HOSTS, host_ip
+
+pytestmark = pytest.mark.lab
+
+WORKER = Path(__file__).with_name("allreduce_worker.py")
+_ports = itertools.count(29600)
+
+
+def run_worker(n: int, *args: str, timeout: float = 1800) -> LaunchResult:
+    if n > HOSTS:
+        pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
+    return launch([sys.executable, str(WORKER), *args], n, port=next(_ports), timeout=timeout,
+                  grace=30)
+
+
+def lines(result: LaunchResult, rank: int, prefix: str) -> list[str]:
+    return [line[len(prefix):] for line in result.ranks[rank].output if line.startswith(prefix)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ring_allreduce_matches_numpy(n: int) -> None:
+    """Sizes: 1 element, 1000 elements (4000 B, not a multiple of the MTU), 1 KiB, 16 MiB;
+    int32 exactly numpy's sum, float32 within float rounding of a float64 reference."""
+    result = run_worker(n, "correctness")
+    assert result.ok, f"exit {result.exit_code}"
+    for r in range(n):
+        assert lines(result, r, "OK correctness "), result.ranks[r].output
+        (counters,) = lines(result, r, "COUNTERS ")
+        counters = json.loads(counters)
+        assert counters.get("sent_pkts", 0) > 0, counters
+        for bad in ("rcvd_rnr_err", "send_rnr_err", "retry_exceeded_err"):
+            assert counters.get(bad, 0) == 0, counters      # receives always posted in time
+
+
+def test_a_single_rank_rings_itself() -> None:
+    """World size 1: the QPs loop back through the rank's own rxe device; allreduce = copy."""
+    result = run_worker(1, "correctness", "--sizes", "1,1000", "--timed", "0", timeout=600)
+    assert result.ok and lines(result, 0, "OK correctness "), result.ranks[0].output
+
+
+@pytest.mark.parametrize("what", ["count", "dtype"])
+def test_mismatched_calls_fail_on_every_rank(what: str) -> None:
+    result = run_worker(3, "mismatch", what, timeout=600)
+    assert result.ok, f"exit {result.exit_code}"
+    errors = {e for r in range(3) for e in lines(result, r, "ERROR ")}
+    assert len(errors) == 1, errors                      # the same message everywhere
+    assert "ranks disagree" in errors.pop()
+    assert all(lines(result, r, "OK mismatch") for r in range(3))
+
+
+def test_a_rank_that_never_joins_is_named_by_the_others() -> None:
+    result = run_worker(3, "missing-rank", "--timeout", "10", timeout=300)
+    assert result.ok, f"exit {result.exit_code}"
+    for r in (0, 1):
+        (err,) = lines(result, r, "ERROR ")
+        assert re.fullmatch(r"rendezvous: rank 2 never joined within 10s \(waiting at "
+                            r"10\.77\.0\.1:\d+\)", err), err
+
+
+def test_a_stall_names_rank_peer_message_qp_states_and_counters() -> None:
+    result = run_worker(3, "stall", "--stall", "5", timeout=600)
+    assert result.ok, f"exit {result.exit_code}"
+    for r in (0, 1):
+        (err,) = lines(result, r, "ERROR ")
+        assert f"flowctl: rank {r}, ring 'ring': nothing moved for 5s" in err, err
+        assert re.search(r"message \d+ from rank \d not arrived", err), err
+        assert re.search(rf"send QP \d+ \(to rank {r + 1}\) RTS, recv QP \d+ \(from rank "
+                         rf"{(r - 1) % 3}\) RTS; rxe{r} counters: .*sent_pkts=\d+", err), err
+    assert lines(result, 2, "OK idle")
+
+
+def test_inc_ring_spec_is_the_same_on_every_rank() -> None:
+    result = run_worker(3, "inc-spec", timeout=600)
+    assert result.ok, f"exit {result.exit_code}"
+    specs = {s for r in range(3) for s in lines(result, r, "SPEC ")}
+    assert len(specs) == 1, specs
+    spec = RingSpec.from_json(specs.pop())
+    assert spec.world_size == 3 and spec.mtu == 4096
+    for r, c in enumerate(spec.connections):
+        assert (c.src_ip, c.dst_ip) == (host_ip(r), host_ip((r + 1) % 3))
+        assert c.src_mac == f"02:4e:52:00:00:{r + 1:02x}"
+        assert c.src_qpn > 0 and c.dst_qpn > 0 and 0 <= c.psn0 < 2**24
+    assert json.loads(spec.to_json())["connections"][0]["rank"] == 0

@@ -1,0 +1,66 @@
+"""The launcher, with --local ranks (no lab): environment, prefixes, exit codes, stopping."""
+from __future__ import annotations
+
+import io
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from netreduce import launch as L
+
+PY = sys.executable
+
+
+def run(code: str, hosts: int, **kw: object) -> tuple[L.LaunchResult, str]:
+    out = io.StringIO()
+    result = L.launch([PY, "-c", code], hosts, local=True, out=out, port=29999, **kw)  # type: ignore[arg-type]
+    return result, out.getvalue()
+
+
+def test_every_rank_gets_its_environment_and_a_prefix() -> None:
+    code = ("import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], "
+            "os.environ['LOCAL_RANK'], os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])")
+    result, text = run(code, 3)
+    assert result.ok and result.exit_code == 0
+    for r in range(3):
+        assert result.ranks[r].output == [f"{r} 3 {r} 127.0.0.1 29999"]
+        assert f"[rank {r}] {r} 3 {r} 127.0.0.1 29999\n" in text
+    assert "[launch] rank 0: exit 0; rank 1: exit 0; rank 2: exit 0" in text
+
+
+def test_a_failing_rank_stops_the_others_after_the_grace_period() -> None:
+    code = ("import os, sys, time\n"
+            "if os.environ['RANK'] == '1': print('boom', file=sys.stderr); sys.exit(3)\n"
+            "time.sleep(60)")
+    t0 = time.monotonic()
+    result, text = run(code, 3, grace=0.5)
+    assert time.monotonic() - t0 < 20
+    assert result.exit_code == 3 and not result.ok
+    assert result.ranks[1].returncode == 3 and not result.ranks[1].stopped
+    assert result.ranks[0].stopped and result.ranks[2].stopped
+    assert "[rank 1] boom" in text and "rank 1 exited with code 3" in text
+
+
+def test_the_global_timeout_stops_everything() -> None:
+    result, text = run("import time; time.sleep(60)", 2, timeout=0.5)
+    assert result.timed_out and result.exit_code == L.TIMEOUT_EXIT
+    assert all(r.stopped for r in result.ranks)
+    assert "timeout after 0.5s" in text
+
+
+def test_lab_mode_needs_the_namespaces(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(L, "NETNS_DIR", tmp_path)
+    (tmp_path / "h0").touch()
+    with pytest.raises(ValueError, match="namespace.s. h1, h2 do not exist"):
+        L.launch(["true"], 3)
+
+
+def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert L.main(["--hosts", "2", "--local", "--port", "29998", "--",
+                   PY, "-c", "import os; print('hi', os.environ['RANK'])"]) == 0
+    out = capsys.readouterr().out
+    assert "[rank 0] hi 0" in out and "[rank 1] hi 1" in out
+    assert L.main(["--hosts", "1", "--local", "--", PY, "-c", "raise SystemExit(5)"]) == 5
+    assert L.main(["--hosts", "0", "--local", "--", "true"]) == 2

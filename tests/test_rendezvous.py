@@ -1,0 +1,153 @@
+"""The rendezvous store on localhost: ranks are threads, the store is real TCP."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from ring_setup.rendezvous import (Rendezvous, RendezvousConfig, RendezvousError,
+                                   RendezvousTimeout, StoreClient)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(rank: int, world: int, port: int, timeout: float = 5.0) -> RendezvousConfig:
+    return RendezvousConfig(rank, world, "127.0.0.1", port, timeout)
+
+
+def run_ranks(ranks: list[int], world: int, port: int, body: Callable[[Rendezvous], Any],
+              timeout: float = 5.0) -> dict[int, Any]:
+    """Run `body` on a joined rendezvous per rank (threads); return result or exception."""
+    out: dict[int, Any] = {}
+
+    def worker(rank: int) -> None:
+        rdzv = Rendezvous(config(rank, world, port, timeout))
+        try:
+            rdzv.join()
+            out[rank] = body(rdzv)
+        except Exception as exc:          # noqa: BLE001 - the test inspects it
+            out[rank] = exc
+        finally:
+            rdzv.close(timeout=1.0)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return out
+
+
+def test_all_gather_returns_every_rank_value_by_rank() -> None:
+    port = free_port()
+    out = run_ranks([2, 0, 1], 3, port, lambda r: r.all_gather("x", {"me": r.rank}))
+    assert all(out[r] == [{"me": 0}, {"me": 1}, {"me": 2}] for r in range(3)), out
+
+
+def test_a_rank_that_never_joins_is_named() -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    out = run_ranks([0, 1], 3, port, lambda r: r.all_gather("endpoint", r.rank), timeout=1.0)
+    assert time.monotonic() - t0 < 10
+    for r in (0, 1):
+        assert isinstance(out[r], RendezvousTimeout)
+        assert str(out[r]) == (f"rendezvous: rank 2 never joined within 1s "
+                               f"(waiting at 127.0.0.1:{port})")
+
+
+def test_several_missing_ranks_are_all_named() -> None:
+    port = free_port()
+    out = run_ranks([0], 4, port, lambda r: r.all_gather("endpoint", 0), timeout=0.5)
+    assert "ranks 1, 2, 3 never joined within 0.5s" in str(out[0])
+
+
+def test_missing_rank_0_means_no_store() -> None:
+    port = free_port()
+    rdzv = Rendezvous(config(1, 2, port, timeout=0.6))
+    with pytest.raises(RendezvousTimeout,
+                       match=rf"rank 0 never joined within 0.6s \(no store at 127.0.0.1:{port}"):
+        rdzv.join()
+
+
+def test_world_size_disagreement_is_refused() -> None:
+    port = free_port()
+    server = Rendezvous(config(0, 2, port)).join()
+    try:
+        with pytest.raises(RendezvousError, match="rank 1 has world size 3 but rank 0 has 2"):
+            Rendezvous(config(1, 3, port)).join()
+    finally:
+        server.close(timeout=0.1)
+
+
+def test_two_processes_claiming_one_rank_are_refused() -> None:
+    port = free_port()
+    first = Rendezvous(config(0, 2, port, timeout=1.0)).join()
+    second = Rendezvous(config(0, 2, port, timeout=1.0))
+    second._client = StoreClient.connect(second.config)   # a second "rank 0", as a client only
+    try:
+        def first_waits() -> None:
+            with contextlib.suppress(RendezvousTimeout):     # rank 1 never comes
+                first.all_gather("endpoint", "a")
+        threading.Thread(target=first_waits, daemon=True).start()
+        time.sleep(0.2)
+        with pytest.raises(RendezvousError, match="'endpoint/0' was published twice"):
+            second.all_gather("endpoint", "b")
+    finally:
+        second.close(timeout=0.1)
+        first.close(timeout=0.1)
+
+
+def test_a_failing_rank_tells_the_others() -> None:
+    port = free_port()
+
+    def body(r: Rendezvous) -> Any:
+        if r.rank == 1:
+            r.abort("DeviceError: no RoCEv2 GID for 10.77.0.2")
+            return "aborted"
+        return r.all_gather("endpoint", r.rank)
+
+    out = run_ranks([0, 1, 2], 3, port, body)
+    for r in (0, 2):
+        assert isinstance(out[r], RendezvousError) and not isinstance(out[r], RendezvousTimeout)
+        assert "rank 1 failed during setup: DeviceError: no RoCEv2 GID" in str(out[r])
+
+
+def test_barrier_names_the_straggler() -> None:
+    port = free_port()
+
+    def body(r: Rendezvous) -> Any:
+        r.all_gather("endpoint", r.rank)
+        if r.rank == 1:
+            return None
+        r.barrier("ready")
+
+    out = run_ranks([0, 1], 2, port, body, timeout=0.5)
+    assert "rank 1 never reached 'ready' within 0.5s" in str(out[0])
+
+
+def test_the_port_serves_a_new_store_after_everyone_left() -> None:
+    port = free_port()
+    for round_ in range(3):
+        out = run_ranks([0, 1, 2], 3, port, lambda r: r.all_gather("x", round_))
+        assert all(out[r] == [round_] * 3 for r in range(3)), out
+
+
+def test_config_from_environment_and_arguments() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.77.0.1"}
+    cfg = RendezvousConfig.resolve(env=env)
+    assert (cfg.rank, cfg.world_size, cfg.master_addr, cfg.master_port) == (1, 4, "10.77.0.1", 29500)
+    assert RendezvousConfig.resolve(rank=3, master_port=1234, env=env).rank == 3
+    with pytest.raises(RendezvousError, match="WORLD_SIZE is not set"):
+        RendezvousConfig.resolve(env={"RANK": "0"})
+    with pytest.raises(RendezvousError, match="rank 4 outside world size 4"):
+        RendezvousConfig.resolve(rank=4, env=env)
+    with pytest.raises(RendezvousError, match="bad setting"):
+        RendezvousConfig.resolve(env={**env, "MASTER_PORT": "http"})
