@@ -110,7 +110,7 @@ else
   qemu_opts=""
   for ((i = 0; i < hosts; i++)); do
     ip -n "$SWNS" tuntap add "nrtap$i" mode tap
-    ip -n "$SWNS" link set "nrtap$i" mtu "$mtu" up
+    ip -n "$SWNS" link set "nrtap$i" mtu "$mtu" txqueuelen 10000 up
     ip netns exec "$SWNS" ethtool -K "nrtap$i" tx off tso off gso off gro off >/dev/null 2>&1 || true
     ports+=(--port "$((i + 1))=nrtap$i")
     qemu_opts+=" -netdev tap,id=nr$i,ifname=nrtap$i,script=no,downscript=no"

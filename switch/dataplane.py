@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import select
 import socket
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -20,6 +21,7 @@ from typing import Protocol, Sequence
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
+PACKET_STATISTICS = 6          # struct tpacket_stats {u32 tp_packets, tp_drops}; read resets
 ROCEV2_UDP_PORT = 4791
 BATCH = 64            # frames drained from one port before looking at the others
 SOCKET_BUFFER = 8 << 20
@@ -50,6 +52,7 @@ class PortCounters:
     roce_packets: int = 0      # RoCEv2 frames received (IPv4, UDP dport 4791)
     flooded: int = 0           # frames received here that were flooded (unknown/broadcast dst)
     tx_errors: int = 0         # frames the kernel refused to send on this port (dropped)
+    rx_dropped: int = 0        # frames the kernel dropped before the switch read them (queue full)
 
 
 @dataclass
@@ -112,6 +115,9 @@ class DataPlane:
         return self.mac_table.get(parse_mac(mac))
 
     def port_counters(self) -> dict[str, dict[str, int | str]]:
+        for p in self.ports.values():
+            _, drops = struct.unpack("II", p.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+            p.counters.rx_dropped += drops
         return {str(n): {"ifname": p.ifname, **dataclasses.asdict(p.counters)}
                 for n, p in self.ports.items()}
 
