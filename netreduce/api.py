@@ -16,10 +16,15 @@ def init(rank: int | None = None, world_size: int | None = None,
          master_addr: str | None = None, master_port: int | None = None, *,
          device: str | None = None, local_addr: str | None = None, mtu: int = 4096,
          msg_size: int = 64 * 1024, window: int = 8, recv_depth: int = 1024,
-         stall_timeout: float = 30.0, timeout: float = DEFAULT_TIMEOUT) -> Communicator:
+         stall_timeout: float = 30.0, switch: str | None = None,
+         timeout: float = DEFAULT_TIMEOUT) -> Communicator:
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu`, `msg_size` (a multiple of `mtu`) and
-    `window` (messages in flight per connection) are the flow-control knobs."""
+    `window` (messages in flight per connection) are the flow-control knobs; the switch's
+    aggregator pool (256 slots by default) must hold 2 x `window` x `msg_size`/`mtu`
+    packets (2 x 128 with the defaults; rxe never has more than 128 in flight), which its
+    controller checks at registration. `switch`: the switch controller's HOST:PORT (None:
+    $NR_CONTROLLER, which the lab sets; "": no switch)."""
     global _default
     if _default is not None:
         raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "
@@ -27,7 +32,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     config = FlowConfig(mtu=mtu, msg_size=msg_size, window=window, recv_depth=recv_depth,
                         stall_timeout=stall_timeout)
     _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
-                                   local_addr=local_addr, config=config, timeout=timeout)
+                                   local_addr=local_addr, config=config, switch=switch,
+                                   timeout=timeout)
     return _default
 
 
@@ -37,7 +43,7 @@ def get_communicator() -> Communicator:
     return _default
 
 
-def allreduce(array: np.ndarray, op: str = "sum", algo: str = "ring",
+def allreduce(array: np.ndarray, op: str = "sum", algo: str = "auto",
               out: np.ndarray | None = None) -> np.ndarray:
     """`Communicator.allreduce` on the default communicator."""
     return get_communicator().allreduce(array, op=op, algo=algo, out=out)

@@ -3,10 +3,13 @@
 A communicator holds two rings of RC QPs to the same neighbours: "ring" for host
 algorithms (and the per-call metadata exchange) and "inc", dedicated to in-network
 aggregation: on "inc" every rank must post the identical message sequence, so nothing else
-is ever posted on it. `inc_ring_spec()` describes "inc" for the switch controller.
+is ever posted on it. `inc_ring_spec()` describes "inc" for the switch controller; when a
+switch address is given, rank 0 registers it at setup and unregisters it at close
+(`netreduce.registration`), and `switch` says on every rank alike whether it is registered.
 """
 from __future__ import annotations
 
+import sys
 from typing import Protocol
 
 import numpy as np
@@ -14,9 +17,11 @@ import numpy as np
 from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
-from netreduce.algorithms import CallContext, resolve
-from netreduce.meta import (AllreduceMismatch, CallMeta, MetaExchange, check_agreement,
+from netreduce.algorithms import CallContext, choose
+from netreduce.meta import (CallMeta, CallRejected, MetaExchange, check_agreement,
                             check_dtype, check_op, control_bytes)
+from netreduce.registration import (Controller, SwitchStatus, register_inc_ring,
+                                    switch_address, unregister)
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
 from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
@@ -62,7 +67,8 @@ class Communicator:
 
     def __init__(self, *, rendezvous: Rendezvous, host: Host, config: FlowConfig,
                  endpoints: list[HostEndpoint], streams: dict[str, Stream],
-                 control: RegisteredMemory) -> None:
+                 control: RegisteredMemory, switch: SwitchStatus,
+                 controller: Controller | None) -> None:
         self._rendezvous = rendezvous
         self._host = host
         self.config = config
@@ -78,40 +84,62 @@ class Communicator:
         self._calls = 0
         self._broken: BaseException | None = None
         self._closed = False
+        self.switch = switch                  # is "inc" registered with a switch (all alike)
+        self._controller = controller         # rank 0's controller client, if any
         self.last_algo: str | None = None    # the algorithm the last allreduce ran
 
     @classmethod
     def create(cls, rank: int | None = None, world_size: int | None = None,
                master_addr: str | None = None, master_port: int | None = None, *,
                device: str | None = None, local_addr: str | None = None,
-               config: FlowConfig = FlowConfig(),
+               config: FlowConfig = FlowConfig(), switch: str | None = None,
                timeout: float = DEFAULT_TIMEOUT) -> "Communicator":
         """Rendezvous with the other ranks (arguments, else RANK, WORLD_SIZE, MASTER_ADDR,
         MASTER_PORT), open this rank's rxe device (`device`, else the one holding
         `local_addr` as a RoCEv2 GID; `local_addr` defaults to the address this host
-        reaches MASTER_ADDR from) and connect both rings. A rank that fails on its own
-        tells the others through the rendezvous; `timeout` bounds every wait for peers."""
+        reaches MASTER_ADDR from) and connect both rings. `switch` is the switch
+        controller's HOST:PORT (None: $NR_CONTROLLER; "" or unset: no switch; rank 0's
+        decides): the "inc" ring is registered with it, and a refusal is an error naming
+        the controller. Rank 0 prints one line on stderr saying whether a switch is used.
+        A rank that fails on its own tells the others through the rendezvous; `timeout`
+        bounds every wait for peers; the controller gets min(10 s, timeout / 2) per call,
+        so that a silent controller is reported before the other ranks stop waiting."""
         from ring_setup.verbs import RdmaHost   # pyverbs: only where a real device is opened
         rdzv = RendezvousConfig.resolve(rank, world_size, master_addr, master_port, timeout)
         ip = local_addr or source_ipv4_towards(rdzv.master_addr)
+        addr = switch_address(switch)
         rendezvous = Rendezvous(rdzv).join()
         host: RdmaHost | None = None
+        controller: Controller | None = None
         try:
+            if rdzv.rank == 0 and addr is not None:
+                from switch.controller import ControllerClient  # grpc: only where it is used
+                controller = ControllerClient(addr, timeout=min(10.0, timeout / 2))
             host = RdmaHost(ip, device, config)
-            return cls.connect(rendezvous, host, config)
+            comm = cls.connect(rendezvous, host, config, controller)
         except BaseException as exc:
             if not isinstance(exc, RendezvousError):    # the others could not know: tell them
                 rendezvous.abort(f"{type(exc).__name__}: {exc}")
             if host is not None:
                 host.close()
+            if controller is not None:
+                controller.close()
             rendezvous.close(timeout=_FAILED_LEAVE_TIMEOUT)
             raise
+        if comm.rank == 0:
+            print(f"netreduce: {comm.world_size} rank(s); {comm.switch.describe()}",
+                  file=sys.stderr, flush=True)
+        return comm
 
     @classmethod
-    def connect(cls, rendezvous: Rendezvous, host: Host, config: FlowConfig) -> "Communicator":
+    def connect(cls, rendezvous: Rendezvous, host: Host, config: FlowConfig,
+                controller: Controller | None = None) -> "Communicator":
         """Build both QP rings with the other ranks: create the QPs (INIT), exchange
         endpoints through the rendezvous, connect (RTR, RTS), post receives, and wait until
-        every rank is ready so that nobody sends to a QP that is not yet in RTR."""
+        every rank is ready so that nobody sends to a QP that is not yet in RTR. Then rank
+        0 registers the "inc" ring with `controller` (if any; other ranks' is not used) and
+        every rank learns the outcome (`netreduce.registration.register_inc_ring`). The
+        communicator owns `controller` from then on."""
         rank = rendezvous.rank
         control = host.register(control_bytes(rendezvous.world_size))
         rings = {name: host.create_ring(name, config) for name in RINGS}
@@ -130,8 +158,9 @@ class Communicator:
             link = qps.link(control.local(), successor.rank, predecessor.rank)
             streams[name] = Stream(link, config, f"rank {rank}, ring {name!r}")
         rendezvous.barrier("ready")
+        switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, config), controller)
         return cls(rendezvous=rendezvous, host=host, config=config, endpoints=endpoints,
-                   streams=streams, control=control)
+                   streams=streams, control=control, switch=switch, controller=controller)
 
     @property
     def device(self) -> str:
@@ -139,23 +168,25 @@ class Communicator:
 
     def inc_ring_spec(self) -> RingSpec:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""
-        first = self._endpoints[0]
-        ring_id = f"nr-{first.ip}-{first.rings['inc'].send.qpn}"
-        return ring_spec(self._endpoints, "inc", ring_id, self.config)
+        return _inc_ring_spec(self._endpoints, self.config)
 
-    def allreduce(self, array: np.ndarray, op: str = "sum", algo: str = "ring",
+    def allreduce(self, array: np.ndarray, op: str = "sum", algo: str = "auto",
                   out: np.ndarray | None = None) -> np.ndarray:
         """Reduce `array` element-wise over all ranks into `out` (default: `array` itself,
-        in place) and return it. Every rank must call with the same shape, dtype, op and
-        algo; a disagreement raises `AllreduceMismatch` on every rank and changes nothing.
-        Arguments that are wrong on their own (unsupported dtype, unknown op or algo, bad
-        `out`) raise before any exchange."""
+        in place) and return it; `last_algo` then names the algorithm that ran ("auto":
+        "switch" when `switch.registered` and the switch reduces dtype and op, else
+        "ring"). Every rank must call with the same shape, dtype, op and algo; a
+        disagreement raises `AllreduceMismatch` on every rank and changes nothing, as do
+        the switch's refusals (`AllreduceOverflow`, `NotQuantizable`): any `CallRejected`
+        leaves the communicator usable. Arguments that are wrong on their own (unsupported
+        dtype, unknown op or algo, algo="switch" without a registered switch, bad `out`)
+        raise before any exchange."""
         self._check_usable()
         if not isinstance(array, np.ndarray):
             raise TypeError(f"allreduce: expected a numpy array, got {type(array).__name__}")
         dtype = check_dtype(array.dtype)
         ufunc = check_op(op)
-        algorithm = resolve(algo)
+        algorithm = choose(algo, dtype, op, self.switch)
         target = array if out is None else out
         if not isinstance(target, np.ndarray) or target.shape != array.shape \
                 or target.dtype != dtype:
@@ -166,20 +197,26 @@ class Communicator:
         try:
             workspace = self._workspace.ensure(
                 algorithm.workspace_bytes(array.size, dtype.itemsize, self.world_size))
-            mine = CallMeta(rank=self.rank, seq=self._calls, count=array.size, dtype=dtype.name,
-                            op=op, algo=algorithm.name, workspace=workspace.remote())
+            lo, hi = algorithm.local_range(array)
+            seq = self._calls
+            mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
+                            op=op, algo=algorithm.name, workspace=workspace.remote(),
+                            lo=lo, hi=hi)
             self._calls += 1
             records = self._meta.exchange(mine)
             check_agreement(records)
+            call = CallContext(
+                rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
+                dtype=dtype, op=ufunc, ranges=tuple((m.lo, m.hi) for m in records),
+                workspace=workspace,
+                peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
+                streams=self._streams)
+            algorithm.check(call)
             data = workspace.view()[:array.nbytes].view(dtype).reshape(array.shape)
             np.copyto(data, array)
-            algorithm.run(CallContext(
-                rank=self.rank, world_size=self.world_size, count=array.size, dtype=dtype,
-                op=ufunc, workspace=workspace,
-                peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
-                streams=self._streams))
+            algorithm.run(call)
             np.copyto(target, data)
-        except AllreduceMismatch:
+        except CallRejected:
             raise
         except BaseException as exc:
             self._broken = exc
@@ -196,11 +233,16 @@ class Communicator:
 
     def close(self, timeout: float = 10.0) -> None:
         """Leave the ring: wait (up to `timeout` s) for every rank to close too, so no peer
-        is still sending to our QPs, then destroy QPs, memory and the device context."""
+        is still sending to our QPs; rank 0 then unregisters the "inc" ring from the switch;
+        then destroy QPs, memory and the device context."""
         if self._closed:
             return
         self._closed = True
         self._rendezvous.close(timeout)
+        if self._controller is not None:
+            if self.switch.ring_id is not None:
+                unregister(self._controller, self.switch.ring_id)
+            self._controller.close()
         self._workspace.close()
         self._control.close()
         self._host.close()
@@ -214,4 +256,11 @@ class Communicator:
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
                 f"device={self.device!r}, mtu={self.config.mtu}, "
-                f"msg_size={self.config.msg_size}, window={self.config.window})")
+                f"msg_size={self.config.msg_size}, window={self.config.window}, "
+                f"switch={self.switch.ring_id!r})")
+
+
+def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig) -> RingSpec:
+    """The "inc" ring's RingSpec; its id names rank 0's address and "inc" send QPN."""
+    first = endpoints[0]
+    return ring_spec(endpoints, "inc", f"nr-{first.ip}-{first.rings['inc'].send.qpn}", config)

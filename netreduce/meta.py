@@ -1,5 +1,7 @@
-"""Per-call metadata: what each rank is about to reduce, gathered by every rank before any
-data moves, so that disagreeing calls fail with the same message everywhere.
+"""Per-call metadata: what each rank is about to reduce (and, where its algorithm needs it,
+the range of its data), gathered by every rank before any data moves, so that disagreeing
+calls fail with the same message everywhere and every rank derives the same call parameters
+(the switch's quantization scale, its overflow check) from the same records.
 
 Each rank's control region holds two banks (call parity) of `world_size` fixed-size records.
 The exchange is a ring all-gather on the host ring's stream: at step j rank r forwards the
@@ -21,12 +23,18 @@ from flowctl.stream import Outgoing, SequenceError, Stream
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
 OPS: dict[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
-_MAGIC = b"NRM1"
-_RECORD = struct.Struct("<4sIQQ8s8s8sQQI")
+_MAGIC = b"NRM2"
+_RECORD = struct.Struct("<4sIQQ8s8s8sQQIdd")
 RECORD_STRIDE = 128
 
 
-class AllreduceMismatch(RuntimeError):
+class CallRejected(Exception):
+    """An allreduce call refused on every rank alike, before any data moved: raised from
+    the exchanged records only (which every rank holds alike), so the communicator stays
+    usable. Every subclass keeps that invariant."""
+
+
+class AllreduceMismatch(CallRejected, RuntimeError):
     """The ranks called allreduce with different arguments (raised on every rank alike)."""
 
 
@@ -56,20 +64,22 @@ class CallMeta:
     op: str
     algo: str             # the resolved algorithm
     workspace: RemoteBuffer
+    lo: float = 0.0       # this rank's smallest and largest element, for algorithms that
+    hi: float = 0.0       # need them (Algorithm.local_range; exact for int32 and float32)
 
     def pack(self) -> bytes:
         return _RECORD.pack(_MAGIC, self.rank, self.seq, self.count, self.dtype.encode(),
                             self.op.encode(), self.algo.encode(), self.workspace.addr,
-                            self.workspace.nbytes, self.workspace.rkey)
+                            self.workspace.nbytes, self.workspace.rkey, self.lo, self.hi)
 
     @classmethod
     def unpack(cls, raw: bytes) -> "CallMeta":
-        magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey = _RECORD.unpack(
+        magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey, lo, hi = _RECORD.unpack(
             raw[:_RECORD.size])
         if magic != _MAGIC:
             raise ValueError(f"not a call record (magic {magic!r})")
         text = [s.rstrip(b"\0").decode() for s in (dtype, op, algo)]
-        return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes))
+        return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes), lo, hi)
 
     def describe(self) -> str:
         return f"{self.dtype}[{self.count}] op={self.op} algo={self.algo}"
@@ -125,7 +135,8 @@ class MetaExchange:
         return records
 
 
-def _ranks(ranks: list[int]) -> str:
+def ranks_phrase(ranks: list[int]) -> str:
+    """"rank 3" or "ranks 0, 2"."""
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
@@ -136,10 +147,10 @@ def check_agreement(records: list[CallMeta]) -> None:
     seqs = sorted({m.seq for m in records})
     if len(seqs) > 1:
         raise AllreduceMismatch("allreduce: ranks are out of step: " + "; ".join(
-            f"{_ranks([m.rank for m in records if m.seq == s])} at call #{s}" for s in seqs))
+            f"{ranks_phrase([m.rank for m in records if m.seq == s])} at call #{s}" for s in seqs))
     groups: dict[str, list[int]] = {}
     for m in records:
         groups.setdefault(m.describe(), []).append(m.rank)
     if len(groups) > 1:
         raise AllreduceMismatch(f"allreduce call #{seqs[0]}: ranks disagree: " + "; ".join(
-            f"{desc} on {_ranks(ranks)}" for desc, ranks in groups.items()))
+            f"{desc} on {ranks_phrase(ranks)}" for desc, ranks in groups.items()))

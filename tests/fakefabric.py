@@ -6,6 +6,12 @@ Like the real thing: a posted WRITE executes later (when its sender polls), only
 registered region under the right key and in bounds, consumes one posted receive of the
 responder (none posted -> it waits, like an RNR retry), and completes in order; CQs must
 never overflow. Faults on demand: `fail_index` (error completion) and `frozen` (stall).
+
+`FakeController` stands in for the switch controller: a ring registered with it makes the
+fabric aggregate that ring's WRITEs like the switch (`FakeSwitch`), message by message
+instead of packet by packet: message i of every connection must have the same length; once
+all n have arrived, each connection's destination receives the wrapping big-endian int32
+sum, and only then do the senders' WRITEs complete.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import IMM_MODULUS, FlowConfig
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
+from ring_setup.spec import RingSpec
 
 
 class FakeFabric:
@@ -32,6 +39,7 @@ class FakeFabric:
         self._ids = itertools.count(1)
         self.fail_index: int | None = None
         self.frozen = False
+        self.switch = FakeSwitch()
 
     def new_id(self) -> int:
         return next(self._ids)
@@ -119,11 +127,12 @@ class FakeLink:
         self.send_cq: deque[Completion] = deque()
         self.recv_cq: deque[Completion] = deque()
         self.recv_posted = 0
+        self.in_switch = 0          # WRITEs the fake switch holds until their sum is complete
         self.max_in_flight = 0      # most WRITEs posted and not yet polled at once
 
     def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
         with self.fabric.lock:
-            in_flight = len(self.wire) + len(self.send_cq) + 1
+            in_flight = len(self.wire) + self.in_switch + len(self.send_cq) + 1
             assert in_flight <= self.qps.config.window, "send queue / send CQ overflow"
             self.max_in_flight = max(self.max_in_flight, in_flight)
             self.wire.append((index, src, dst))
@@ -152,11 +161,17 @@ class FakeLink:
                 dst_region = fabric.regions.get(dst.rkey)
                 assert src_region is not None and src_region.contains(src.addr, src.nbytes)
                 assert dst_region is not None and dst_region.contains(dst.addr, dst.nbytes)
-                ctypes.memmove(dst.addr, src.addr, src.nbytes)
                 target.recv_posted -= 1
-                target.recv_cq.append(Completion(index % IMM_MODULUS, True))
-                assert len(target.recv_cq) <= self.qps.config.recv_depth, "recv CQ overflow"
-                self.send_cq.append(Completion(index, True))
+                if fabric.switch.contribute(self, target, index, src, dst):
+                    continue
+                ctypes.memmove(dst.addr, src.addr, src.nbytes)
+                self.arrive(target, index)
+
+    def arrive(self, target: "FakeLink", index: int) -> None:
+        """The WRITE `index` landed at `target` (its receive already taken) and is acked."""
+        target.recv_cq.append(Completion(index % IMM_MODULUS, True))
+        assert len(target.recv_cq) <= self.qps.config.recv_depth, "recv CQ overflow"
+        self.send_cq.append(Completion(index, True))
 
     def poll_sends(self, max_count: int) -> list[Completion]:
         self._deliver()
@@ -169,3 +184,82 @@ class FakeLink:
 
     def diagnostics(self) -> str:
         return f"fake link ({len(self.wire)} on the wire, {self.recv_posted} receives posted)"
+
+
+class FakeSwitch:
+    """Aggregates the WRITEs of registered rings (see the module doc); `messages` counts the
+    sums it delivered per ring."""
+
+    def __init__(self) -> None:
+        self.rings: dict[int, tuple[str, int]] = {}    # responder QPN -> (ring id, rank)
+        self.world: dict[str, int] = {}
+        self.pending: dict[tuple[str, int], dict[int, tuple]] = {}
+        self.messages: dict[str, int] = {}
+
+    def register(self, spec: RingSpec) -> None:
+        for c in spec.connections:
+            assert c.dst_qpn not in self.rings, "connection already registered"
+            self.rings[c.dst_qpn] = (spec.ring_id, c.rank)
+        self.world[spec.ring_id] = spec.world_size
+        self.messages[spec.ring_id] = 0
+
+    def unregister(self, ring_id: str) -> None:
+        self.rings = {q: v for q, v in self.rings.items() if v[0] != ring_id}
+        del self.world[ring_id]
+
+    def contribute(self, link: FakeLink, target: FakeLink, index: int, src: LocalBuffer,
+                   dst: RemoteBuffer) -> bool:
+        """Take the WRITE if its ring is registered (False: not ours, deliver it plainly)."""
+        assert link.qps.dest_qpn is not None
+        entry = self.rings.get(link.qps.dest_qpn)
+        if entry is None:
+            return False
+        ring_id, rank = entry
+        payload = ctypes.string_at(src.addr, src.nbytes)
+        parts = self.pending.setdefault((ring_id, index), {})
+        assert rank not in parts, f"rank {rank} sent message {index} twice"
+        parts[rank] = (link, target, dst, payload)
+        link.in_switch += 1
+        assert len({len(p[3]) for p in parts.values()}) == 1, \
+            f"ring {ring_id}: message {index} differs in length between ranks"
+        if len(parts) == self.world[ring_id]:
+            del self.pending[(ring_id, index)]
+            total = np.zeros(len(payload) // 4, dtype=">i4")
+            for *_, data in parts.values():
+                total += np.frombuffer(data, dtype=">i4")     # wraps like the switch
+            for sender, receiver, where, _ in parts.values():
+                ctypes.memmove(where.addr, total.tobytes(), where.nbytes)
+                sender.in_switch -= 1
+                sender.arrive(receiver, index)
+            self.messages[ring_id] += 1
+        return True
+
+
+class FakeController:
+    """switch.controller.ControllerClient for a fake fabric: `refuse` makes registration
+    fail with that message; `registered` / `unregistered` record the calls."""
+
+    addr = "fake-controller:1"
+
+    def __init__(self, fabric: FakeFabric, refuse: str | None = None) -> None:
+        self.fabric, self.refuse = fabric, refuse
+        self.registered: list[RingSpec] = []
+        self.unregistered: list[str] = []
+        self.closed = False
+
+    def register_ring(self, spec: RingSpec) -> dict:
+        if self.refuse is not None:
+            raise RuntimeError(self.refuse)
+        with self.fabric.lock:
+            self.fabric.switch.register(spec)
+        self.registered.append(spec)
+        return {"ring_id": spec.ring_id, "slots": 256, "ports": {}}
+
+    def unregister_ring(self, ring_id: str) -> dict:
+        with self.fabric.lock:
+            self.fabric.switch.unregister(ring_id)
+        self.unregistered.append(ring_id)
+        return {"ring_id": ring_id}
+
+    def close(self) -> None:
+        self.closed = True

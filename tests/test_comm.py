@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from fakefabric import FakeFabric, FakeHost
+from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import FlowConfig, StallError
 from netreduce.algorithms.ring import RingLayout
 from netreduce.comm import Communicator, CommunicatorError
@@ -27,8 +27,10 @@ def free_port() -> int:
 
 
 def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowConfig = CFG,
-              fabric: FakeFabric | None = None) -> list[Any]:
-    """Connect n ranks over one fake fabric, run `body` on each; results or exceptions."""
+              fabric: FakeFabric | None = None,
+              controller: FakeController | None = None) -> list[Any]:
+    """Connect n ranks over one fake fabric (rank 0 registering the "inc" ring with
+    `controller`, if given), run `body` on each; results or exceptions."""
     fabric = fabric or FakeFabric()
     port = free_port()
     out: list[Any] = [None] * n
@@ -37,7 +39,7 @@ def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowCo
         host = FakeHost(fabric, rank)
         rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10)).join()
         try:
-            comm = Communicator.connect(rdzv, host, cfg)
+            comm = Communicator.connect(rdzv, host, cfg, controller if rank == 0 else None)
         except Exception as exc:        # noqa: BLE001 - the test inspects it
             out[rank] = exc
             rdzv.close(timeout=1)
@@ -182,7 +184,7 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
                      lambda: comm.allreduce(np.ones(3, dtype=np.int32), out=np.ones(4, np.int32))):
             try:
                 call()
-            except (TypeError, ValueError, NotImplementedError) as exc:
+            except (TypeError, ValueError) as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
         assert host.rings["ring"].posted == before
         return errors
@@ -193,7 +195,9 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
     assert errors[1] == "TypeError: allreduce: expected a numpy array, got list"
     assert "op 'avg' is not supported" in errors[2]
     assert "unknown algo 'tree'" in errors[3]
-    assert errors[4].startswith("NotImplementedError: allreduce: algo='switch'")
+    assert errors[4] == ("ValueError: allreduce: algo='switch' needs the communicator's 'inc' "
+                         "ring registered with a switch, and it is not: no address given "
+                         "(netreduce.init(switch=HOST:PORT) or $NR_CONTROLLER)")
     assert "out must be a int32 array of shape (3,)" in errors[5]
 
 

@@ -14,7 +14,8 @@ def meta(rank: int, seq: int = 0, count: int = 10, dtype: str = "int32") -> Call
 
 
 def test_record_round_trip_fits_its_slot() -> None:
-    m = CallMeta(3, 2**40, 2**33, "float64", "max", "ring", RemoteBuffer(2**47, 2**32 - 1, 2**35))
+    m = CallMeta(3, 2**40, 2**33, "float64", "max", "switch",
+                 RemoteBuffer(2**47, 2**32 - 1, 2**35), lo=-(2.0**31), hi=3.4028234663852886e38)
     raw = m.pack()
     assert len(raw) <= RECORD_STRIDE
     assert CallMeta.unpack(raw + bytes(RECORD_STRIDE - len(raw))) == m

@@ -1,11 +1,16 @@
 """The seam between the communicator and its allreduce algorithms.
 
-An algorithm says how much workspace a call needs and runs the call on data the
+An algorithm says whether it can reduce a dtype with an op, how much workspace a call
+needs and what a rank must tell the others about its data (`local_range`, carried by the
+per-call metadata); it may refuse an agreed call (`check`) and runs it on data the
 communicator has already copied to the start of the workspace (`count` elements), leaving
 the result there. It may use the streams of the communicator's QP rings ("ring" for host
 algorithms; "inc" is reserved for in-network aggregation: on it every rank must post the
 identical message sequence) and the successor's workspace, whose address the per-call
 metadata exchange delivered.
+
+Call order, identical on every rank: `check_call` (before any exchange), metadata exchange
+and agreement, `check` (raises `CallRejected` alike on every rank, nothing moved), `run`.
 """
 from __future__ import annotations
 
@@ -25,9 +30,11 @@ class CallContext:
 
     rank: int
     world_size: int
+    seq: int                        # the call's number on the communicator (from 0)
     count: int
     dtype: np.dtype
     op: np.ufunc
+    ranges: tuple[tuple[float, float], ...]   # every rank's `local_range`, by rank
     workspace: RegisteredMemory     # data: `count` elements at offset 0 (input in, result out)
     peer_workspace: RemoteBuffer    # the successor's workspace for this call
     streams: Mapping[str, Stream]   # by ring name
@@ -36,5 +43,19 @@ class CallContext:
 class Algorithm(Protocol):
     name: str
 
+    def check_call(self, dtype: np.dtype, op: str) -> None:
+        """Raise TypeError / ValueError unless the algorithm reduces `dtype` with `op`."""
+        ...
+
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int: ...
+
+    def local_range(self, array: np.ndarray) -> tuple[float, float]:
+        """What this rank publishes in the call's metadata as (lo, hi)."""
+        ...
+
+    def check(self, call: CallContext) -> None:
+        """Raise a `netreduce.meta.CallRejected` to refuse the call: a function of the
+        call's agreed fields and `ranges` only, so every rank decides alike."""
+        ...
+
     def run(self, call: CallContext) -> None: ...

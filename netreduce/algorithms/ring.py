@@ -81,7 +81,18 @@ def _folder(op: np.ufunc, target: np.ndarray, staged: np.ndarray,
 
 
 class RingAllreduce:
+    """Every dtype and op of `netreduce.meta`; needs nothing beyond the agreed call."""
+
     name = "ring"
+
+    def check_call(self, dtype: np.dtype, op: str) -> None:
+        return None
+
+    def local_range(self, array: np.ndarray) -> tuple[float, float]:
+        return (0.0, 0.0)
+
+    def check(self, call: CallContext) -> None:
+        return None
 
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
         return RingLayout(count, itemsize, world_size).nbytes

@@ -1,13 +1,16 @@
 """One rank of a lab allreduce test, run by `python -m netreduce.launch` (one per host).
 
-    allreduce_worker.py correctness [--sizes N,N,...] [--timed N]
+    allreduce_worker.py correctness [--sizes N,N,...] [--timed N] [--algo ring|switch|auto]
+    allreduce_worker.py switch [--sizes N,...] [--timed N] [--compare N]
+    allreduce_worker.py hold --until FILE
     allreduce_worker.py mismatch {count|dtype}
     allreduce_worker.py missing-rank --timeout S
     allreduce_worker.py stall --stall S
     allreduce_worker.py inc-spec
 
 Prints "OK ..." lines the tests look for; a failed check exits non-zero with the reason.
-Every rank's data is a function of its rank, so each rank computes the reference itself.
+Every rank's data is a function of its rank, so each rank computes the reference itself
+(netreduce.reference: int32 exact, float32 within the bound of the algorithm that ran).
 """
 from __future__ import annotations
 
@@ -20,58 +23,94 @@ import time
 import numpy as np
 
 import netreduce
+from netreduce.reference import Reference, rank_input
 from ring_setup.device import hw_counters
 
 
 def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:
-    rng = np.random.default_rng(7919 * rank + count)
-    if dtype == "int32":
-        return rng.integers(-(2**20), 2**20, count, dtype=np.int32)
-    return rng.standard_normal(count, dtype=np.float32)
+    return rank_input([rank, count], count, dtype)
 
 
-def check(world: int, count: int, dtype: str, got: np.ndarray) -> None:
-    """int32: exactly numpy's sum. float32: within the rounding of n-1 float32 additions of
-    the float64 sum: |got - want| <= n * 2^-24 * sum(|x_i|) element-wise (n-1 would do)."""
-    stack = np.stack([rank_data(r, count, dtype) for r in range(world)])
-    if dtype == "int32":
-        want = stack.sum(axis=0, dtype=np.int32)
-        bad = np.flatnonzero(got != want)
-    else:
-        want = stack.astype(np.float64).sum(axis=0)
-        bound = world * 2.0**-24 * np.abs(stack).astype(np.float64).sum(axis=0)
-        bad = np.flatnonzero(np.abs(got - want) > bound)
-    if bad.size:
-        sys.exit(f"FAIL {dtype}[{count}]: {bad.size} bad elements, first {bad[:5].tolist()}: "
-                 f"got {got[bad[:5]].tolist()}, want {want[bad[:5]].tolist()}")
-
-
-def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int) -> None:
+def reduce_and_check(comm: netreduce.Communicator, count: int, dtype: str, algo: str,
+                     timed: bool) -> None:
+    """One allreduce of every rank's `rank_data` (odd sizes in place, even ones into `out`),
+    checked against the reference; `algo` other than "auto" must be the one that ran."""
     n = comm.world_size
+    x = rank_data(comm.rank, count, dtype)
+    out = x if count % 2 else np.empty_like(x)
+    t0 = time.perf_counter()
+    got = comm.allreduce(x, algo=algo, out=None if out is x else out)
+    dt = time.perf_counter() - t0
+    if got is not out:
+        sys.exit(f"FAIL {dtype}[{count}]: the result is not in the array it should be in")
+    if out is not x and not np.array_equal(x, rank_data(comm.rank, count, dtype)):
+        sys.exit(f"FAIL {dtype}[{count}]: the input changed although out= was given")
+    ran = str(comm.last_algo)
+    if algo != "auto" and ran != algo:
+        sys.exit(f"FAIL {dtype}[{count}]: algo={algo} ran {ran}")
+    failure = Reference(rank_data(r, count, dtype) for r in range(n)).failure(got, ran)
+    if failure is not None:
+        sys.exit(f"FAIL {dtype}[{count}] algo={ran}: {failure}")
+    if timed:
+        algbw = x.nbytes / dt
+        print(f"TIME n={n} {dtype}[{count}] {x.nbytes / 2**20:.1f} MiB algo={ran}: {dt:.2f} s, "
+              f"algbw {algbw * 8 / 1e9:.4f} Gbit/s, busbw "
+              f"{algbw * 2 * (n - 1) / n * 8 / 1e9:.4f} Gbit/s", flush=True)
+
+
+def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int, algo: str) -> None:
     for count in sizes:
         for dtype in ("int32", "float32"):
-            x = rank_data(comm.rank, count, dtype)
-            if count % 2:                                  # odd sizes: in place
-                t0 = time.perf_counter()
-                got = comm.allreduce(x)
-                dt = time.perf_counter() - t0
-                assert got is x
-            else:                                          # even sizes: into `out`
-                out = np.empty_like(x)
-                t0 = time.perf_counter()
-                got = comm.allreduce(x, out=out)
-                dt = time.perf_counter() - t0
-                if not np.array_equal(x, rank_data(comm.rank, count, dtype)):
-                    sys.exit(f"FAIL {dtype}[{count}]: the input changed although out= was given")
-            check(n, count, dtype, got)
-            if count == timed:
-                nbytes = x.nbytes
-                algbw = nbytes / dt
-                print(f"TIME n={n} {dtype}[{count}] {nbytes / 2**20:.1f} MiB: {dt:.2f} s, "
-                      f"algbw {algbw * 8 / 1e9:.4f} Gbit/s, busbw "
-                      f"{algbw * 2 * (n - 1) / n * 8 / 1e9:.4f} Gbit/s", flush=True)
+            reduce_and_check(comm, count, dtype, algo, count == timed)
     print(f"COUNTERS {json.dumps(hw_counters(comm.device))}", flush=True)
-    print(f"OK correctness n={n} sizes={sizes} algo={comm.last_algo}", flush=True)
+    print(f"OK correctness n={comm.world_size} sizes={sizes} algo={comm.last_algo}", flush=True)
+
+
+def switch_ring_counters(comm: netreduce.Communicator) -> dict:
+    """The switch's counters of this communicator's registered "inc" ring."""
+    from switch.controller import ControllerClient
+    assert comm.switch.controller is not None and comm.switch.ring_id is not None
+    with ControllerClient(comm.switch.controller) as client:
+        return client.counters()["rings"][comm.switch.ring_id]["counters"]
+
+
+def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compare: int) -> None:
+    """algo="switch" over `sizes` (int32 and float32 each); an int32 call that may overflow
+    is refused on every rank and leaves the communicator usable (one more 5-element call);
+    rank 0 prints the ring's switch counters. Then, with `compare`, int32[compare] is timed
+    over the switch and over the host ring, alternately, twice each (workspace warm)."""
+    if not comm.switch.registered:
+        sys.exit(f"FAIL: the 'inc' ring is not registered: {comm.switch.describe()}")
+    correctness(comm, sizes, timed, "switch")
+    x = np.full(3, 2**30, dtype=np.int32)
+    try:
+        comm.allreduce(x, algo="switch")
+    except netreduce.AllreduceOverflow as exc:
+        print(f"ERROR {exc}", flush=True)
+    else:
+        sys.exit("FAIL: an int32 allreduce that may overflow was not refused")
+    if not np.all(x == 2**30):
+        sys.exit("FAIL: the refused allreduce changed the data")
+    reduce_and_check(comm, 5, "int32", "switch", False)
+    if comm.rank == 0:
+        print(f"SWITCH_RING {json.dumps(switch_ring_counters(comm))}", flush=True)
+    for algo in ("switch", "ring", "switch", "ring") if compare else ():
+        reduce_and_check(comm, compare, "int32", algo, True)
+    print("OK switch", flush=True)
+
+
+def hold(comm: netreduce.Communicator, until: str, timeout: float) -> None:
+    """Keep the "inc" ring registered (after one switch call) until the file `until` exists."""
+    reduce_and_check(comm, 1000, "int32", "switch", False)
+    if comm.rank == 0:
+        print(f"REGISTERED {comm.switch.ring_id}", flush=True)
+    end = time.monotonic() + timeout
+    while not os.path.exists(until):
+        if time.monotonic() > end:
+            sys.exit(f"FAIL: {until} did not appear within {timeout:g}s")
+        time.sleep(0.2)
+    reduce_and_check(comm, 1000, "int32", "switch", False)     # the ring still aggregates
+    print("OK hold", flush=True)
 
 
 def mismatch(comm: netreduce.Communicator, what: str) -> None:
@@ -110,11 +149,15 @@ def stall(comm: netreduce.Communicator, seconds: float) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["correctness", "mismatch", "missing-rank", "stall",
-                                    "inc-spec"])
+    p.add_argument("mode", choices=["correctness", "switch", "hold", "mismatch",
+                                    "missing-rank", "stall", "inc-spec"])
     p.add_argument("what", nargs="?", default="count")
     p.add_argument("--sizes", default="1,1000,256,4194304")
     p.add_argument("--timed", type=int, default=4194304)
+    p.add_argument("--algo", default="ring", help="correctness: ring, switch or auto")
+    p.add_argument("--compare", type=int, default=0,
+                   help="switch: then time int32[N] over the switch and the ring (0: no)")
+    p.add_argument("--until", help="hold: the file whose existence ends the hold")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--stall", type=float, default=30.0, help="stall timeout, seconds")
     args = p.parse_args()
@@ -133,8 +176,13 @@ def main() -> None:
 
     comm = netreduce.init(timeout=args.timeout, stall_timeout=args.stall)
     print(f"joined {comm!r} ip={comm.inc_ring_spec().connections[rank].src_ip}", flush=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
     if args.mode == "correctness":
-        correctness(comm, [int(s) for s in args.sizes.split(",")], args.timed)
+        correctness(comm, sizes, args.timed, args.algo)
+    elif args.mode == "switch":
+        in_network(comm, sizes, args.timed, args.compare)
+    elif args.mode == "hold":
+        hold(comm, args.until, 600)
     elif args.mode == "mismatch":
         mismatch(comm, args.what)
     elif args.mode == "stall":

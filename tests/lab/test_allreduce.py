@@ -9,6 +9,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -22,11 +23,14 @@ WORKER = Path(__file__).with_name("allreduce_worker.py")
 _ports = itertools.count(29600)
 
 
-def run_worker(n: int, *args: str, timeout: float = 1800) -> LaunchResult:
+def run_worker(n: int, *args: str, timeout: float = 1800,
+               out: TextIO | None = None) -> LaunchResult:
+    """allreduce_worker.py ARGS as n ranks; their prefixed output goes to `out` as it comes
+    (default: stdout)."""
     if n > HOSTS:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
     return launch([sys.executable, str(WORKER), *args], n, port=next(_ports), timeout=timeout,
-                  grace=30)
+                  grace=30, out=out)
 
 
 def lines(result: LaunchResult, rank: int, prefix: str) -> list[str]:

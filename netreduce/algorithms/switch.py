@@ -1,0 +1,185 @@
+"""In-network allreduce: every rank sends its buffer once over the "inc" QPs, the switch adds
+the n contributions packet by packet (docs/pipeline.md) and every rank receives the sum.
+
+The plan, identical on every rank (the switch relies on it: packet k of every connection
+carries the same piece of the tensor): ONE `Stream.transfer` per call on `streams["inc"]`,
+sending the call's `count * 4` wire bytes from the start of our workspace to the
+successor's receive area while as many bytes -- the sum -- arrive from the predecessor's
+connection in our receive area. Nothing else is ever posted on "inc", and a call refused by
+`check` posts nothing on any rank, so the message sequences never diverge.
+
+Wire format: big-endian int32 ('>i4'), which the switch adds with int32 wrap-around.
+- int32 travels byte-swapped and is exact. Overflow is refused, not wrapped: every rank
+  publishes its data's min and max in the call's metadata, and when the sum of the per-rank
+  maxima exceeds 2^31-1 or the sum of the minima is below -2^31, `check` raises
+  `AllreduceOverflow` on every rank before any data moves. The bound is conservative: it
+  refuses every call where SOME element could overflow given those extremes (the element
+  sums themselves may all fit).
+- float32 travels quantized with one scale 2^e for the whole call, agreed by all ranks
+  because each derives it from the same exchanged records (SwitchML-style; see
+  `quantization_exponent`): M = max over ranks and elements of |x|, c = ceil(log2 n),
+  e = 30 - c - floor(log2 M) (31 - c when M = 0). Then q = rint(x * 2^e) satisfies
+  n * max|q| <= 2^31 - 1, the switch's int32 sums cannot wrap, and the result is
+  (sum of q) * 2^-e rounded to float32, bit-identical on every rank.
+  Error bound, per element, with S the exact sum of the n float32 inputs:
+      |result - S| <= n * 2^-(e+1) * (1 + 2^-24) + 2^-24 * |S| + 2^-150
+  -- n * 2^-(e+1) from rounding each rank's x * 2^e to an integer (<= n^2 * M * 2^-30 by
+  the choice of e), the rest from rounding the exact quantized sum to float32 (relative
+  2^-24; 2^-150 where the result is subnormal). A sum beyond float32's range is +-inf, as
+  with any float32 sum. NaN and infinities cannot be quantized: `NotQuantizable` on every
+  rank, before any data moves.
+
+Converting results in place while our own send is still in flight is safe: a message
+arrives only after the switch emitted every packet of it, i.e. after it had added every
+rank's packets of it, ours included, exactly once; any later retransmission of our packets
+of that message finds its slot emitted (answered from the slot) or reused (dropped as
+stale) -- its payload is never added again. So each arrived message's wire data is
+converted back over our own send data of the same message as soon as it arrives.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import numpy as np
+
+from flowctl.plan import Message
+from flowctl.stream import Outgoing
+from netreduce.algorithms.base import CallContext
+from netreduce.meta import CallRejected, ranks_phrase
+
+WIRE = np.dtype(">i4")
+INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
+DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+ALIGN = 64
+_CHUNK = 1 << 16          # elements quantized per numpy pass (bounded temporaries)
+
+
+class AllreduceOverflow(CallRejected, OverflowError):
+    """An int32 sum over the switch could overflow: refused on every rank, nothing moved."""
+
+
+class NotQuantizable(CallRejected, ValueError):
+    """float32 data holding NaN or infinity cannot travel quantized: refused on every rank."""
+
+
+def quantization_exponent(world_size: int, absmax: float) -> int:
+    """The exponent e of the float32 scale 2^e for n = `world_size` ranks (1..128) whose
+    largest |x| is M = `absmax` (a finite float32 value, >= 0):
+        e = 30 - ceil(log2 n) - floor(log2 M)        (31 - ceil(log2 n) when M = 0)
+    Invariant: n * rint(M * 2^e) <= 2^31 - 1, so no int32 sum of the q = rint(x * 2^e) can
+    wrap. Why: M < 2^E with E = floor(log2 M) + 1, and the largest float32 below 2^E is
+    2^E - 2^(E-24), so M * 2^e <= 2^(31-c) - 2^(7-c) <= 2^(31-c) - 1 for c = ceil(log2 n)
+    <= 7: rint(M * 2^e) <= 2^(31-c) - 1 and n * that <= 2^31 - 1. And
+    n * 2^-(e+1) = n * 2^(c+E-32) <= n^2 * M * 2^-30 (the module doc's bound)."""
+    if not 1 <= world_size <= 128:
+        raise ValueError(f"quantization for {world_size} ranks: 1..128 supported")
+    _, exp = math.frexp(absmax)                  # absmax < 2^exp (exp = 0 for 0)
+    return 31 - (world_size - 1).bit_length() - exp
+
+
+def float32_error_bound(world_size: int, exponent: int, exact: np.ndarray) -> np.ndarray:
+    """The module doc's per-element bound on |result - exact| for a float32 call quantized
+    with 2^`exponent` (`exact`: the exact sums, float64)."""
+    rounding = world_size * 2.0 ** -(exponent + 1)
+    return rounding * (1 + 2.0**-24) + 2.0**-24 * np.abs(exact) + 2.0**-150
+
+
+def recv_offset(nbytes: int) -> int:
+    """Where the sum lands in the workspace: after the send data, 64-byte aligned."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+class SwitchAllreduce:
+    """Sum of int32 or float32 through the aggregating switch (see the module doc)."""
+
+    name = "switch"
+
+    @staticmethod
+    def supports(dtype: np.dtype, op: str) -> bool:
+        return dtype in DTYPES and op == "sum"
+
+    def check_call(self, dtype: np.dtype, op: str) -> None:
+        if dtype not in DTYPES:
+            raise TypeError(f"allreduce: algo='switch' reduces int32 and float32 only (the "
+                            f"switch adds int32), not {dtype}: use algo='ring'")
+        if op != "sum":
+            raise ValueError(f"allreduce: algo='switch' supports op='sum' only, not {op!r}: "
+                             f"use algo='ring'")
+
+    def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
+        return 2 * recv_offset(count * itemsize)
+
+    def local_range(self, array: np.ndarray) -> tuple[float, float]:
+        if array.size == 0:
+            return (0.0, 0.0)
+        return (float(array.min()), float(array.max()))
+
+    def check(self, call: CallContext) -> None:
+        if call.dtype == np.int32:
+            self._check_int32_sum(call)
+        else:
+            self._exponent(call)
+
+    @staticmethod
+    def _check_int32_sum(call: CallContext) -> None:
+        top = sum(int(hi) for _, hi in call.ranges)
+        bottom = sum(int(lo) for lo, _ in call.ranges)
+        if top > INT32_MAX or bottom < INT32_MIN:
+            raise AllreduceOverflow(
+                f"allreduce call #{call.seq}: the int32 sum may overflow: the ranks' maxima add "
+                f"up to {top} and their minima to {bottom}, outside [-2^31, 2^31-1]; the "
+                f"switch adds wrapping int32, so the call was refused on every rank before any "
+                f"data moved (the check is conservative: it bounds every element's sum by "
+                f"those two sums). Use int64 with algo='ring', or scale the data")
+
+    @staticmethod
+    def _exponent(call: CallContext) -> int:
+        bad = [r for r, (lo, hi) in enumerate(call.ranges)
+               if not (math.isfinite(lo) and math.isfinite(hi))]
+        if bad:
+            raise NotQuantizable(
+                f"allreduce call #{call.seq}: algo='switch' quantizes float32 to int32 and "
+                f"cannot carry NaN or infinity (in the data of {ranks_phrase(bad)}); nothing "
+                f"moved. Use algo='ring'")
+        absmax = max(max(-lo, hi) for lo, hi in call.ranges)
+        return quantization_exponent(call.world_size, absmax)
+
+    def run(self, call: CallContext) -> None:
+        nbytes = call.count * WIRE.itemsize
+        at = recv_offset(nbytes)
+        whole = call.workspace.view()
+        data = whole[:nbytes].view(call.dtype)
+        wire = whole[:nbytes].view(WIRE)
+        summed = whole[at:at + nbytes].view(WIRE)
+        if call.dtype == np.int32:
+            data.byteswap(inplace=True)
+            arrived = partial(_int32_back, data, summed)
+        else:
+            e = self._exponent(call)
+            for lo in range(0, call.count, _CHUNK):     # x * 2^e is exact in float32
+                q = np.ldexp(data[lo:lo + _CHUNK], e)
+                wire[lo:lo + _CHUNK] = np.rint(q, out=q)
+            arrived = partial(_float32_back, data, summed, e)
+        send = Outgoing(call.workspace.local().slice(0, nbytes),
+                        call.peer_workspace.slice(at, nbytes))
+        call.streams["inc"].transfer(send, recv_nbytes=nbytes, on_arrival=arrived)
+
+
+def _int32_back(data: np.ndarray, summed: np.ndarray, m: Message) -> None:
+    lo, hi = m.offset // WIRE.itemsize, (m.offset + m.length) // WIRE.itemsize
+    data[lo:hi] = summed[lo:hi]
+
+
+def _float32_back(data: np.ndarray, summed: np.ndarray, e: int, m: Message) -> None:
+    """Sum of q (an int32) to float32: one rounding, then * 2^-e, exact unless the result
+    is subnormal (then one more rounding, within the bound's 2^-150) or beyond float32's
+    range (then +-inf, as the exact sum is)."""
+    lo, hi = m.offset // WIRE.itemsize, (m.offset + m.length) // WIRE.itemsize
+    out = data[lo:hi]
+    out[...] = summed[lo:hi]
+    np.ldexp(out, -e, out=out)
+
+
+SWITCH = SwitchAllreduce()

@@ -1,0 +1,150 @@
+"""In-network allreduce on real rxe through the switch (algo="switch"): one process per lab
+host, started by netreduce.launch running allreduce_worker.py; the switch's counters of
+the registered "inc" ring prove the sums were formed in the switch.
+
+Inside the lab:
+    scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_switch_allreduce.py
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from flowctl.plan import FlowConfig, MessagePlan
+from netreduce.launch import LaunchResult
+from tests.lab.labhosts import HOSTS, ROOT, run_in_host, switch_counters
+from tests.lab.test_allreduce import lines, run_worker
+
+pytestmark = pytest.mark.lab
+
+CONFIG = FlowConfig()                 # what netreduce.init uses by default
+BIG = 4 * 2**20                       # int32 elements: 16 MiB
+STRUCTURAL_DROPS = ("drop_wrong_port", "drop_bad_opcode", "drop_bad_length", "drop_overrun",
+                    "drop_mismatch")
+
+
+def packets(count: int) -> int:
+    """RoCE packets of one switch allreduce of `count` 4-byte elements, per connection."""
+    return sum(-(-m.length // CONFIG.mtu) for m in MessagePlan(4 * count, CONFIG.msg_size))
+
+
+def expected_packets(sizes: list[int]) -> int:
+    """What allreduce_worker.py `switch` sends per connection: int32 and float32 at every
+    size, then one 5-element call (the refused call sends nothing)."""
+    return 2 * sum(packets(c) for c in sizes) + packets(5)
+
+
+def check_switch_run(result: LaunchResult, n: int, sizes: list[int]) -> dict[str, int]:
+    """Every rank passed; the overflow refusal read alike everywhere; the ring's counters
+    show exactly n contributions per packet, every slot emitted, no structural drop."""
+    assert result.ok, f"exit {result.exit_code}"
+    errors = set()
+    for r in range(n):
+        assert lines(result, r, "OK switch"), result.ranks[r].output
+        (err,) = lines(result, r, "ERROR ")
+        errors.add(err)
+    (err,) = errors
+    assert "the int32 sum may overflow" in err and "conservative" in err, err
+    (raw,) = lines(result, 0, "SWITCH_RING ")
+    counters = json.loads(raw)
+    p = expected_packets(sizes)
+    assert counters["aggregated"] == n * p, (counters, p)
+    assert counters["completed"] == p, (counters, p)
+    assert counters["results_sent"] == n * p, (counters, p)
+    for drop in STRUCTURAL_DROPS:
+        assert counters[drop] == 0, counters
+    return counters
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_in_network_allreduce_matches_numpy(n: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sizes: 1 element, 1000 elements (4000 B, not a multiple of the MTU), 256 (1 KiB), and
+    at 4 ranks 16 MiB; then, at 4 ranks, int32 16 MiB timed over the switch and over the
+    host ring alternately on the same communicator (printed: the figures to compare)."""
+    sizes = [1, 1000, 256] + ([BIG] if n == 4 else [])
+    args = ["--sizes", ",".join(map(str, sizes)), "--timed", "0"]
+    result = run_worker(n, "switch", *args, *(["--compare", str(BIG)] if n == 4 else []),
+                        timeout=900)
+    counters = check_switch_run(result, n, sizes)
+    if n == 4:
+        times = lines(result, 0, "TIME ")
+        assert [re.search(r"algo=(\w+)", t).group(1) for t in times] == ["switch", "ring"] * 2
+        with capsys.disabled():
+            print(f"\n[switch allreduce, no loss] counters {counters}")
+            for t in times:
+                print(f"[switch allreduce] {t}")
+
+
+@pytest.fixture
+def lossy_hosts() -> Iterator[None]:
+    """1% loss (tc netem) on every host's lab link, removed afterwards whatever happens."""
+    try:
+        for i in range(HOSTS):
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", "1%")
+        yield
+    finally:
+        for i in range(HOSTS):
+            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "root", check=False)
+
+
+def test_in_network_allreduce_survives_one_percent_loss(lossy_hosts: None,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """4 ranks, 4 MiB int32 and 4 MiB float32 with 1% of every host's frames dropped: the
+    results are right, every contribution still counted once, and the switch saw the
+    retransmissions (served from emitted slots, or dropped as duplicates/stale)."""
+    sizes = [2**20]
+    result = run_worker(4, "switch", "--sizes", str(sizes[0]), "--timed", str(sizes[0]),
+                        timeout=900)
+    counters = check_switch_run(result, 4, sizes)
+    assert counters["retransmits_served"] + counters["drop_duplicate"] \
+        + counters["drop_stale"] > 0, counters
+    with capsys.disabled():
+        print(f"\n[switch allreduce, 1% loss] counters {counters}")
+        for t in lines(result, 0, "TIME "):
+            print(f"[switch allreduce, 1% loss] {t}")
+
+
+class _Watch(io.StringIO):
+    """Output sink that sets `seen` once a line containing `marker` was written."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.seen = marker, threading.Event()
+
+    def write(self, s: str) -> int:
+        if self.marker in s:
+            self.seen.set()
+        return super().write(s)
+
+
+def test_ib_write_bw_passes_unchanged_while_a_ring_is_registered(tmp_path: Path) -> None:
+    """perftest between h0 and h1 while the 'inc' ring of ranks on h0 and h1 is registered:
+    it completes, and none of the ring's counters moved (its QPs are not the ring's)."""
+    until = tmp_path / "done"
+    watch = _Watch("REGISTERED ")
+    outcome: list[LaunchResult] = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        run_worker(2, "hold", "--until", str(until), timeout=600, out=watch)))
+    worker.start()
+    try:
+        assert watch.seen.wait(300), watch.getvalue()
+        (ring_id,) = re.findall(r"REGISTERED (\S+)", watch.getvalue())
+        before = switch_counters()["rings"][ring_id]
+        perf = subprocess.run([str(ROOT / "scripts" / "ib_write_bw_pair.sh"), "0", "1", "65536",
+                               "300"], capture_output=True, text=True, timeout=300)
+        after = switch_counters()["rings"][ring_id]
+    finally:
+        until.touch()
+        worker.join(timeout=300)
+    assert perf.returncode == 0, perf.stdout + perf.stderr
+    assert re.search(r"ib_write_bw h0->h1: [\d.]+ Gbit/s", perf.stdout), perf.stdout
+    assert after == before
+    (result,) = outcome
+    assert result.ok and all(lines(result, r, "OK hold") for r in range(2)), watch.getvalue()

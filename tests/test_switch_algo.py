@@ -1,0 +1,241 @@
+"""The in-network algorithm (netreduce/algorithms/switch.py) and switch registration on the
+in-process fabric, whose fake switch sums each message of a registered ring like the real
+one sums packets (tests/fakefabric.py)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fakefabric import FakeController, FakeFabric, FakeHost
+from flowctl.plan import MessagePlan
+from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
+                       SwitchRegistrationError)
+from netreduce.algorithms.switch import (INT32_MAX, float32_error_bound,
+                                         quantization_exponent)
+from test_comm import CFG, rank_data, run_ranks
+
+
+def with_switch(n: int, body: Any, fabric: FakeFabric | None = None
+                ) -> tuple[list[Any], FakeFabric, FakeController]:
+    fabric = fabric or FakeFabric()
+    controller = FakeController(fabric)
+    return run_ranks(n, body, fabric=fabric, controller=controller), fabric, controller
+
+
+def messages(nbytes: int) -> int:
+    return len(MessagePlan(nbytes, CFG.msg_size))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_switch_allreduce_int32_exact_float32_within_the_bound(n: int) -> None:
+    counts = [1, 3, 257, 1000, 20_000]
+
+    def body(comm: Communicator, host: FakeHost) -> dict[str, Any]:
+        assert comm.switch.registered
+        got: dict[str, Any] = {"algos": []}
+        for count in counts:
+            for dtype in ("int32", "float32"):
+                x = rank_data(comm.rank, count, dtype)
+                out = np.empty_like(x)
+                assert comm.allreduce(x, out=out) is out             # algo="auto"
+                assert np.array_equal(x, rank_data(comm.rank, count, dtype))
+                got["algos"].append(comm.last_algo)
+                got[dtype, count] = out
+        got["ring posted"] = host.rings["ring"].posted
+        return got
+
+    results, fabric, controller = with_switch(n, body)
+    assert not any(isinstance(r, Exception) for r in results), results
+    (spec,) = controller.registered
+    assert controller.unregistered == [spec.ring_id] and controller.closed
+    assert fabric.switch.messages[spec.ring_id] == 2 * sum(messages(4 * c) for c in counts)
+    for count in counts:
+        ints = np.sum([rank_data(r, count, "int32") for r in range(n)], axis=0, dtype=np.int32)
+        floats = np.stack([rank_data(r, count, "float32") for r in range(n)]).astype(np.float64)
+        exact = floats.sum(axis=0)
+        absmax = float(np.abs(floats).max())
+        documented = n * n * absmax * 2.0**-30 * (1 + 2.0**-24) + 2.0**-24 * np.abs(exact) \
+            + 2.0**-150
+        tight = float32_error_bound(n, quantization_exponent(n, absmax), exact)
+        assert np.all(tight <= documented)
+        for res in results:
+            assert np.array_equal(res["int32", count], ints)
+            assert np.all(np.abs(res["float32", count] - exact) <= tight)
+            assert res["float32", count].tobytes() == results[0]["float32", count].tobytes()
+    for res in results:
+        assert res["algos"] == ["switch"] * 2 * len(counts)
+        assert res["ring posted"] == 2 * len(counts) * (n - 1)     # metadata only
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 31, 32, 33, 64, 127, 128])
+def test_quantization_exponent_keeps_sums_in_int32_and_wastes_at_most_a_bit(n: int) -> None:
+    """Every float32 M closest to a power of two from below (the worst case for rounding
+    up), subnormals and the largest float32 included."""
+    f32 = np.float32
+    below = [float(np.nextafter(f32(2.0**k), f32(0))) for k in range(-148, 128)]
+    below.append(float(np.finfo(f32).max))          # the largest float32, just below 2^128
+    powers = [2.0**k for k in range(-149, 128)]
+    for m in [0.0, float(np.finfo(f32).smallest_subnormal), *below, *powers]:
+        e = quantization_exponent(n, m)
+        assert n * round(math.ldexp(m, e)) <= INT32_MAX, (n, m, e)
+        if m:
+            assert n * round(math.ldexp(m, e + 2)) > INT32_MAX
+            assert n * 2.0 ** -(e + 1) <= n * n * m * 2.0**-30
+    with pytest.raises(ValueError, match="129 ranks"):
+        quantization_exponent(129, 1.0)
+
+
+def test_extreme_magnitudes_round_trip_within_the_bound() -> None:
+    """Huge, tiny (subnormal) and mixed values: quantized sums stay within the bound."""
+    f32 = np.finfo(np.float32)
+    cases = [np.array([f32.max / 8, -f32.max / 8, 1.0], dtype=np.float32),
+             np.array([f32.smallest_subnormal, 3 * f32.smallest_subnormal, 0.0], dtype=np.float32),
+             np.array([1e-30, 1e30, -7.0], dtype=np.float32)]
+
+    def body(comm: Communicator, host: FakeHost) -> list[np.ndarray]:
+        return [comm.allreduce(x * np.float32(comm.rank + 1), algo="switch") for x in cases]
+
+    n = 3
+    results, _, _ = with_switch(n, body)
+    for i, x in enumerate(cases):
+        stack = np.stack([x * np.float32(r + 1) for r in range(n)]).astype(np.float64)
+        exact = stack.sum(axis=0)
+        bound = float32_error_bound(n, quantization_exponent(n, float(np.abs(stack).max())), exact)
+        for res in results:
+            assert np.all(np.abs(res[i] - exact) <= bound), (i, res[i], exact, bound)
+
+
+def refused(n: int, make: Any, algo: str = "switch") -> tuple[list[Any], FakeFabric]:
+    """Every rank calls with make(rank) and then, to show the communicator still works,
+    with ones; returns (error text, data untouched, the next sum, messages posted on inc)."""
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x = make(comm.rank)
+        before = x.copy()
+        try:
+            comm.allreduce(x, algo=algo)
+        except (AllreduceOverflow, NotQuantizable, AllreduceMismatch) as exc:
+            err = f"{type(exc).__name__}: {exc}"
+        else:
+            return "no error"
+        inc_posted = host.rings["inc"].posted
+        y = np.ones(5, dtype=np.int32)
+        comm.allreduce(y, algo="switch")
+        return err, np.array_equal(x, before, equal_nan=True), int(y[0]), inc_posted
+
+    results, fabric, _ = with_switch(n, body)
+    return results, fabric
+
+
+def test_an_int32_sum_that_may_overflow_is_refused_on_every_rank_before_any_data_moves() -> None:
+    results, _ = refused(3, lambda r: np.array([2**30, -5, r], dtype=np.int32))
+    assert {r[1:] for r in results} == {(True, 3, 0)}
+    (err,) = {r[0] for r in results}
+    assert err.startswith("AllreduceOverflow: allreduce call #0: the int32 sum may overflow: "
+                          "the ranks' maxima add up to 3221225472 and their minima to -15")
+    assert "conservative" in err
+
+
+@pytest.mark.parametrize("hi, lo, ok", [
+    ((2**30, 2**30 - 1), (0, 0), True),            # maxima add up to exactly 2^31 - 1
+    ((2**30, 2**30), (0, 0), False),
+    ((0, 0), (-(2**30), -(2**30)), True),          # minima add up to exactly -2^31
+    ((0, 0), (-(2**30), -(2**30) - 1), False),
+])
+def test_the_overflow_bound_is_the_int32_range(hi: tuple, lo: tuple, ok: bool) -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x = np.array([lo[comm.rank], hi[comm.rank]], dtype=np.int32)
+        try:
+            return comm.allreduce(x, algo="switch").tolist()
+        except AllreduceOverflow:
+            return "overflow"
+
+    results, _, _ = with_switch(2, body)
+    want = [sum(lo), sum(hi)] if ok else "overflow"
+    assert results == [want, want]
+
+
+def test_nan_or_infinity_cannot_be_quantized() -> None:
+    def make(rank: int) -> np.ndarray:
+        return np.array([1.0, np.nan if rank == 1 else 2.0, np.inf if rank == 2 else 0.0],
+                        dtype=np.float32)
+
+    results, _ = refused(3, make)
+    assert {r[1:] for r in results} == {(True, 3, 0)}
+    (err,) = {r[0] for r in results}
+    assert err.startswith("NotQuantizable: allreduce call #0: algo='switch' quantizes float32 "
+                          "to int32 and cannot carry NaN or infinity (in the data of ranks 1, 2)")
+
+
+def test_ranks_disagreeing_on_the_algorithm_are_a_mismatch() -> None:
+    def body(comm: Communicator, host: FakeHost) -> str:
+        try:
+            comm.allreduce(np.ones(4, dtype=np.int32), algo="ring" if comm.rank else "switch")
+        except AllreduceMismatch as exc:
+            return str(exc)
+        return "no error"
+
+    results, _, _ = with_switch(2, body)
+    assert results == ["allreduce call #0: ranks disagree: int32[4] op=sum algo=switch on "
+                       "rank 0; int32[4] op=sum algo=ring on rank 1"] * 2
+
+
+def test_auto_uses_the_ring_for_what_the_switch_cannot_reduce_and_switch_refuses_it() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        algos = []
+        for x, op in ((np.ones(3, dtype=np.float64), "sum"), (np.ones(3, dtype=np.int64), "sum"),
+                      (np.ones(3, dtype=np.int32), "max"), (np.ones(3, dtype=np.float32), "sum")):
+            comm.allreduce(x, op=op)
+            algos.append(comm.last_algo)
+        errors = []
+        posted = host.rings["ring"].posted
+        for x, op in ((np.ones(3, dtype=np.float64), "sum"), (np.ones(3, dtype=np.int32), "min")):
+            try:
+                comm.allreduce(x, op=op, algo="switch")
+            except (TypeError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        assert host.rings["ring"].posted == posted            # refused before any exchange
+        return algos, errors
+
+    results, _, _ = with_switch(2, body)
+    for algos, errors in results:
+        assert algos == ["ring", "ring", "ring", "switch"]
+        assert errors == [
+            "TypeError: allreduce: algo='switch' reduces int32 and float32 only (the switch "
+            "adds int32), not float64: use algo='ring'",
+            "ValueError: allreduce: algo='switch' supports op='sum' only, not 'min': use "
+            "algo='ring'"]
+
+
+def test_a_refused_registration_is_an_error_on_every_rank_naming_the_controller() -> None:
+    fabric = FakeFabric()
+    controller = FakeController(fabric, refuse="INVALID_ARGUMENT: ring x: 128 slots < 2 x 128")
+    results = run_ranks(3, lambda comm, host: "connected", fabric=fabric, controller=controller)
+    assert all(isinstance(r, SwitchRegistrationError) for r in results), results
+    (err,) = {str(r) for r in results}
+    assert err.startswith("netreduce: the switch controller at fake-controller:1 did not "
+                          "register the 'inc' ring nr-10.99.0.1-")
+    assert err.endswith("(3 ranks, 16 packets in flight per connection): INVALID_ARGUMENT: "
+                        "ring x: 128 slots < 2 x 128")
+
+
+def test_without_a_switch_or_alone_auto_runs_the_ring() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        comm.allreduce(np.ones(3, dtype=np.int32))
+        return comm.switch, comm.last_algo
+
+    (alone,), _, controller = with_switch(1, body)
+    assert controller.registered == [] and alone[1] == "ring"
+    assert alone[0].describe() == ("no switch: a single rank has nothing to aggregate; "
+                                   "algo='auto' runs the host ring")
+    plain = run_ranks(2, body)
+    assert [algo for _, algo in plain] == ["ring", "ring"]
+    assert plain[0][0].describe() == ("no switch: no address given (netreduce.init(switch="
+                                      "HOST:PORT) or $NR_CONTROLLER); algo='auto' runs the "
+                                      "host ring")
+    ((status, _), _), _, _ = with_switch(2, body)
+    assert status.describe().startswith("'inc' ring nr-10.99.0.1-") and status.describe() \
+        .endswith(" registered with the switch at fake-controller:1 (256 slots): algo='auto' "
+                  "aggregates in the network")
