@@ -17,7 +17,7 @@
 #    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs are serialised
-# with a lock. --switch bridge joins the same ports with a kernel bridge instead of the
+# machine-wide with a lock (/run/lock/netreduce-lab.lock). --switch bridge joins the same ports with a kernel bridge instead of the
 # switch process (a reference for what forwarding costs; no controller, no aggregation);
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
 # and BMv2 on PATH; rings through it must use RoCE path MTU 256).
@@ -67,8 +67,11 @@ elif [ $mode = native ] && ! native_ok; then
 fi
 
 mkdir -p "$LABDIR"
-exec 9>"$LABDIR/lock"
-flock -w 3600 9 || die "another lab run holds $LABDIR/lock"
+# One lab per machine: the namespace, taps and addresses are machine-wide, whatever the clone.
+LOCK=/run/lock/netreduce-lab.lock
+mkdir -p "${LOCK%/*}"
+exec 9>"$LOCK"
+flock -w 3600 9 || die "another lab run holds $LOCK"
 rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,cmd.sh,env}
 
 switch_pid=""
