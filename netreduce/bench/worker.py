@@ -1,0 +1,167 @@
+"""One rank of `netreduce bench`, started by the bench through netreduce.launch:
+
+    python -m netreduce.bench.worker --plan JSON
+
+For every size of the plan, `warmup` + `jobs` rounds; a round runs one job of every column
+in order -- the link (netreduce.bench.link), then each allreduce algorithm -- so that a slow
+spell of the lab hits every column alike. A job: prepare, barrier (a one-element ring
+allreduce: nobody leaves it before every rank entered it), run (timed), verify, read the
+rxe counters (and, rank 0, the lab's CPU time by state). One `Record` line per job goes
+to stdout. Inputs are deterministic (seed, rank, size), so every rank computes the numpy
+reference of the sum itself.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable, Protocol
+
+import numpy as np
+
+import netreduce
+from netreduce.bench.link import LinkProbe
+from netreduce.bench.plan import LINK, BenchPlan
+from netreduce.bench.report import CPU, Record
+from ring_setup.device import hw_counters
+
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def rank_input(plan: BenchPlan, rank: int, size: int) -> np.ndarray:
+    rng = np.random.default_rng([plan.seed, rank, size])
+    count = plan.count(size)
+    if plan.dtype == "int32":
+        return rng.integers(-(2**20), 2**20, count, dtype=np.int32)
+    return rng.standard_normal(count, dtype=np.float32)
+
+
+class Reference:
+    """The numpy sum of every rank's input at one size. int32 must match exactly; float32
+    within the error bound the algorithm documents: the ring's n-1 float32 additions,
+    |got - sum| <= n * 2^-24 * sum(|x_i|); the switch's quantization, its
+    `float32_error_bound` (netreduce.algorithms.switch)."""
+
+    def __init__(self, plan: BenchPlan, world_size: int, size: int) -> None:
+        self.world_size = world_size
+        self.exact = plan.dtype == "int32"
+        self.want = np.zeros(plan.count(size), dtype=np.int32 if self.exact else np.float64)
+        self.magnitude = np.zeros(0 if self.exact else self.want.size)
+        self.absmax = 0.0
+        for r in range(world_size):
+            x = rank_input(plan, r, size)
+            self.want += x
+            if not self.exact:
+                self.magnitude += np.abs(x)
+                self.absmax = max(self.absmax, float(np.abs(x).max(initial=0)))
+
+    def tolerance(self, algo: str) -> np.ndarray:
+        if algo == "switch":
+            from netreduce.algorithms.switch import float32_error_bound, quantization_exponent
+            e = quantization_exponent(self.world_size, self.absmax)
+            return float32_error_bound(self.world_size, e, self.want)
+        return self.world_size * 2.0**-24 * self.magnitude
+
+    def check(self, got: np.ndarray, algo: str) -> bool:
+        if self.exact:
+            return bool(np.array_equal(got, self.want))
+        return bool(np.all(np.abs(got - self.want) <= self.tolerance(algo)))
+
+
+class Measured(Protocol):
+    """One kind of job at one size: set up (untimed), run (timed), verify (untimed)."""
+
+    def prepare(self) -> None: ...
+    def run(self) -> None: ...
+    def check(self) -> bool: ...
+
+
+class AllreduceJob:
+    def __init__(self, comm: netreduce.Communicator, algo: str, x: np.ndarray,
+                 reference: Reference) -> None:
+        self.comm, self.algo, self.x, self.reference = comm, algo, x, reference
+        self.out = np.empty_like(x)
+
+    def prepare(self) -> None:
+        self.out.fill(0)                  # a job that wrote nothing cannot pass the check
+
+    def run(self) -> None:
+        self.comm.allreduce(self.x, algo=self.algo, out=self.out)
+        if self.comm.last_algo != self.algo:
+            raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator ran "
+                               f"{self.comm.last_algo!r}")
+
+    def check(self) -> bool:
+        return self.reference.check(self.out, self.algo)
+
+
+class LinkJob:
+    def __init__(self, probe: LinkProbe, size: int) -> None:
+        self.probe, self.size = probe, size
+
+    def prepare(self) -> None:
+        self.probe.prepare(self.size)
+
+    def run(self) -> None:
+        self.probe.run()
+
+    def check(self) -> bool:
+        return self.probe.check()
+
+
+def lab_cpu() -> dict[str, int]:
+    """CPU time by state (clock ticks, all CPUs) from /proc/stat, keyed `CPU` + state."""
+    with open("/proc/stat") as f:
+        ticks = f.readline().split()[1:len(CPU_STATES) + 1]
+    return {CPU + state: int(t) for state, t in zip(CPU_STATES, ticks)}
+
+
+def _moved(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], None]) -> None:
+    """The whole plan on this rank (collective: every rank runs it alike)."""
+    if "switch" in plan.algos and not comm.switch.registered:
+        raise RuntimeError(f"bench: algo 'switch' asked for, but there is no switch: "
+                           f"{comm.switch.note}")
+    token = np.zeros(1, dtype=np.int32)
+    probe = LinkProbe(comm, max(plan.sizes))
+    try:
+        for size in plan.sizes:
+            x = rank_input(plan, comm.rank, size)
+            reference = Reference(plan, comm.world_size, size)
+            jobs: dict[str, Measured] = {
+                column: LinkJob(probe, size) if column == LINK
+                else AllreduceJob(comm, column, x, reference) for column in plan.columns}
+            counters = hw_counters(comm.device)
+            for i in range(-plan.warmup, plan.jobs):
+                for column, job in jobs.items():
+                    job.prepare()
+                    comm.allreduce(token, algo="ring")           # the barrier
+                    cpu = lab_cpu() if comm.rank == 0 else {}
+                    t0 = time.perf_counter_ns()
+                    job.run()
+                    ns = time.perf_counter_ns() - t0
+                    cpu = _moved(cpu, lab_cpu()) if comm.rank == 0 else {}
+                    now = hw_counters(comm.device)
+                    emit(Record(column, size, i, ns, job.check(), _moved(counters, now) | cpu))
+                    counters = now
+    finally:
+        probe.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m netreduce.bench.worker",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", required=True, help="the BenchPlan as JSON")
+    plan = BenchPlan.from_json(parser.parse_args(argv).plan)
+    comm = netreduce.init(mtu=plan.mtu, msg_size=plan.msg_size, window=plan.window,
+                          switch=None if "switch" in plan.algos else "")  # None: $NR_CONTROLLER
+    run(comm, plan, lambda record: print(record.line(), flush=True))
+    netreduce.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""`netreduce bench` at its smallest, on real rxe: 2 workers, two tiny sizes, 2 jobs; checks
+the output lines' format and the JSON document's schema (the figures are not judged here).
+
+Inside the lab: scripts/lab.sh --hosts 2 -- python -m pytest -q -m lab tests/lab/test_bench_smoke.py
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netreduce.bench.report import validate
+from tests.lab.labhosts import HOSTS
+from tests.test_bench import JOB_LINE, STAT_LINE, STD_LINE
+
+pytestmark = pytest.mark.lab
+
+
+def test_bench_prints_switchml_lines_and_writes_its_json(tmp_path: Path) -> None:
+    if HOSTS < 2:
+        pytest.fail(f"the lab has {HOSTS} hosts, the test needs 2")
+    path = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, "-m", "netreduce.bench", "--workers", "2", "--sizes",
+                        "4K,64K", "--jobs", "2", "--warmup", "0", "--port", "29690",
+                        "--json", str(path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(path.read_text())
+    validate(doc)
+    columns = 1 + len(doc["meta"]["algos"])               # the link, then each algorithm
+    lines = p.stdout.splitlines()
+    jobs = [line for line in lines if line.startswith("Job(s)")]
+    assert len(jobs) == 2 * columns * 2 and all(JOB_LINE.fullmatch(j) for j in jobs), jobs
+    assert len([x for x in lines if STAT_LINE.fullmatch(x)]) == 2 * columns * 4
+    assert len([x for x in lines if STD_LINE.fullmatch(x)]) == 2 * columns
+    assert [(r["algo"], r["size_bytes"]) for r in doc["results"]] == [
+        (algo, size) for size in (4096, 65536) for algo in ("link", *doc["meta"]["algos"])]
+    assert all(r["verified"] and len(r["jobs"]) == 2 for r in doc["results"])
+    assert doc["link_gbps"] > 0 and doc["meta"]["workers"] == 2

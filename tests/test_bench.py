@@ -1,0 +1,257 @@
+"""netreduce bench without the lab: sizes and plan, records joined over ranks, statistics,
+the SwitchML-style lines, the JSON schema, the figure, the parent's output on synthetic
+worker lines, and the worker's jobs on the in-process fabric (tests/fakefabric.py)."""
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from netreduce import cli
+from netreduce.bench import runner
+from netreduce.bench.plan import BenchPlan, format_size, parse_algos, parse_size, parse_sizes
+from netreduce.bench.progress import Progress
+from netreduce.bench.report import (Collector, Record, Result, Summary, document, gbps,
+                                    ratios, table, validate)
+from netreduce.bench.worker import Reference, rank_input, run
+from netreduce.launch import LaunchResult, RankResult
+from test_comm import run_ranks
+
+JOB_LINE = re.compile(r"Job\(s\) #(-?\d+)# finished\. Duration: #(\d+)# ns "
+                      r"Goodput: #(\d+\.\d{4})# Gbps\.")
+STAT_LINE = re.compile(r"  (Min|Max|Median|Mean): #(\d+)# ns Goodput: #(\d+\.\d{4})# Gbps\.")
+STD_LINE = re.compile(r"  Std dev: #(\d+)# ns")
+MiB = 1 << 20
+
+
+def test_sizes_parse_and_print_in_binary_units() -> None:
+    assert parse_sizes("4096, 64K,1M,16MiB,1G") == [4096, 65536, MiB, 16 * MiB, 1 << 30]
+    assert [format_size(s) for s in (1000, 65536, 16 * MiB, 1 << 30, 1536)] == \
+        ["1000 B", "64 KiB", "16 MiB", "1 GiB", "1536 B"]
+    for bad in ("0", "-4", "1T", "abc", ""):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    assert parse_algos("switch, ring,switch") == ["switch", "ring"]
+    with pytest.raises(ValueError, match="always measured"):
+        parse_algos("link")
+
+
+def test_plan_checks_itself_and_travels_as_json() -> None:
+    plan = BenchPlan(workers=4, sizes=(MiB, 16 * MiB), algos=("switch", "ring"), jobs=3,
+                     warmup=2)
+    assert BenchPlan.from_json(plan.to_json()) == plan
+    assert plan.columns == ("link", "switch", "ring")
+    assert plan.units == 2 * 3 * 5
+    assert plan.count(MiB) == MiB // 4
+    with pytest.raises(ValueError, match="whole number"):
+        BenchPlan(workers=2, sizes=(1002,), algos=("ring",))
+    with pytest.raises(ValueError, match="dtype"):
+        BenchPlan(workers=2, sizes=(1024,), algos=("ring",), dtype="int64")
+    with pytest.raises(ValueError, match="jobs"):
+        BenchPlan(workers=2, sizes=(1024,), algos=("ring",), jobs=0)
+
+
+def test_records_travel_as_prefixed_json_lines() -> None:
+    r = Record("ring", 4096, -1, 1234, True, {"sent_pkts": 3})
+    assert r.line().startswith("NRBENCH {")
+    assert Record.parse(r.line()) == r
+    assert Record.parse("joined Communicator(...)") is None
+
+
+def test_a_job_is_the_slowest_rank_and_verified_only_if_every_rank_is() -> None:
+    c = Collector(3)
+    assert c.add(0, Record("ring", 8, 0, 100, True)) is None
+    assert c.add(2, Record("ring", 8, 0, 300, True)) is None
+    assert c.add(0, Record("ring", 8, 1, 50, False)) is None      # another job, in between
+    assert c.add(1, Record("ring", 8, 0, 200, True)) == Record("ring", 8, 0, 300, True)
+    c.add(1, Record("ring", 8, 1, 60, True, {"sent_pkts": 5, "rcvd_seq_err": 1}))
+    assert c.add(2, Record("ring", 8, 1, 70, True, {"sent_pkts": 7})) == \
+        Record("ring", 8, 1, 70, False, {"rcvd_seq_err": 1, "sent_pkts": 12})
+    result = Result("ring", 8, 3)
+    result.add(Record("ring", 8, 1, 70, True, {"rcvd_seq_err": 1, "sent_pkts": 12,
+                                           "cpu_user": 30, "cpu_idle": 10, "cpu_steal": 0}))
+    result.add(Record("ring", 8, 2, 80, True, {"sent_pkts": 1, "cpu_softirq": 60}))
+    assert result.rxe == {"rcvd_seq_err": 1, "sent_pkts": 13}
+    assert result.vm_cpu == {"softirq": 0.6, "user": 0.3, "idle": 0.1}
+    assert result.summary_lines()[-2:] == [
+        "  rxe counters, all ranks, warmup included: rcvd_seq_err=1 sent_pkts=13",
+        "  lab CPU while timed: softirq 60% user 30% idle 10%"]
+
+
+def test_statistics_and_the_switchml_lines() -> None:
+    s = Summary.of([4.0, 1.0, 3.0, 2.0])
+    assert (s.min, s.max, s.median, s.mean) == (1.0, 4.0, 2.5, 2.5)
+    assert s.std == pytest.approx(1.2909944)
+    assert Summary.of([7.0]).std == 0.0
+    line = Result("ring", 16 * MiB, 4, jobs=[7, 1_000_000_000]).job_lines()[1]
+    m = JOB_LINE.fullmatch(line)
+    assert m and m.groups() == ("1", "1000000000", "0.1342"), line
+    result = Result("ring", 1000, 4, jobs=[1000, 2000, 4000])
+    lines = result.summary_lines()
+    assert lines[0] == "ring 1000 B (3 jobs, 4 workers):"
+    assert [STAT_LINE.fullmatch(x).groups() for x in lines[1:5]] == [   # type: ignore[union-attr]
+        ("Min", "1000", "8.0000"), ("Max", "4000", "2.0000"), ("Median", "2000", "4.0000"),
+        ("Mean", "2333", "3.4286")]
+    assert STD_LINE.fullmatch(lines[5])
+
+
+def test_rates_busbw_and_ratios() -> None:
+    assert gbps(1000, 8000) == 1.0
+    results = [Result("link", MiB, 4, [1000]), Result("ring", MiB, 4, [3000, 2000, 9000]),
+               Result("switch", MiB, 4, [1250, 1250]), Result("ring", 2 * MiB, 4, [5000])]
+    link, ring, switch, ring2 = results
+    assert link.algbw_gbps == link.busbw_gbps == gbps(MiB, 1000)
+    assert ring.median_ns == 3000 and ring.busbw_gbps == pytest.approx(ring.algbw_gbps * 1.5)
+    assert ratios(results) == [
+        {"size_bytes": MiB, "switch_over_ring": pytest.approx(2.4),
+         "switch_over_link": pytest.approx(0.8)},
+        {"size_bytes": 2 * MiB, "switch_over_ring": None, "switch_over_link": None}]
+    rows = table(results)
+    assert "switch/ring" in rows[0] and rows[1].split()[:2] == ["1", "MiB"]
+    assert rows[1].split()[-2:] == ["2.400", "0.800"]
+    assert rows[2].split()[-2:] == ["-", "-"]
+
+
+def _meta() -> dict[str, Any]:
+    return {"workers": 4, "dtype": "int32", "mtu": 4096, "window": 8, "msg_size": 65536,
+            "kernel": "7.1.0", "git_commit": None, "git_dirty": False, "started_at": "2026-01-01T00:00:00+00:00"}
+
+
+def test_the_json_document_matches_its_schema() -> None:
+    results = [Result("link", MiB, 4, [1000, 1100]), Result("ring", MiB, 4, [3000]),
+               Result("ring", 4 * MiB, 4, [9000], verified=False)]
+    doc = json.loads(json.dumps(document(_meta(), results)))
+    validate(doc)
+    assert doc["link_gbps"] == pytest.approx(gbps(MiB, 1050))
+    assert [r["algo"] for r in doc["results"]] == ["link", "ring", "ring"]
+    assert doc["results"][2]["verified"] is False
+    broken: list[dict[str, Any]] = [json.loads(json.dumps(doc)) for _ in range(4)]
+    del broken[0]["meta"]["kernel"]
+    broken[1]["results"][0]["jobs"] = []
+    broken[2]["results"][1]["verified"] = 1
+    broken[3]["ratios"][0]["switch_over_ring"] = "fast"
+    for bad in broken:
+        with pytest.raises(ValueError, match="bench JSON"):
+            validate(bad)
+
+
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
+    results = [Result(a, s, 4, [ns * s // MiB]) for a, ns in (("link", 1000), ("ring", 2500),
+                                                              ("switch", 1200))
+               for s in (MiB, 4 * MiB)]
+    from netreduce.bench.plot import plot
+    plot(results, 4, "int32", tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_progress_bar_keeps_logs_readable() -> None:
+    out, err = io.StringIO(), io.StringIO()      # not a TTY: a bar line per phase
+    p = Progress(4, out, err, width=8)
+    p.advance("link 1 MiB")
+    p.print("result")
+    p.advance("link 1 MiB")
+    p.advance("ring 1 MiB")
+    p.advance("ring 1 MiB")
+    p.close()
+    assert out.getvalue() == "result\n"
+    assert err.getvalue().splitlines() == ["[##......] 1/4 jobs  link 1 MiB",
+                                           "[######..] 3/4 jobs  ring 1 MiB",
+                                           "[########] 4/4 jobs  ring 1 MiB"]
+
+
+def _fake_launch(lines: list[str], code: int = 0) -> Any:
+    def fake(cmd: list[str], hosts: int, *, out: io.TextIOBase, **_: Any) -> LaunchResult:
+        assert cmd[1:3] == ["-m", "netreduce.bench.worker"]
+        plan = BenchPlan.from_json(cmd[cmd.index("--plan") + 1])
+        assert plan.workers == hosts == 2 and plan.algos == ("ring",)
+        for line in lines:
+            out.write(line + "\n")
+        return LaunchResult([RankResult(r, code) for r in range(hosts)])
+    return fake
+
+
+def _worker_lines(ok: bool = True) -> list[str]:
+    lines = ["[rank 0] joined"]
+    for job in (-1, 0, 1):                  # rounds of one job per column
+        for algo in ("link", "ring"):
+            for rank in (1, 0):
+                ns = 1000 * (job + 2) * (1 + rank) * (2 if algo == "ring" else 1)
+                good = ok or algo == "link" or rank == 0
+                lines.append(f"[rank {rank}] " + Record(algo, MiB, job, ns, good).line())
+    return lines + ["[launch] rank 0: exit 0; rank 1: exit 0"]
+
+
+def test_the_parent_prints_jobs_statistics_table_and_writes_json_and_png(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(runner, "launch", _fake_launch(_worker_lines()))
+    code = cli.main(["bench", "--workers", "2", "--sizes", "1M", "--algos", "ring", "--jobs",
+                     "2", "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    jobs = [JOB_LINE.fullmatch(x) for x in out.splitlines() if x.startswith("Job(s)")]
+    assert [(m.group(1), m.group(2)) for m in jobs if m] == [
+        ("0", "4000"), ("1", "6000"), ("0", "8000"), ("1", "12000")]
+    assert "== ring, 1 MiB int32, 2 workers ==" in out
+    assert len([x for x in out.splitlines() if STAT_LINE.fullmatch(x)]) == 8
+    assert "[rank 0] joined" in err and "[launch] rank 0: exit 0" in err
+    doc = json.loads((tmp_path / "b.json").read_text())
+    validate(doc)
+    assert [(r["algo"], r["jobs"], r["verified"]) for r in doc["results"]] == [
+        ("link", [4000, 6000], True), ("ring", [8000, 12000], True)]
+    assert doc["meta"]["workers"] == 2 and doc["meta"]["algos"] == ["ring"]
+    assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_the_parent_fails_on_a_wrong_result_or_a_failed_worker(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "--workers", "2", "--sizes", "1M", "--algos", "ring", "--jobs", "2"]
+    monkeypatch.setattr(runner, "launch", _fake_launch(_worker_lines(ok=False)))
+    assert cli.main(args) == 1
+    assert "VERIFICATION FAILED" in capsys.readouterr().out
+    monkeypatch.setattr(runner, "launch", _fake_launch([], code=3))
+    assert cli.main(args) == 3
+    assert "workers failed (exit 3)" in capsys.readouterr().err
+
+
+def test_bad_options_exit_2_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--sizes", "1002", "--algos", "ring"]) == 2
+    assert "not a whole number of int32" in capsys.readouterr().err
+    for option, words in (("--algos=bogus", "choose from switch, ring"),
+                          ("--sizes=12T", "not a positive byte count")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["bench", option])
+        assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_reference_catches_a_wrong_sum() -> None:
+    for dtype in ("int32", "float32"):
+        plan = BenchPlan(workers=3, sizes=(4096,), algos=("ring",), dtype=dtype)
+        ref = Reference(plan, 3, 4096)
+        total = sum(rank_input(plan, r, 4096).astype(np.float64) for r in range(3))
+        got = total.astype(plan.dtype)
+        assert ref.check(got, "ring")
+        got[17] += 1
+        assert not ref.check(got, "ring")
+
+
+def test_the_worker_measures_link_and_ring_and_verifies_on_the_fake_fabric() -> None:
+    plan = BenchPlan(workers=3, sizes=(4096, 40000), algos=("ring",), jobs=2, warmup=1)
+
+    def body(comm: Any, host: Any) -> list[Record]:
+        records: list[Record] = []
+        run(comm, plan, records.append)
+        return records
+
+    per_rank = run_ranks(3, body)
+    for records in per_rank:
+        assert isinstance(records, list), records
+        assert [(r.algo, r.size, r.job) for r in records] == [
+            (algo, size, job) for size in plan.sizes for job in (-1, 0, 1)
+            for algo in ("link", "ring")]
+        assert all(r.ok and r.ns > 0 for r in records)
