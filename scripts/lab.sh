@@ -168,15 +168,17 @@ if [ $mode = native ]; then
   (set +u; . "$LABDIR/env"; cd "$ROOT"; exec bash "$LABDIR/cmd.sh") || rc=$?
 else
   t0=$(date +%s)
-  PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
-    --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
-    --qemu-opts="$qemu_opts" \
-    --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu" < /dev/null || rc=$?
+  # qemu opens its console as /proc/self/fd/1 and /2 with O_TRUNC: a log file the caller
+  # redirected to would be truncated mid-run. So vng only ever sees pipes.
+  { PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
+      --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
+      --qemu-opts="$qemu_opts" \
+      --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
   say "VM ran $(( $(date +%s) - t0 )) s"
   if [ -f "$LABDIR/rc" ]; then
     rc=$(cat "$LABDIR/rc")
   else
-    say "the VM gave no exit code (vng status $rc): the guest never ran the command"
+    say "the VM gave no exit code: the guest never ran the command (see the VM output above)"
     [ "$rc" != 0 ] || rc=1
   fi
 fi
