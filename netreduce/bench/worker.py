@@ -23,49 +23,21 @@ import netreduce
 from netreduce.bench.link import LinkProbe
 from netreduce.bench.plan import LINK, BenchPlan
 from netreduce.bench.report import CPU, Record
+from netreduce.reference import Reference
+from netreduce.reference import rank_input as seeded_input
 from ring_setup.device import hw_counters
 
 CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
 def rank_input(plan: BenchPlan, rank: int, size: int) -> np.ndarray:
-    rng = np.random.default_rng([plan.seed, rank, size])
-    count = plan.count(size)
-    if plan.dtype == "int32":
-        return rng.integers(-(2**20), 2**20, count, dtype=np.int32)
-    return rng.standard_normal(count, dtype=np.float32)
+    """Rank `rank`'s input at `size` bytes, seeded by (seed, rank, size)."""
+    return seeded_input([plan.seed, rank, size], plan.count(size), plan.dtype)
 
 
-class Reference:
-    """The numpy sum of every rank's input at one size. int32 must match exactly; float32
-    within the error bound the algorithm documents: the ring's n-1 float32 additions,
-    |got - sum| <= n * 2^-24 * sum(|x_i|); the switch's quantization, its
-    `float32_error_bound` (netreduce.algorithms.switch)."""
-
-    def __init__(self, plan: BenchPlan, world_size: int, size: int) -> None:
-        self.world_size = world_size
-        self.exact = plan.dtype == "int32"
-        self.want = np.zeros(plan.count(size), dtype=np.int32 if self.exact else np.float64)
-        self.magnitude = np.zeros(0 if self.exact else self.want.size)
-        self.absmax = 0.0
-        for r in range(world_size):
-            x = rank_input(plan, r, size)
-            self.want += x
-            if not self.exact:
-                self.magnitude += np.abs(x)
-                self.absmax = max(self.absmax, float(np.abs(x).max(initial=0)))
-
-    def tolerance(self, algo: str) -> np.ndarray:
-        if algo == "switch":
-            from netreduce.algorithms.switch import float32_error_bound, quantization_exponent
-            e = quantization_exponent(self.world_size, self.absmax)
-            return float32_error_bound(self.world_size, e, self.want)
-        return self.world_size * 2.0**-24 * self.magnitude
-
-    def check(self, got: np.ndarray, algo: str) -> bool:
-        if self.exact:
-            return bool(np.array_equal(got, self.want))
-        return bool(np.all(np.abs(got - self.want) <= self.tolerance(algo)))
+def size_reference(plan: BenchPlan, world_size: int, size: int) -> Reference:
+    """The numpy sum of every rank's input at `size`, with each algorithm's tolerance."""
+    return Reference(rank_input(plan, r, size) for r in range(world_size))
 
 
 class Measured(Protocol):
@@ -92,7 +64,7 @@ class AllreduceJob:
                                f"{self.comm.last_algo!r}")
 
     def check(self) -> bool:
-        return self.reference.check(self.out, self.algo)
+        return self.reference.failure(self.out, self.algo) is None
 
 
 class LinkJob:
@@ -130,7 +102,7 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
     try:
         for size in plan.sizes:
             x = rank_input(plan, comm.rank, size)
-            reference = Reference(plan, comm.world_size, size)
+            reference = size_reference(plan, comm.world_size, size)
             jobs: dict[str, Measured] = {
                 column: LinkJob(probe, size) if column == LINK
                 else AllreduceJob(comm, column, x, reference) for column in plan.columns}
