@@ -19,6 +19,7 @@ import numpy as np
 
 from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.stream import Outgoing, SequenceError, Stream
+from ring_setup.rendezvous import ranks_phrase
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
 OPS: dict[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
@@ -133,11 +134,6 @@ class MetaExchange:
                                     f"record of rank {record.rank}")
             records.append(record)
         return records
-
-
-def ranks_phrase(ranks: list[int]) -> str:
-    """"rank 3" or "ranks 0, 2"."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def check_agreement(records: list[CallMeta]) -> None:

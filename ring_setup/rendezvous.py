@@ -37,9 +37,9 @@ class RendezvousTimeout(RendezvousError):
     """Some rank never showed up; the message names it."""
 
 
-def _ranks_phrase(ranks: list[int]) -> str:
-    return (f"rank {ranks[0]}" if len(ranks) == 1
-            else "ranks " + ", ".join(str(r) for r in ranks))
+def ranks_phrase(ranks: list[int]) -> str:
+    """"rank 3" or "ranks 0, 2": how every error message names ranks."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ class Rendezvous:
                     reply["aborted"].items(), key=lambda kv: int(kv[0]))))
         if not reply["ok"]:
             missing = sorted(int(k.rsplit("/", 1)[1]) for k in reply["missing"])
-            raise RendezvousTimeout(f"rendezvous: {_ranks_phrase(missing)} never {waiting_for} "
+            raise RendezvousTimeout(f"rendezvous: {ranks_phrase(missing)} never {waiting_for} "
                                     f"within {self.config.timeout:g}s (waiting at "
                                     f"{self.config.where})")
         return [reply["values"][k] for k in keys]

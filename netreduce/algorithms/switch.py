@@ -46,7 +46,8 @@ import numpy as np
 from flowctl.plan import Message
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
-from netreduce.meta import CallRejected, ranks_phrase
+from netreduce.meta import CallRejected
+from ring_setup.rendezvous import ranks_phrase
 
 WIRE = np.dtype(">i4")
 INT32_MAX = 2**31 - 1
