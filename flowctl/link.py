@@ -6,7 +6,7 @@ pyverbs implementation; tests drive the stream through an in-process one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol, Self
 
 
@@ -22,7 +22,7 @@ class _Span:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"flowctl: slice [{offset}, {offset + nbytes}) outside a "
                              f"{self.nbytes}-byte buffer")
-        return replace(self, addr=self.addr + offset, nbytes=nbytes)
+        return type(self)(self.addr + offset, self.key, nbytes)
 
 
 class LocalBuffer(_Span):
@@ -69,6 +69,16 @@ class Link(Protocol):
         ...
 
     def poll_recvs(self, max_count: int) -> list[Completion]:
+        ...
+
+    def arm(self) -> None:
+        """Ask for an event at the next completion on either QP (completions already queued
+        raise none: poll after arming, before `wait`)."""
+        ...
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until an armed event fires or `timeout` seconds pass (spurious returns are
+        allowed: the caller polls again)."""
         ...
 
     def diagnostics(self) -> str:

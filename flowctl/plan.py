@@ -24,8 +24,8 @@ class FlowConfig:
     """
 
     mtu: int = 4096
-    msg_size: int = 64 * 1024
-    window: int = 8
+    msg_size: int = 256 * 1024
+    window: int = 2
     recv_depth: int = 1024
     stall_timeout: float = 30.0
 

@@ -9,7 +9,11 @@ Invariants of a `Stream`:
 - `config.recv_depth` receives are posted on the receiving QP outside `transfer`; each
   consumed receive is reposted, and receive completions are polled at most as many as the
   current transfer still expects, so early arrivals of the next transfer stay queued;
-- between two `transfer` calls nothing is outstanding.
+- between two `transfer` calls nothing is outstanding;
+- an idle stream sleeps in the kernel, never spins: after an empty poll it arms completion
+  events (`Link.arm`), polls once more, and only then waits for an event (`Link.wait`) or
+  the rest of the stall timeout. Spinning would take the CPU from the kernel's rxe, which
+  does the actual work on the same cores.
 """
 from __future__ import annotations
 
@@ -54,26 +58,6 @@ class Outgoing:
 OnArrival = Callable[[Message], None]
 
 
-class Backoff:
-    """Waiting between empty polls: `spins` immediate retries, then sleeps doubling from
-    `first_sleep` up to `max_sleep` seconds (a busy loop would starve the kernel's rxe)."""
-
-    def __init__(self, spins: int = 32, first_sleep: float = 20e-6,
-                 max_sleep: float = 1e-3) -> None:
-        self.spins, self.first_sleep, self.max_sleep = spins, first_sleep, max_sleep
-        self.reset()
-
-    def reset(self) -> None:
-        self._idle = 0
-        self._sleep = self.first_sleep
-
-    def wait(self) -> None:
-        self._idle += 1
-        if self._idle > self.spins:
-            time.sleep(self._sleep)
-            self._sleep = min(self.max_sleep, 2 * self._sleep)
-
-
 class Stream:
     """A flow-controlled message stream over one `Link` (see the module's invariants)."""
 
@@ -95,7 +79,7 @@ class Stream:
                           self.next_send_index)
         inc = MessagePlan(recv_nbytes, self.config.msg_size, self.next_recv_index)
         posted = completed = arrived = 0
-        idle = Backoff()
+        armed = False
         last_progress = time.monotonic()
         while completed < len(out) or arrived < len(inc):
             progressed = False
@@ -123,14 +107,19 @@ class Stream:
                 if got:
                     self.link.post_recvs(len(got))
                     progressed = True
+            idle_for = 0.0 if progressed else time.monotonic() - last_progress
             if progressed:
                 last_progress = time.monotonic()
-                idle.reset()
-            elif time.monotonic() - last_progress > self.config.stall_timeout:
+                armed = False
+            elif idle_for > self.config.stall_timeout:
                 pending_recv = inc[arrived] if arrived < len(inc) else None
                 raise StallError(self._stall_message(len(out) - posted, pending_recv))
+            elif not armed:
+                self.link.arm()
+                armed = True
             else:
-                idle.wait()
+                self.link.wait(self.config.stall_timeout - idle_for)
+                armed = False
         self.next_send_index = out.end_index
         self.next_recv_index = inc.end_index
 

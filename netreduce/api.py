@@ -15,7 +15,7 @@ _default: Communicator | None = None
 def init(rank: int | None = None, world_size: int | None = None,
          master_addr: str | None = None, master_port: int | None = None, *,
          device: str | None = None, local_addr: str | None = None, mtu: int = 4096,
-         msg_size: int = 64 * 1024, window: int = 8, recv_depth: int = 1024,
+         msg_size: int = 256 * 1024, window: int = 2, recv_depth: int = 1024,
          stall_timeout: float = 30.0, switch: str | None = None,
          timeout: float = DEFAULT_TIMEOUT) -> Communicator:
     """Create this process's default communicator (see `Communicator.create`); it is

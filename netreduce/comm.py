@@ -212,10 +212,7 @@ class Communicator:
                 peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
                 streams=self._streams)
             algorithm.check(call)
-            data = workspace.view()[:array.nbytes].view(dtype).reshape(array.shape)
-            np.copyto(data, array)
-            algorithm.run(call)
-            np.copyto(target, data)
+            algorithm.run(call, array, target)
         except CallRejected:
             raise
         except BaseException as exc:

@@ -13,7 +13,6 @@ import random
 import numpy as np
 import pyverbs.enums as e
 from pyverbs.addr import GID, AHAttr, GlobalRoute
-from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.mr import MR
 from pyverbs.pd import PD
@@ -22,7 +21,7 @@ from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
 from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
-from flowctl.verbs import VerbsLink
+from flowctl.verbs import EventCQ, VerbsLink
 from ring_setup.device import (DeviceError, RoceGid, find_roce_gid, hw_counters, netdev_mac,
                                netdev_mtu)
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
@@ -115,13 +114,14 @@ class RdmaHost:
 
 class RingQPs:
     """This rank's two RC QPs in ring `name`: `send_qp` to the successor and `recv_qp` from
-    the predecessor, each with its own CQ. The send CQ holds a window of signaled WRITEs, the
-    receive CQ `recv_depth` completions (never more receives are posted)."""
+    the predecessor, each with its own CQ and completion channel. The send CQ holds a window
+    of signaled WRITEs, the receive CQ `recv_depth` completions (never more receives are
+    posted)."""
 
     def __init__(self, host: RdmaHost, name: str, config: FlowConfig) -> None:
         self.host, self.name, self.config = host, name, config
-        self.send_cq = CQ(host.ctx, config.window)
-        self.recv_cq = CQ(host.ctx, config.recv_depth)
+        self.send_cq = EventCQ(host.ctx, config.window)
+        self.recv_cq = EventCQ(host.ctx, config.recv_depth)
         self.send_qp = self._create_qp(self.send_cq, QPCap(max_send_wr=config.window,
                                                            max_recv_wr=1))
         self.recv_qp = self._create_qp(self.recv_cq, QPCap(max_send_wr=1,
@@ -129,8 +129,8 @@ class RingQPs:
         self.send_psn = random.getrandbits(24)
         self.recv_psn = random.getrandbits(24)
 
-    def _create_qp(self, cq: CQ, cap: QPCap) -> QP:
-        qp = QP(self.host.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+    def _create_qp(self, cq: EventCQ, cap: QPCap) -> QP:
+        qp = QP(self.host.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq.cq, rcq=cq.cq, cap=cap))
         attr = QPAttr(port_num=self.host.roce_gid.port)
         attr.pkey_index = 0
         attr.qp_access_flags = ACCESS

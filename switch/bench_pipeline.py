@@ -41,7 +41,7 @@ def frames(spec: RingSpec, packets: int) -> list[tuple[int, bytes]]:
             out.append((c.rank + 1, build_frame(
                 dst_mac=c.dst_mac, src_mac=c.src_mac, src_ip=c.src_ip, dst_ip=c.dst_ip,
                 dest_qp=c.dst_qpn, psn=c.psn0 + k, opcode=op, ackreq=pos == 63,
-                payload=payload.astype(">i4").tobytes(),
+                payload=payload.astype("<i4").tobytes(),
                 reth_fields=(0x7F0000000000, 0x1234, spec.msg_size) if pos == 0 else None)))
     return out
 

@@ -3,7 +3,8 @@
 The one place of the data path that knows header layouts. A RoCEv2 frame is
 ``Ethernet II (14) | IPv4 (20, no options) | UDP (8, dport 4791) | BTH (12) | [RETH 16]
 [ImmDt 4] or [AETH 4] | payload | pad (0-3) | ICRC (4)``, every field big-endian except
-the ICRC, which is zlib's CRC-32 stored little-endian (see docs/pipeline.md, "ICRC").
+the ICRC, which is zlib's CRC-32 stored little-endian (see docs/pipeline.md, "ICRC"), and
+the payload's int32 words, little-endian (the wire format of netreduce.algorithms.switch).
 Invariant: nothing here allocates per packet beyond the tuple a parse returns and the
 masked 48-byte header copy an ICRC state needs.
 """

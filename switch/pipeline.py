@@ -38,7 +38,7 @@ CONN_COUNTERS = ("packets", "messages", "aggregated", "retransmits_served") + DR
 
 _EMPTY = -1                      # tag of a slot that never held a packet
 PSN_HALF = 1 << 23                # serial arithmetic: a relative distance below this is "ahead"
-_WIRE_I32 = np.dtype(">i4")      # payload elements on the wire
+_WIRE_I32 = np.dtype("<i4")      # payload elements on the wire: the hosts' own int32
 
 
 def required_slots(spec: RingSpec) -> int:
@@ -78,7 +78,8 @@ class AggregatorPool:
     the ranks whose payload (wire int32) and header it holds, each stored once; a full
     slot's wrapping int32 sum is formed when it is emitted, and emitted[i] is set only
     once every slot before tag[i] was emitted; `next_emit` is the first relative PSN not
-    emitted yet. Sums stay big-endian, so a result's payload is the sum array's buffer.
+    emitted yet. Sums stay in wire order (little-endian), so a result's payload is the sum
+    array's buffer.
     """
 
     def __init__(self, world_size: int, slots: int, mtu: int, out_ports: Sequence[int]):

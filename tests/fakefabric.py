@@ -10,7 +10,7 @@ never overflow. Faults on demand: `fail_index` (error completion) and `frozen` (
 `FakeController` stands in for the switch controller: a ring registered with it makes the
 fabric aggregate that ring's WRITEs like the switch (`FakeSwitch`), message by message
 instead of packet by packet: message i of every connection must have the same length; once
-all n have arrived, each connection's destination receives the wrapping big-endian int32
+all n have arrived, each connection's destination receives the wrapping little-endian int32
 sum, and only then do the senders' WRITEs complete.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import ctypes
 import itertools
 import random
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -129,6 +130,8 @@ class FakeLink:
         self.recv_posted = 0
         self.in_switch = 0          # WRITEs the fake switch holds until their sum is complete
         self.max_in_flight = 0      # most WRITEs posted and not yet polled at once
+        self.armed = 0              # arm() calls
+        self.waits: list[float] = []   # wait() timeouts
 
     def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
         with self.fabric.lock:
@@ -182,6 +185,14 @@ class FakeLink:
         with self.fabric.lock:
             return [self.recv_cq.popleft() for _ in range(min(max_count, len(self.recv_cq)))]
 
+    def arm(self) -> None:
+        self.armed += 1
+
+    def wait(self, timeout: float) -> None:
+        """No events here (WRITEs move when their sender polls): a short nap instead."""
+        self.waits.append(timeout)
+        time.sleep(min(timeout, 1e-4))
+
     def diagnostics(self) -> str:
         return f"fake link ({len(self.wire)} on the wire, {self.recv_posted} receives posted)"
 
@@ -224,9 +235,9 @@ class FakeSwitch:
             f"ring {ring_id}: message {index} differs in length between ranks"
         if len(parts) == self.world[ring_id]:
             del self.pending[(ring_id, index)]
-            total = np.zeros(len(payload) // 4, dtype=">i4")
+            total = np.zeros(len(payload) // 4, dtype="<i4")
             for *_, data in parts.values():
-                total += np.frombuffer(data, dtype=">i4")     # wraps like the switch
+                total += np.frombuffer(data, dtype="<i4")     # wraps like the switch
             for sender, receiver, where, _ in parts.values():
                 ctypes.memmove(where.addr, total.tobytes(), where.nbytes)
                 sender.in_switch -= 1

@@ -88,10 +88,10 @@ def write_frame(c: Connection, k: int, opcode: int, payload: bytes | np.ndarray,
                 udp_sport: Optional[int] = None) -> bytes:
     """Connection c's packet at relative PSN k, as rxe would send it, built by scapy.
 
-    A numpy payload goes on the wire as big-endian int32. RETH/ImmDt are added exactly
+    A numpy payload goes on the wire as little-endian int32 (the wire format). RETH/ImmDt are added exactly
     when the opcode carries them.
     """
-    data = payload.astype(">i4").tobytes() if isinstance(payload, np.ndarray) else payload
+    data = payload.astype("<i4").tobytes() if isinstance(payload, np.ndarray) else payload
     pkt = (Ether(src=c.src_mac, dst=c.dst_mac)
            / IP(src=c.src_ip, dst=c.dst_ip, id=ip_id, flags="DF", ttl=64)
            / UDP(sport=0xC000 | c.src_qpn & 0x3FFF if udp_sport is None else udp_sport,

@@ -67,7 +67,7 @@ def test_build_frame_matches_scapy(opcode: int) -> None:
     want = write_frame(c, 9, opcode, payload, ackreq=True, ip_id=77)
     got = P.build_frame(dst_mac=c.dst_mac, src_mac=c.src_mac, src_ip=c.src_ip, dst_ip=c.dst_ip,
                         dest_qp=c.dst_qpn, psn=c.psn0 + 9, opcode=opcode, ackreq=True,
-                        payload=payload.astype(">i4").tobytes(), ip_id=77,
+                        payload=payload.astype("<i4").tobytes(), ip_id=77,
                         src_port=0xC000 | c.src_qpn,
                         reth_fields=(0x7F00AA000000, 0x2A, 1024) if opcode in RETH_OPS else None,
                         imm=0xC0FFEE if opcode in IMM_OPS else None)

@@ -90,8 +90,8 @@ def test_ring_sums_multi_packet_messages(n: int) -> None:
         total = wrapping_sum(data)
         assert out == [rig.result(r, k, opcode, total, **message_kw(k)) for r in range(n)]
         assert all(icrc_ok(f) for _, f in out)
-        sent = np.frombuffer(Ether(out[0][1])[Raw].load, ">i4")
-        assert sent.tobytes() == total.astype(">i4").tobytes()
+        sent = np.frombuffer(Ether(out[0][1])[Raw].load, "<i4")
+        assert sent.tobytes() == total.astype("<i4").tobytes()
     assert rig.ring_counters() == {**dict.fromkeys(RING_COUNTERS, 0), "aggregated": 5 * n,
                                    "completed": 5, "results_sent": 5 * n}
     conn = rig.pipe.counters()["ring"]["connections"][n - 1]

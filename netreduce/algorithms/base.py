@@ -2,9 +2,9 @@
 
 An algorithm says whether it can reduce a dtype with an op, how much workspace a call
 needs and what a rank must tell the others about its data (`local_range`, carried by the
-per-call metadata); it may refuse an agreed call (`check`) and runs it on data the
-communicator has already copied to the start of the workspace (`count` elements), leaving
-the result there. It may use the streams of the communicator's QP rings ("ring" for host
+per-call metadata); it may refuse an agreed call (`check`) and runs it (`run`): it reads
+the caller's input, works in its workspace, and writes the result to the caller's output
+(which may be the input itself) only after its last read of the input. It may use the streams of the communicator's QP rings ("ring" for host
 algorithms; "inc" is reserved for in-network aggregation: on it every rank must post the
 identical message sequence) and the successor's workspace, whose address the per-call
 metadata exchange delivered.
@@ -35,7 +35,7 @@ class CallContext:
     dtype: np.dtype
     op: np.ufunc
     ranges: tuple[tuple[float, float], ...]   # every rank's `local_range`, by rank
-    workspace: RegisteredMemory     # data: `count` elements at offset 0 (input in, result out)
+    workspace: RegisteredMemory     # this call's, `workspace_bytes` large, the algorithm's own
     peer_workspace: RemoteBuffer    # the successor's workspace for this call
     streams: Mapping[str, Stream]   # by ring name
 
@@ -58,4 +58,7 @@ class Algorithm(Protocol):
         call's agreed fields and `ranges` only, so every rank decides alike."""
         ...
 
-    def run(self, call: CallContext) -> None: ...
+    def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
+        """Reduce `src` (this rank's `count` elements) over the ranks into `dst` (same shape
+        and dtype; may be `src`)."""
+        ...

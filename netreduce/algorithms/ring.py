@@ -1,6 +1,7 @@
 """Host ring allreduce: reduce-scatter then all-gather over the "ring" QPs, 2(n-1) steps.
 
-The `count` elements are cut into n chunks (sizes differ by at most one element; some are
+The input is copied to the start of the workspace ("data"), reduced there, and the result
+copied out. The `count` elements are cut into n chunks (sizes differ by at most one element; some are
 empty when count < n). With r the rank and all chunk numbers mod n:
 - reduce-scatter step s (0..n-2): send chunk r-s to the successor's staging slot s, receive
   chunk r-s-1 into our staging slot s and fold it into our chunk r-s-1 message by message
@@ -97,12 +98,13 @@ class RingAllreduce:
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
         return RingLayout(count, itemsize, world_size).nbytes
 
-    def run(self, call: CallContext) -> None:
+    def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         n, r = call.world_size, call.rank
         layout = RingLayout(call.count, call.dtype.itemsize, n)
         stream = call.streams["ring"]
         whole = call.workspace.view()
         data = whole[:call.count * call.dtype.itemsize].view(call.dtype)
+        np.copyto(data.reshape(src.shape), src)
         local, peer = call.workspace.local(), call.peer_workspace
         bounds = layout.bounds
 
@@ -122,6 +124,7 @@ class RingAllreduce:
             offset, size = layout.chunk_offset(send_c), layout.chunk_bytes(send_c)
             stream.transfer(Outgoing(local.slice(offset, size), peer.slice(offset, size)),
                             recv_nbytes=layout.chunk_bytes(recv_c))
+        np.copyto(dst, data.reshape(dst.shape))
 
 
 RING = RingAllreduce()

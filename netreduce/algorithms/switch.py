@@ -8,8 +8,9 @@ successor's receive area while as many bytes -- the sum -- arrive from the prede
 connection in our receive area. Nothing else is ever posted on "inc", and a call refused by
 `check` posts nothing on any rank, so the message sequences never diverge.
 
-Wire format: big-endian int32 ('>i4'), which the switch adds with int32 wrap-around.
-- int32 travels byte-swapped and is exact. Overflow is refused, not wrapped: every rank
+Wire format: little-endian int32 ('<i4', the hosts' own order), which the switch adds with
+int32 wrap-around.
+- int32 travels as it is and is exact. Overflow is refused, not wrapped: every rank
   publishes its data's min and max in the call's metadata, and when the sum of the per-rank
   maxima exceeds 2^31-1 or the sum of the minima is below -2^31, `check` raises
   `AllreduceOverflow` on every rank before any data moves. The bound is conservative: it
@@ -29,27 +30,26 @@ Wire format: big-endian int32 ('>i4'), which the switch adds with int32 wrap-aro
   with any float32 sum. NaN and infinities cannot be quantized: `NotQuantizable` on every
   rank, before any data moves.
 
-Converting results in place while our own send is still in flight is safe: a message
+Host passes: one copy into the send area (int32: plain; float32: quantizing), one copy of
+the sum into the caller's output once the transfer is complete (int32: plain; float32: to
+float32, then the exact * 2^-e). A message
 arrives only after the switch emitted every packet of it, i.e. after it had added every
 rank's packets of it, ours included, exactly once; any later retransmission of our packets
 of that message finds its slot emitted (answered from the slot) or reused (dropped as
-stale) -- its payload is never added again. So each arrived message's wire data is
-converted back over our own send data of the same message as soon as it arrives.
+stale) -- its payload is never added again.
 """
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import numpy as np
 
-from flowctl.plan import Message
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
 from netreduce.meta import CallRejected
 from ring_setup.rendezvous import ranks_phrase
 
-WIRE = np.dtype(">i4")
+WIRE = np.dtype("<i4")
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
@@ -147,40 +147,26 @@ class SwitchAllreduce:
         absmax = max(max(-lo, hi) for lo, hi in call.ranges)
         return quantization_exponent(call.world_size, absmax)
 
-    def run(self, call: CallContext) -> None:
+    def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         nbytes = call.count * WIRE.itemsize
         at = recv_offset(nbytes)
         whole = call.workspace.view()
-        data = whole[:nbytes].view(call.dtype)
         wire = whole[:nbytes].view(WIRE)
         summed = whole[at:at + nbytes].view(WIRE)
         if call.dtype == np.int32:
-            data.byteswap(inplace=True)
-            arrived = partial(_int32_back, data, summed)
+            np.copyto(wire.reshape(src.shape), src)
         else:
             e = self._exponent(call)
+            flat = src.reshape(-1)
             for lo in range(0, call.count, _CHUNK):     # x * 2^e is exact in float32
-                q = np.ldexp(data[lo:lo + _CHUNK], e)
+                q = np.ldexp(flat[lo:lo + _CHUNK], e)
                 wire[lo:lo + _CHUNK] = np.rint(q, out=q)
-            arrived = partial(_float32_back, data, summed, e)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
-        call.streams["inc"].transfer(send, recv_nbytes=nbytes, on_arrival=arrived)
-
-
-def _int32_back(data: np.ndarray, summed: np.ndarray, m: Message) -> None:
-    lo, hi = m.offset // WIRE.itemsize, (m.offset + m.length) // WIRE.itemsize
-    data[lo:hi] = summed[lo:hi]
-
-
-def _float32_back(data: np.ndarray, summed: np.ndarray, e: int, m: Message) -> None:
-    """Sum of q (an int32) to float32: one rounding, then * 2^-e, exact unless the result
-    is subnormal (then one more rounding, within the bound's 2^-150) or beyond float32's
-    range (then +-inf, as the exact sum is)."""
-    lo, hi = m.offset // WIRE.itemsize, (m.offset + m.length) // WIRE.itemsize
-    out = data[lo:hi]
-    out[...] = summed[lo:hi]
-    np.ldexp(out, -e, out=out)
+        call.streams["inc"].transfer(send, recv_nbytes=nbytes)
+        np.copyto(dst, summed.reshape(dst.shape), casting="unsafe")
+        if call.dtype == np.float32:
+            np.ldexp(dst, -e, out=dst)
 
 
 SWITCH = SwitchAllreduce()

@@ -59,8 +59,8 @@ class BenchPlan:
     dtype: str = "int32"
     jobs: int = 5
     warmup: int = 1
-    window: int = 8
-    msg_size: int = 64 * 1024
+    window: int = 2
+    msg_size: int = 256 * 1024
     mtu: int = 4096
     seed: int = 1
 

@@ -2,7 +2,8 @@
  *
  * RoCEv2 over IPv4 as rxe sends it (shared/ROCE.md):
  *   Ethernet | IPv4 (IHL 5) | UDP (dport 4791) | BTH | [RETH][ImmDt] or [AETH] | payload | ICRC
- * An RC RDMA WRITE's payload is parsed as up to NR_MAX_ELEMS big-endian int32 words.
+ * An RC RDMA WRITE's payload is parsed as up to NR_MAX_ELEMS little-endian int32 words
+ * (payload.p4 byte-reverses them around the sums).
  */
 #ifndef NR_HEADERS_P4
 #define NR_HEADERS_P4

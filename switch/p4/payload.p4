@@ -19,19 +19,25 @@
 /* ", hdr.pl[i].v" for the ICRC field list (BMv2 skips the fields of invalid headers). */
 #define NR_PL_FIELD(i) , hdr.pl[i].v
 
+/* Payload words travel little-endian (the hosts' own int32, copied without a byte swap);
+ * a P4 bit<32> field reads them big-endian, so each word is byte-reversed on its way into
+ * a sum and on its way back out. The sums are kept as numbers. */
+#define NR_BSWAP32(x) ((x)[7:0] ++ (x)[15:8] ++ (x)[23:16] ++ (x)[31:24])
+
 /* Add word i of the packet to the slot's sum (base = gslot * NR_MAX_ELEMS); a fresh slot
  * starts from the packet's word. Needs `bit<32> acc` and `bit<32> base` in scope. */
 #define NR_ADD_ELEM(i)                                      \
     if (hdr.pl[i].isValid()) {                              \
         slot_sum.read(acc, base + i);                       \
         if (meta.fresh == 1) { acc = 0; }                   \
-        slot_sum.write(base + i, acc + hdr.pl[i].v);        \
+        slot_sum.write(base + i, acc + NR_BSWAP32(hdr.pl[i].v)); \
     }
 
 /* Replace word i of the packet by the slot's sum (a served retransmission). */
 #define NR_LOAD_ELEM(i)                                     \
     if (hdr.pl[i].isValid()) {                              \
         slot_sum.read(hdr.pl[i].v, base + i);               \
+        hdr.pl[i].v = NR_BSWAP32(hdr.pl[i].v);              \
     }
 
 /* Make the packet's payload the emitted slot's sums: meta.emit_words words. */
@@ -39,6 +45,7 @@
     if (meta.emit_words > i) {                              \
         hdr.pl[i].setValid();                               \
         slot_sum.read(hdr.pl[i].v, base + i);               \
+        hdr.pl[i].v = NR_BSWAP32(hdr.pl[i].v);              \
     } else {                                                \
         hdr.pl[i].setInvalid();                             \
     }
