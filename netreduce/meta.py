@@ -3,11 +3,19 @@ the range of its data), gathered by every rank before any data moves, so that di
 calls fail with the same message everywhere and every rank derives the same call parameters
 (the switch's quantization scale, its overflow check) from the same records.
 
-Each rank's control region holds two banks (call parity) of `world_size` fixed-size records.
-The exchange is a ring all-gather on the host ring's stream: at step j rank r forwards the
-record of rank (r - j) mod n into the same slot of its successor's bank. Two banks suffice:
-a rank can only start call k+2 after its successor started call k+1, i.e. finished reading
-call k's records.
+Each rank's control region holds two banks (call parity) of `world_size` fixed-size records
+and a send area as large as a bank. The exchange is an all-gather, done one of two ways:
+- through the switch, when the communicator's "inc" ring is registered with one: every rank
+  writes a whole bank -- zeros, with its own record in its own slot -- on the "inc" stream
+  into its successor's bank, and the switch adds the n banks word by word. The slots are
+  disjoint, so the wrapping int32 sum IS the concatenation of the records: one pass through
+  the switch instead of n - 1 hops. Every rank sends this same message on every call, so
+  the "inc" message sequence stays identical on every rank whatever the call;
+- else around the host ring's stream: at step j rank r forwards the record of rank
+  (r - j) mod n into the same slot of its successor's bank.
+Two banks suffice: a rank can only start call k+2 after its successor started call k+1, i.e.
+finished reading call k's records (through the switch, a bank is written only once every
+rank has contributed, i.e. has finished the previous call).
 """
 from __future__ import annotations
 
@@ -87,8 +95,8 @@ class CallMeta:
 
 
 def control_bytes(world_size: int) -> int:
-    """Size of a rank's control region: two banks of one record per rank."""
-    return 2 * world_size * RECORD_STRIDE
+    """Size of a rank's control region: two banks of one record per rank, a send area."""
+    return 3 * world_size * RECORD_STRIDE
 
 
 class ControlRegion(Protocol):
@@ -97,30 +105,48 @@ class ControlRegion(Protocol):
 
 
 class MetaExchange:
-    """All-gathers one `CallMeta` per rank around the host ring (see the module doc)."""
+    """All-gathers one `CallMeta` per rank (see the module doc): through the switch when
+    `through_switch` (then `stream` is the registered "inc" ring's), else around the host
+    ring (`stream` is the "ring" ring's)."""
 
     def __init__(self, stream: Stream, control: ControlRegion, successor_control: RemoteBuffer,
-                 rank: int, world_size: int) -> None:
+                 rank: int, world_size: int, through_switch: bool) -> None:
         self.stream, self.control = stream, control
         self.successor_control = successor_control
         self.rank, self.world_size = rank, world_size
+        self.through_switch = through_switch
 
     def _slot(self, seq: int, rank: int) -> int:
+        """Where `rank`'s record of call `seq` is in a control region (bank: seq parity)."""
         return ((seq % 2) * self.world_size + rank) * RECORD_STRIDE
+
+    @property
+    def _send_area(self) -> int:
+        """The bank-sized area the switch exchange sends from, after the two banks."""
+        return 2 * self.world_size * RECORD_STRIDE
 
     def exchange(self, mine: CallMeta) -> list[CallMeta]:
         """Every rank's record of this call, by rank."""
         n, r, seq = self.world_size, self.rank, mine.seq
         view = self.control.view()
-        at = self._slot(seq, r)
-        view[at:at + RECORD_STRIDE] = 0
-        view[at:at + _RECORD.size] = np.frombuffer(mine.pack(), dtype=np.uint8)
         local = self.control.local()
-        for j in range(n - 1):
-            at = self._slot(seq, (r - j) % n)
-            self.stream.transfer(Outgoing(local.slice(at, RECORD_STRIDE),
-                                          self.successor_control.slice(at, RECORD_STRIDE)),
-                                 recv_nbytes=RECORD_STRIDE)
+        record = np.frombuffer(mine.pack(), dtype=np.uint8)
+        if self.through_switch:
+            bank, send, size = self._slot(seq, 0), self._send_area, n * RECORD_STRIDE
+            view[send:send + size] = 0
+            view[send + r * RECORD_STRIDE:send + r * RECORD_STRIDE + record.size] = record
+            self.stream.transfer(Outgoing(local.slice(send, size),
+                                          self.successor_control.slice(bank, size)),
+                                 recv_nbytes=size)
+        else:
+            at = self._slot(seq, r)
+            view[at:at + RECORD_STRIDE] = 0
+            view[at:at + record.size] = record
+            for j in range(n - 1):
+                at = self._slot(seq, (r - j) % n)
+                self.stream.transfer(Outgoing(local.slice(at, RECORD_STRIDE),
+                                              self.successor_control.slice(at, RECORD_STRIDE)),
+                                     recv_nbytes=RECORD_STRIDE)
         records = []
         for q in range(n):
             at = self._slot(seq, q)

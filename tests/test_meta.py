@@ -21,7 +21,7 @@ def test_record_round_trip_fits_its_slot() -> None:
     assert CallMeta.unpack(raw + bytes(RECORD_STRIDE - len(raw))) == m
     with pytest.raises(ValueError, match="not a call record"):
         CallMeta.unpack(bytes(RECORD_STRIDE))
-    assert control_bytes(4) == 2 * 4 * RECORD_STRIDE
+    assert control_bytes(4) == 3 * 4 * RECORD_STRIDE
 
 
 def test_agreeing_records_pass() -> None:
