@@ -242,3 +242,36 @@ def test_without_a_switch_or_alone_auto_runs_the_ring() -> None:
     assert status.describe().startswith("'inc' ring nr-10.99.0.1-") and status.describe() \
         .endswith(" registered with the switch at fake-controller:1 (256 slots): algo='auto' "
                   "aggregates in the network")
+
+
+def test_outputs_in_place_strided_or_overlapping_the_input_all_get_the_sum() -> None:
+    """The output may be the input, a separate array, a strided view, or overlap the input
+    at an offset: every rank gets the sum in every case (sizes span several messages)."""
+    count = 5 * CFG.msg_size // 4 + 3
+
+    def body(comm: Communicator, host: FakeHost) -> dict[str, np.ndarray]:
+        x = rank_data(comm.rank, count, "int32")
+        got = {"in place": comm.allreduce(x.copy())}
+        got["separate"] = comm.allreduce(x, out=np.empty_like(x))
+        got["strided"] = comm.allreduce(x, out=np.empty(2 * count, np.int32)[::2]).copy()
+        buf = np.empty(count + 1, np.int32)
+        buf[:count] = x
+        got["overlapping"] = comm.allreduce(buf[:count], out=buf[1:]).copy()
+        return got
+
+    results, _, _ = with_switch(3, body)
+    want = np.sum([rank_data(r, count, "int32") for r in range(3)], axis=0, dtype=np.int32)
+    for res in results:
+        for how, got in res.items():
+            assert np.array_equal(got, want), how
+
+
+def test_float32_with_exponent_zero_is_still_rounded_not_truncated() -> None:
+    """|x| in [2^29, 2^30) at 2 ranks gives e = 0: 0.9 must travel as rint(0.9) = 1."""
+    def body(comm: Communicator, host: FakeHost) -> np.ndarray:
+        return comm.allreduce(np.array([6e8, 0.9, -0.9], dtype=np.float32))
+
+    results, _, _ = with_switch(2, body)
+    assert quantization_exponent(2, 6e8) == 0
+    for res in results:
+        assert res.tolist() == [1.2e9, 2.0, -2.0]
