@@ -107,11 +107,12 @@ class Stream:
                 if got:
                     self.link.post_recvs(len(got))
                     progressed = True
-            idle_for = 0.0 if progressed else time.monotonic() - last_progress
             if progressed:
                 last_progress = time.monotonic()
                 armed = False
-            elif idle_for > self.config.stall_timeout:
+                continue
+            idle_for = time.monotonic() - last_progress
+            if idle_for > self.config.stall_timeout:
                 pending_recv = inc[arrived] if arrived < len(inc) else None
                 raise StallError(self._stall_message(len(out) - posted, pending_recv))
             elif not armed:

@@ -1,12 +1,13 @@
 """The communicator: one rank's rings of RC QPs, their streams, and allreduce on top.
 
 A communicator holds two rings of RC QPs to the same neighbours: "ring" for host
-algorithms and "inc", dedicated to in-network aggregation: on "inc" every rank must post the
-identical message sequence. The per-call metadata exchange goes through the switch on "inc"
-when "inc" is registered (one bank-sized message per call, on every rank alike), else
-around "ring" (netreduce.meta). `inc_ring_spec()` describes "inc" for the switch controller; when a
-switch address is given, rank 0 registers it at setup and unregisters it at close
-(`netreduce.registration`), and `switch` says on every rank alike whether it is registered.
+algorithms and "inc", dedicated to in-network aggregation: on "inc" every rank must post
+the identical message sequence. The per-call metadata exchange goes through the switch on
+"inc" when "inc" is registered (one bank-sized message per call, on every rank alike),
+else around "ring" (netreduce.meta). `inc_ring_spec()` describes "inc" for the switch
+controller; when a switch address is given, rank 0 registers it at setup and unregisters
+it at close (`netreduce.registration`), and `switch` says on every rank alike whether it
+is registered.
 """
 from __future__ import annotations
 
@@ -79,9 +80,8 @@ class Communicator:
         self._streams = streams
         self._control = control
         _, successor = neighbours(endpoints, self.rank)
-        self._meta = MetaExchange(streams["inc" if switch.registered else "ring"], control,
-                                  successor.control, self.rank, self.world_size,
-                                  through_switch=switch.registered)
+        self._meta = MetaExchange(streams, control, successor.control, self.rank,
+                                  self.world_size, through_switch=switch.registered)
         self._workspace = Workspace(host.register)
         self._calls = 0
         self._broken: BaseException | None = None

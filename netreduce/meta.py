@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -105,13 +105,15 @@ class ControlRegion(Protocol):
 
 
 class MetaExchange:
-    """All-gathers one `CallMeta` per rank (see the module doc): through the switch when
-    `through_switch` (then `stream` is the registered "inc" ring's), else around the host
-    ring (`stream` is the "ring" ring's)."""
+    """All-gathers one `CallMeta` per rank (see the module doc): through the switch on the
+    "inc" stream when `through_switch` (the "inc" ring is registered), else around the host
+    ring on the "ring" stream."""
 
-    def __init__(self, stream: Stream, control: ControlRegion, successor_control: RemoteBuffer,
-                 rank: int, world_size: int, through_switch: bool) -> None:
-        self.stream, self.control = stream, control
+    def __init__(self, streams: Mapping[str, Stream], control: ControlRegion,
+                 successor_control: RemoteBuffer, rank: int, world_size: int,
+                 through_switch: bool) -> None:
+        self.stream = streams["inc" if through_switch else "ring"]
+        self.control = control
         self.successor_control = successor_control
         self.rank, self.world_size = rank, world_size
         self.through_switch = through_switch

@@ -4,10 +4,11 @@ An algorithm says whether it can reduce a dtype with an op, how much workspace a
 needs and what a rank must tell the others about its data (`local_range`, carried by the
 per-call metadata); it may refuse an agreed call (`check`) and runs it (`run`): it reads
 the caller's input, works in its workspace, and writes the result to the caller's output
-(which may be the input itself) only after its last read of the input. It may use the streams of the communicator's QP rings ("ring" for host
-algorithms; "inc" is reserved for in-network aggregation: on it every rank must post the
-identical message sequence) and the successor's workspace, whose address the per-call
-metadata exchange delivered.
+(which may be the input itself) only after its last read of the input. It may use the
+streams of the communicator's QP rings ("ring" for host algorithms; "inc" for in-network
+aggregation: on it every rank must post the identical message sequence, and with a switch
+the metadata exchange posts there too) and the successor's workspace, whose address the
+per-call metadata exchange delivered.
 
 Call order, identical on every rank: `check_call` (before any exchange), metadata exchange
 and agreement, `check` (raises `CallRejected` alike on every rank, nothing moved), `run`.

@@ -1,8 +1,8 @@
 """Host ring allreduce: reduce-scatter then all-gather over the "ring" QPs, 2(n-1) steps.
 
 The input is copied to the start of the workspace ("data"), reduced there, and the result
-copied out. The `count` elements are cut into n chunks (sizes differ by at most one element; some are
-empty when count < n). With r the rank and all chunk numbers mod n:
+copied out. The `count` elements are cut into n chunks (sizes differ by at most one
+element; some are empty when count < n). With r the rank and all chunk numbers mod n:
 - reduce-scatter step s (0..n-2): send chunk r-s to the successor's staging slot s, receive
   chunk r-s-1 into our staging slot s and fold it into our chunk r-s-1 message by message
   as it arrives. Afterwards rank r holds the final chunk r+1.

@@ -5,8 +5,9 @@ The plan, identical on every rank (the switch relies on it: packet k of every co
 carries the same piece of the tensor): ONE `Stream.transfer` per call on `streams["inc"]`,
 sending the call's `count * 4` wire bytes from the start of our workspace to the
 successor's receive area while as many bytes -- the sum -- arrive from the predecessor's
-connection in our receive area. Nothing else is ever posted on "inc", and a call refused by
-`check` posts nothing on any rank, so the message sequences never diverge.
+connection in our receive area. Before it, every call (refused or not, any algorithm) puts
+one metadata message on "inc" on every rank (netreduce.meta), and a call refused by `check`
+posts no data on any rank, so the message sequences never diverge.
 
 Wire format: little-endian int32 ('<i4', the hosts' own order), which the switch adds with
 int32 wrap-around.
@@ -32,11 +33,10 @@ int32 wrap-around.
 
 Host passes: one copy into the send area (int32: plain; float32: quantizing), one copy of
 the sum into the caller's output once the transfer is complete (int32: plain; float32: to
-float32, then the exact * 2^-e). A message
-arrives only after the switch emitted every packet of it, i.e. after it had added every
-rank's packets of it, ours included, exactly once; any later retransmission of our packets
-of that message finds its slot emitted (answered from the slot) or reused (dropped as
-stale) -- its payload is never added again.
+float32, then the exact * 2^-e). A message arrives only after the switch emitted every
+packet of it, i.e. after it had added every rank's packets of it, ours included, exactly
+once; any later retransmission of our packets of that message finds its slot emitted
+(answered from the slot) or reused (dropped as stale) -- its payload is never added again.
 """
 from __future__ import annotations
 
