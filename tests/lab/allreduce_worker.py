@@ -33,11 +33,13 @@ def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:
 
 def reduce_and_check(comm: netreduce.Communicator, count: int, dtype: str, algo: str,
                      timed: bool) -> None:
-    """One allreduce of every rank's `rank_data` (odd sizes in place, even ones into `out`),
-    checked against the reference; `algo` other than "auto" must be the one that ran."""
+    """One allreduce of every rank's `rank_data` (odd sizes in place, even ones from a
+    read-only input into `out`), checked against the reference; `algo` other than "auto"
+    must be the one that ran."""
     n = comm.world_size
     x = rank_data(comm.rank, count, dtype)
     out = x if count % 2 else np.empty_like(x)
+    x.flags.writeable = out is x
     t0 = time.perf_counter()
     got = comm.allreduce(x, algo=algo, out=None if out is x else out)
     dt = time.perf_counter() - t0
