@@ -24,7 +24,7 @@ from netreduce.meta import (CallMeta, CallRejected, MetaExchange, check_agreemen
                             check_dtype, check_op, control_bytes)
 from netreduce.registration import (Controller, SwitchStatus, register_inc_ring,
                                     switch_address, unregister)
-from netreduce.workspace import RegisteredMemory, UserMemory, Workspace
+from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
 from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
                                   check_endpoints, neighbours, ring_spec)
@@ -59,7 +59,6 @@ class Host(Protocol):
     @property
     def device(self) -> str: ...
     def register(self, nbytes: int) -> RegisteredMemory: ...
-    def register_array(self, array: np.ndarray) -> RegisteredMemory: ...
     def create_ring(self, name: str, config: FlowConfig) -> RingQPsLike: ...
     def close(self) -> None: ...
 
@@ -183,10 +182,7 @@ class Communicator:
         the switch's refusals (`AllreduceOverflow`, `NotQuantizable`): any `CallRejected`
         leaves the communicator usable. Arguments that are wrong on their own (unsupported
         dtype, unknown op or algo, algo="switch" without a registered switch, bad `out`)
-        raise before any exchange. Where the algorithm can (`Algorithm.zero_copy`: the
-        switch, int32 from 1 MiB, contiguous arrays), `array` and `out` are registered for
-        the call and used as they are, with no staging copies; if such a call then fails
-        mid-transfer, `out` may hold part of the result."""
+        raise before any exchange."""
         self._check_usable()
         if not isinstance(array, np.ndarray):
             raise TypeError(f"allreduce: expected a numpy array, got {type(array).__name__}")
@@ -200,19 +196,13 @@ class Communicator:
         if not target.flags.writeable:
             raise ValueError("allreduce: the result array is read-only")
 
-        user: UserMemory | None = None
         try:
-            if algorithm.zero_copy(array, target):
-                user = UserMemory(self._host.register_array, array, target)
-                workspace = self._workspace.ensure(0)
-            else:
-                workspace = self._workspace.ensure(
-                    algorithm.workspace_bytes(array.size, dtype.itemsize, self.world_size))
+            workspace = self._workspace.ensure(
+                algorithm.workspace_bytes(array.size, dtype.itemsize, self.world_size))
             lo, hi = algorithm.local_range(array)
             seq = self._calls
             mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
-                            op=op, algo=algorithm.name,
-                            landing=algorithm.landing(workspace, user, array.nbytes),
+                            op=op, algo=algorithm.name, workspace=workspace.remote(),
                             lo=lo, hi=hi)
             self._calls += 1
             records = self._meta.exchange(mine)
@@ -221,8 +211,8 @@ class Communicator:
                 rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
                 dtype=dtype, op=ufunc, ranges=tuple((m.lo, m.hi) for m in records),
                 workspace=workspace,
-                peer_landing=records[(self.rank + 1) % self.world_size].landing,
-                streams=self._streams, user=user)
+                peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
+                streams=self._streams)
             algorithm.check(call)
             algorithm.run(call, array, target)
         except CallRejected:
@@ -230,9 +220,6 @@ class Communicator:
         except BaseException as exc:
             self._broken = exc
             raise
-        finally:
-            if user is not None:
-                user.close()
         self.last_algo = algorithm.name
         return target
 

@@ -64,7 +64,7 @@ def check_op(op: str) -> np.ufunc:
 
 @dataclass(frozen=True)
 class CallMeta:
-    """One rank's description of one allreduce call, and where its data is to land."""
+    """One rank's description of one allreduce call, and where its workspace is."""
 
     rank: int
     seq: int              # calls this rank has started on the communicator, from 0
@@ -72,14 +72,14 @@ class CallMeta:
     dtype: str            # numpy dtype name
     op: str
     algo: str             # the resolved algorithm
-    landing: RemoteBuffer  # where the predecessor's WRITEs of this call go (Algorithm.landing)
+    workspace: RemoteBuffer
     lo: float = 0.0       # this rank's smallest and largest element, for algorithms that
     hi: float = 0.0       # need them (Algorithm.local_range; exact for int32 and float32)
 
     def pack(self) -> bytes:
         return _RECORD.pack(_MAGIC, self.rank, self.seq, self.count, self.dtype.encode(),
-                            self.op.encode(), self.algo.encode(), self.landing.addr,
-                            self.landing.nbytes, self.landing.rkey, self.lo, self.hi)
+                            self.op.encode(), self.algo.encode(), self.workspace.addr,
+                            self.workspace.nbytes, self.workspace.rkey, self.lo, self.hi)
 
     @classmethod
     def unpack(cls, raw: bytes) -> "CallMeta":

@@ -38,23 +38,12 @@ HOP_LIMIT = 64
 
 
 class RegisteredBuffer:
-    """A registered memory region: `nbytes` allocated by pyverbs (LOCAL_WRITE |
-    REMOTE_WRITE), or an existing C-contiguous `array`'s own bytes (LOCAL_WRITE |
-    REMOTE_WRITE when it is writeable, else readable by WRITEs only). Invariant: `view()`
-    arrays are valid only until `close()`; the array is kept alive while registered."""
+    """A memory region registered LOCAL_WRITE | REMOTE_WRITE (its buffer is allocated by
+    pyverbs). Invariant: `view()` arrays are valid only until `close()`."""
 
-    def __init__(self, pd: PD, nbytes: int, array: np.ndarray | None = None) -> None:
-        self._array = array
-        if array is not None:
-            if not array.flags.c_contiguous:
-                raise ValueError("only a C-contiguous array can be registered as it is")
-            nbytes = array.nbytes
-            access = ACCESS if array.flags.writeable else 0
-            kwargs = {"address": array.ctypes.data}
-        else:
-            access, kwargs = ACCESS, {}
+    def __init__(self, pd: PD, nbytes: int) -> None:
         try:
-            self._mr = MR(pd, nbytes, access, **kwargs)
+            self._mr = MR(pd, nbytes, ACCESS)
         except PyverbsError as exc:
             raise DeviceError(f"cannot register {nbytes} bytes: {exc} (RLIMIT_MEMLOCK?)") from exc
         self.nbytes = nbytes
@@ -111,9 +100,6 @@ class RdmaHost:
 
     def register(self, nbytes: int) -> RegisteredBuffer:
         return RegisteredBuffer(self.pd, nbytes)
-
-    def register_array(self, array: np.ndarray) -> RegisteredBuffer:
-        return RegisteredBuffer(self.pd, array.nbytes, array)
 
     def create_ring(self, name: str, config: FlowConfig) -> "RingQPs":
         return RingQPs(self, name, config)

@@ -47,15 +47,9 @@ class FakeFabric:
 
 
 class FakeRegion:
-    """Registered memory: `nbytes` of its own, or an existing C-contiguous `array`'s bytes."""
-
-    def __init__(self, fabric: FakeFabric, nbytes: int, array: np.ndarray | None = None) -> None:
+    def __init__(self, fabric: FakeFabric, nbytes: int) -> None:
         self._fabric = fabric
-        if array is not None:
-            assert array.flags.c_contiguous, "only C-contiguous arrays are registered"
-            nbytes = array.nbytes
-        self._array: np.ndarray | None = (np.zeros(nbytes, dtype=np.uint8) if array is None
-                                          else array.reshape(-1).view(np.uint8))
+        self._array: np.ndarray | None = np.zeros(nbytes, dtype=np.uint8)
         self.nbytes = nbytes
         self.addr = self._array.ctypes.data
         self.lkey = self.rkey = fabric.new_id()
@@ -87,22 +81,12 @@ class FakeHost:
         self.gid = ipv4_gid(self.ip)
         self.device = f"fake{rank}"
         self._regions: list[FakeRegion] = []
-        self.arrays: list[FakeRegion] = []      # register_array's regions, closed ones too
         self.rings: dict[str, FakeRingQPs] = {}
 
     def register(self, nbytes: int) -> FakeRegion:
         region = FakeRegion(self.fabric, nbytes)
         self._regions.append(region)
         return region
-
-    def register_array(self, array: np.ndarray) -> FakeRegion:
-        region = FakeRegion(self.fabric, array.nbytes, array)
-        self.arrays.append(region)
-        return region
-
-    @property
-    def arrays_registered_now(self) -> int:
-        return sum(region.contains(region.addr, 0) for region in self.arrays)
 
     def create_ring(self, name: str, config: FlowConfig) -> "FakeRingQPs":
         self.rings[name] = FakeRingQPs(self.fabric, name, config)

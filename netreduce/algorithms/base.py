@@ -4,12 +4,11 @@ An algorithm says whether it can reduce a dtype with an op, how much workspace a
 needs and what a rank must tell the others about its data (`local_range`, carried by the
 per-call metadata); it may refuse an agreed call (`check`) and runs it (`run`): it reads
 the caller's input, works in its workspace, and writes the result to the caller's output
-(which may be the input itself), never over an input byte it has yet to read. It may
-instead run on the caller's own arrays, registered for the call (`zero_copy`). It may use
-the streams of the communicator's QP rings ("ring" for host algorithms; "inc" for
-in-network aggregation: on it every rank must post the identical message sequence, and
-with a switch the metadata exchange posts there too) and the successor's landing area
-(`landing`), whose address the per-call metadata exchange delivered.
+(which may be the input itself) only after its last read of the input. It may use the
+streams of the communicator's QP rings ("ring" for host algorithms; "inc" for in-network
+aggregation: on it every rank must post the identical message sequence, and with a switch
+the metadata exchange posts there too) and the successor's workspace, whose address the
+per-call metadata exchange delivered.
 
 Call order, identical on every rank: `check_call` (before any exchange), metadata exchange
 and agreement, `check` (raises `CallRejected` alike on every rank, nothing moved), `run`.
@@ -23,7 +22,7 @@ import numpy as np
 
 from flowctl.link import RemoteBuffer
 from flowctl.stream import Stream
-from netreduce.workspace import RegisteredMemory, UserMemory
+from netreduce.workspace import RegisteredMemory
 
 
 @dataclass(frozen=True)
@@ -37,9 +36,8 @@ class CallContext:
     dtype: np.dtype
     op: np.ufunc
     ranges: tuple[tuple[float, float], ...]   # every rank's `local_range`, by rank
-    workspace: RegisteredMemory     # the algorithm's scratch, `workspace_bytes` large
-    peer_landing: RemoteBuffer      # where our WRITEs of this call go: the successor's landing
-    user: UserMemory | None         # the caller's arrays registered for this call (zero-copy)
+    workspace: RegisteredMemory     # this call's, `workspace_bytes` large, the algorithm's own
+    peer_workspace: RemoteBuffer    # the successor's workspace for this call
     streams: Mapping[str, Stream]   # by ring name
 
 
@@ -51,18 +49,6 @@ class Algorithm(Protocol):
         ...
 
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int: ...
-
-    def zero_copy(self, src: np.ndarray, dst: np.ndarray) -> bool:
-        """True: this call runs on the caller's own `src` and `dst`, registered for the
-        call (`CallContext.user`), and needs no workspace. A rank's own choice: peers only
-        see its `landing`."""
-        ...
-
-    def landing(self, workspace: RegisteredMemory, user: UserMemory | None,
-                nbytes: int) -> RemoteBuffer:
-        """What this rank publishes in the call's metadata: where its predecessor's WRITEs
-        of this `nbytes`-byte call go (in `workspace`, or in `user.recv`)."""
-        ...
 
     def local_range(self, array: np.ndarray) -> tuple[float, float]:
         """What this rank publishes in the call's metadata as (lo, hi)."""

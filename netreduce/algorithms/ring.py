@@ -25,11 +25,9 @@ from typing import Callable
 
 import numpy as np
 
-from flowctl.link import RemoteBuffer
 from flowctl.plan import Message
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
-from netreduce.workspace import RegisteredMemory, UserMemory
 
 ALIGN = 64
 
@@ -100,13 +98,6 @@ class RingAllreduce:
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
         return RingLayout(count, itemsize, world_size).nbytes
 
-    def zero_copy(self, src: np.ndarray, dst: np.ndarray) -> bool:
-        return False
-
-    def landing(self, workspace: RegisteredMemory, user: UserMemory | None,
-                nbytes: int) -> RemoteBuffer:
-        return workspace.remote()      # the predecessor writes chunks and slots all over it
-
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         n, r = call.world_size, call.rank
         layout = RingLayout(call.count, call.dtype.itemsize, n)
@@ -114,7 +105,7 @@ class RingAllreduce:
         whole = call.workspace.view()
         data = whole[:call.count * call.dtype.itemsize].view(call.dtype)
         np.copyto(data.reshape(src.shape), src)
-        local, peer = call.workspace.local(), call.peer_landing
+        local, peer = call.workspace.local(), call.peer_workspace
         bounds = layout.bounds
 
         for s in range(n - 1):                                  # reduce-scatter

@@ -3,9 +3,9 @@ the n contributions packet by packet (docs/pipeline.md) and every rank receives 
 
 The plan, identical on every rank (the switch relies on it: packet k of every connection
 carries the same piece of the tensor): ONE `Stream.transfer` per call on `streams["inc"]`,
-sending the call's `count * 4` wire bytes (from our workspace, or from the input itself
-when zero-copy) to the successor's landing area while as many bytes -- the sum -- arrive
-from the predecessor's connection in ours (our workspace's receive area, or the output). Before it, every call (refused or not, any algorithm) puts
+sending the call's `count * 4` wire bytes from the start of our workspace to the
+successor's receive area while as many bytes -- the sum -- arrive from the predecessor's
+connection in our receive area. Before it, every call (refused or not, any algorithm) puts
 one metadata message on "inc" on every rank (netreduce.meta), and a call refused by `check`
 posts no data on any rank, so the message sequences never diverge.
 
@@ -31,20 +31,12 @@ int32 wrap-around.
   with any float32 sum. NaN and infinities cannot be quantized: `NotQuantizable` on every
   rank, before any data moves.
 
-Host passes, staged: one copy into the send area (int32: plain; float32: quantizing), one
-copy of the sum into the caller's output once the transfer is complete (int32: plain;
-float32: to float32, then the exact * 2^-e). Zero-copy -- int32 of at least
-`ZERO_COPY_MIN_BYTES`, input and output C-contiguous, the output being the input itself or
-apart from it: the caller's arrays are registered for the call, the WRITEs read the input
-and the sums land in the output, no pass at all but the min/max.
-
-A message arrives only after the switch emitted every packet of it, i.e. after it had added
-every rank's packets of it, ours included, exactly once; any later retransmission of our
-packets of that message finds its slot emitted (answered from the slot) or reused (dropped
-as stale) -- its payload is never added again. That is what makes zero-copy in place safe:
-the sum of packet k lands over our packet k only after the switch added it, and a
-retransmission that then carries the sum is never added. If a zero-copy call fails during
-its transfer (`CompletionError`, a stall), the output may hold part of the sums.
+Host passes: one copy into the send area (int32: plain; float32: quantizing), one copy of
+the sum into the caller's output once the transfer is complete (int32: plain; float32: to
+float32, then the exact * 2^-e). A message arrives only after the switch emitted every
+packet of it, i.e. after it had added every rank's packets of it, ours included, exactly
+once; any later retransmission of our packets of that message finds its slot emitted
+(answered from the slot) or reused (dropped as stale) -- its payload is never added again.
 """
 from __future__ import annotations
 
@@ -52,11 +44,9 @@ import math
 
 import numpy as np
 
-from flowctl.link import RemoteBuffer
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
 from netreduce.meta import CallRejected
-from netreduce.workspace import RegisteredMemory, UserMemory, zero_copy_possible
 from ring_setup.rendezvous import ranks_phrase
 
 WIRE = np.dtype("<i4")
@@ -64,7 +54,6 @@ INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
 ALIGN = 64
-ZERO_COPY_MIN_BYTES = 1 << 20   # below it, registering costs about what two copies do
 _CHUNK = 1 << 16          # elements quantized per numpy pass (bounded temporaries)
 
 
@@ -123,16 +112,6 @@ class SwitchAllreduce:
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
         return 2 * recv_offset(count * itemsize)
 
-    def zero_copy(self, src: np.ndarray, dst: np.ndarray) -> bool:
-        return (src.dtype == WIRE and src.nbytes >= ZERO_COPY_MIN_BYTES
-                and zero_copy_possible(src, dst))
-
-    def landing(self, workspace: RegisteredMemory, user: UserMemory | None,
-                nbytes: int) -> RemoteBuffer:
-        if user is not None:
-            return user.recv.remote()
-        return workspace.remote().slice(recv_offset(nbytes), nbytes)
-
     def local_range(self, array: np.ndarray) -> tuple[float, float]:
         if array.size == 0:
             return (0.0, 0.0)
@@ -170,10 +149,6 @@ class SwitchAllreduce:
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         nbytes = call.count * WIRE.itemsize
-        if call.user is not None:
-            call.streams["inc"].transfer(Outgoing(call.user.send, call.peer_landing),
-                                         recv_nbytes=nbytes)
-            return
         at = recv_offset(nbytes)
         whole = call.workspace.view()
         wire = whole[:nbytes].view(WIRE)
@@ -186,7 +161,8 @@ class SwitchAllreduce:
             for lo in range(0, call.count, _CHUNK):     # x * 2^e is exact in float32
                 q = np.ldexp(flat[lo:lo + _CHUNK], e)
                 wire[lo:lo + _CHUNK] = np.rint(q, out=q)
-        send = Outgoing(call.workspace.local().slice(0, nbytes), call.peer_landing)
+        send = Outgoing(call.workspace.local().slice(0, nbytes),
+                        call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes)
         np.copyto(dst, summed.reshape(dst.shape), casting="unsafe")
         if call.dtype == np.float32:

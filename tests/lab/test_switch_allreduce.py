@@ -108,8 +108,7 @@ def test_in_network_allreduce_survives_one_percent_loss(lossy_hosts: None,
     """4 ranks, 4 MiB int32 and float32 (+1 element) with 1% of every host's frames dropped: the
     results are right, every contribution still counted once, and the switch saw the
     retransmissions (served from emitted slots, or dropped as duplicates/stale). The odd
-    count runs in place, so int32 is zero-copy: a retransmission of a packet whose sum
-    already landed carries the sum, and must never be added."""
+    count makes the calls in place."""
     sizes = [2**20 + 1]
     result = run_worker(4, "switch", "--sizes", str(sizes[0]), "--timed", str(sizes[0]),
                         timeout=900)
