@@ -17,7 +17,7 @@ from netreduce.bench import runner
 from netreduce.bench.plan import BenchPlan, format_size, parse_algos, parse_size, parse_sizes
 from netreduce.bench.progress import Progress
 from netreduce.bench.report import (Collector, Record, Result, Summary, document, gbps,
-                                    ratios, table, validate)
+                                    quartiles, ratios, table, validate)
 from netreduce.bench.worker import rank_input, run, size_reference
 from netreduce.launch import LaunchResult, RankResult
 from test_comm import run_ranks
@@ -109,12 +109,35 @@ def test_rates_busbw_and_ratios() -> None:
     assert ring.median_ns == 3000 and ring.busbw_gbps == pytest.approx(ring.algbw_gbps * 1.5)
     assert ratios(results) == [
         {"size_bytes": MiB, "switch_over_ring": pytest.approx(2.4),
-         "switch_over_link": pytest.approx(0.8)},
-        {"size_bytes": 2 * MiB, "switch_over_ring": None, "switch_over_link": None}]
+         "switch_over_link": pytest.approx(0.8), "per_round":
+         {"switch_over_ring": None, "switch_over_link": None}},        # 2 jobs vs 3 and 1
+        {"size_bytes": 2 * MiB, "switch_over_ring": None, "switch_over_link": None,
+         "per_round": {"switch_over_ring": None, "switch_over_link": None}}]
     rows = table(results)
     assert "switch/ring" in rows[0] and rows[1].split()[:2] == ["1", "MiB"]
     assert rows[1].split()[-2:] == ["2.400", "0.800"]
     assert rows[2].split()[-2:] == ["-", "-"]
+    assert len(rows) == 3                       # no round-by-round block without pairs
+
+
+def test_round_by_round_ratios_pair_job_i_of_each_column() -> None:
+    """Round i's ratio uses job i of both columns, so a slow round slows both sides: here
+    every round's switch/ring is 1.5 although the medians alone would say 1.2."""
+    results = [Result("link", MiB, 4, [1000, 3000, 2000, 1000, 1000]),
+               Result("switch", MiB, 4, [2000, 6000, 2000, 2000, 2000]),
+               Result("ring", MiB, 4, [3000, 9000, 3000, 3000, 3000])]
+    (r,) = ratios(results)
+    assert r["switch_over_ring"] == pytest.approx(1.5)
+    assert r["per_round"]["switch_over_ring"] == pytest.approx([1.5] * 5)
+    assert r["per_round"]["switch_over_link"] == pytest.approx([0.5, 0.5, 1.0, 0.5, 0.5])
+    assert quartiles([0.5, 0.5, 1.0, 0.5, 0.5]) == (0.5, 0.5, 0.5)
+    assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+    assert quartiles([7.0]) == (7.0, 7.0, 7.0)
+    rows = table(results)
+    assert rows[2].startswith("Round by round")
+    assert rows[3].split() == ["1", "MiB", "switch/ring", "1.500", "[1.500,", "1.500]",
+                               "over", "5", "rounds"]
+    assert rows[4].split()[2:6] == ["switch/link", "0.500", "[0.500,", "0.500]"]
 
 
 def _meta() -> dict[str, Any]:
@@ -130,11 +153,12 @@ def test_the_json_document_matches_its_schema() -> None:
     assert doc["link_gbps"] == pytest.approx(gbps(MiB, 1050))
     assert [r["algo"] for r in doc["results"]] == ["link", "ring", "ring"]
     assert doc["results"][2]["verified"] is False
-    broken: list[dict[str, Any]] = [json.loads(json.dumps(doc)) for _ in range(4)]
+    broken: list[dict[str, Any]] = [json.loads(json.dumps(doc)) for _ in range(5)]
     del broken[0]["meta"]["kernel"]
     broken[1]["results"][0]["jobs"] = []
     broken[2]["results"][1]["verified"] = 1
     broken[3]["ratios"][0]["switch_over_ring"] = "fast"
+    del broken[4]["ratios"][0]["per_round"]["switch_over_link"]
     for bad in broken:
         with pytest.raises(ValueError, match="bench JSON"):
             validate(bad)

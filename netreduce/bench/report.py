@@ -176,16 +176,35 @@ def _ratio(a: Result | None, b: Result | None) -> float | None:
     return a.algbw_gbps / b.algbw_gbps
 
 
+def _per_round(switch: Result | None, other: Result | None) -> list[float] | None:
+    """switch's algbw over `other`'s, round by round: job i of both ran back to back in
+    round i, so a slow spell of the lab hits both sides of each ratio alike."""
+    if switch is None or other is None or len(switch.jobs) != len(other.jobs):
+        return None
+    return [theirs / ours for ours, theirs in zip(switch.jobs, other.jobs)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(Q1, median, Q3), inclusive method; one value is all three."""
+    if len(values) == 1:
+        return (values[0],) * 3
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
 def ratios(results: list[Result]) -> list[dict[str, Any]]:
-    """Per size: in-network over ring and in-network over the link, in algbw (None where
-    one of them was not measured)."""
+    """Per size: in-network over ring and in-network over the link, in algbw of the medians
+    (None where one of them was not measured), and the same ratios round by round."""
     sizes = sorted({r.size_bytes for r in results})
     out = []
     for size in sizes:
         switch = _find(results, "switch", size)
+        ring, link = _find(results, "ring", size), _find(results, LINK, size)
         out.append({"size_bytes": size,
-                    "switch_over_ring": _ratio(switch, _find(results, "ring", size)),
-                    "switch_over_link": _ratio(switch, _find(results, LINK, size))})
+                    "switch_over_ring": _ratio(switch, ring),
+                    "switch_over_link": _ratio(switch, link),
+                    "per_round": {"switch_over_ring": _per_round(switch, ring),
+                                  "switch_over_link": _per_round(switch, link)}})
     return out
 
 
@@ -218,6 +237,15 @@ def table(results: list[Result]) -> list[str]:
         row += f"{_fmt(ratio['switch_over_ring'], '.3f'):>13}"
         row += f"{_fmt(ratio['switch_over_link'], '.3f'):>13}"
         lines.append(row)
+    paired = [(r["size_bytes"], name, values) for r in ratios(results)
+              for name, values in r["per_round"].items() if values]
+    if paired:
+        lines.append("Round by round (each round ran its jobs back to back): median "
+                     "[quartiles]")
+        for size, name, values in paired:
+            q1, q2, q3 = quartiles(values)
+            lines.append(f"{format_size(size):>9}  {name.replace('_over_', '/'):<12}"
+                         f"{q2:.3f} [{q1:.3f}, {q3:.3f}]  over {len(values)} rounds")
     return lines
 
 
@@ -228,7 +256,8 @@ RESULT_KEYS = {"algo": str, "size_bytes": int, "jobs": list, "median_ns": (int, 
                "algbw_gbps": float, "busbw_gbps": float, "verified": bool, "rxe": dict,
                "vm_cpu": dict}
 RATIO_KEYS = {"size_bytes": int, "switch_over_ring": (float, type(None)),
-              "switch_over_link": (float, type(None))}
+              "switch_over_link": (float, type(None)), "per_round": dict}
+PER_ROUND_KEYS = {"switch_over_ring": (list, type(None)), "switch_over_link": (list, type(None))}
 
 
 def _check(obj: Any, keys: dict[str, Any], where: str) -> None:
@@ -252,3 +281,4 @@ def validate(doc: Any) -> None:
             raise ValueError(f"bench JSON: results[{i}].jobs must be positive ns: {r['jobs']}")
     for i, r in enumerate(doc["ratios"]):
         _check(r, RATIO_KEYS, f"ratios[{i}]")
+        _check(r["per_round"], PER_ROUND_KEYS, f"ratios[{i}].per_round")

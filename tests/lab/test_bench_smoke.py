@@ -39,3 +39,8 @@ def test_bench_prints_switchml_lines_and_writes_its_json(tmp_path: Path) -> None
         (algo, size) for size in (4096, 65536) for algo in ("link", *doc["meta"]["algos"])]
     assert all(r["verified"] and len(r["jobs"]) == 2 for r in doc["results"])
     assert doc["link_gbps"] > 0 and doc["meta"]["workers"] == 2
+    if "switch" in doc["meta"]["algos"]:                  # paired round by round
+        for r in doc["ratios"]:
+            assert len(r["per_round"]["switch_over_link"]) == 2, r
+        assert "Round by round (each round ran its jobs back to back): median [quartiles]" \
+            in lines, lines
