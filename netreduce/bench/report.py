@@ -228,7 +228,8 @@ def table(results: list[Result]) -> list[str]:
     algos = list(dict.fromkeys(r.algo for r in results))
     head = f"{'size':>9}" + "".join(f"{a + ' algbw':>14}{a + ' busbw':>14}" for a in algos)
     lines = [head + f"{'switch/ring':>13}{'switch/link':>13}   (Gbit/s)"]
-    for ratio in ratios(results):
+    per_size = ratios(results)
+    for ratio in per_size:
         size = ratio["size_bytes"]
         row = f"{format_size(size):>9}"
         for a in algos:
@@ -237,7 +238,7 @@ def table(results: list[Result]) -> list[str]:
         row += f"{_fmt(ratio['switch_over_ring'], '.3f'):>13}"
         row += f"{_fmt(ratio['switch_over_link'], '.3f'):>13}"
         lines.append(row)
-    paired = [(r["size_bytes"], name, values) for r in ratios(results)
+    paired = [(r["size_bytes"], name, values) for r in per_size
               for name, values in r["per_round"].items() if values]
     if paired:
         lines.append("Round by round (each round ran its jobs back to back): median "
