@@ -21,9 +21,9 @@ def init(rank: int | None = None, world_size: int | None = None,
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu`, `msg_size` (a multiple of `mtu`) and
     `window` (messages in flight per connection) are the flow-control knobs; the switch's
-    aggregator pool (256 slots by default) must hold 2 x `window` x `msg_size`/`mtu`
-    packets (2 x 128 with the defaults; rxe never has more than 128 in flight), which its
-    controller checks at registration. `switch`: the switch controller's HOST:PORT (None:
+    aggregator pool (256 slots by default) must hold 2 x min(`window` x `msg_size`/`mtu`,
+    129) packets (2 x 128 with the defaults; rxe keeps up to 129 PSNs unacknowledged per
+    QP), rounded up to a power of two, which its controller checks at registration. `switch`: the switch controller's HOST:PORT (None:
     $NR_CONTROLLER, which the lab sets; "": no switch)."""
     global _default
     if _default is not None:

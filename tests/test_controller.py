@@ -74,7 +74,9 @@ def test_unknown_mac_is_a_clear_error(client: ControllerClient) -> None:
 
 
 def test_invalid_registration_is_invalid_argument(client: ControllerClient) -> None:
-    with pytest.raises(ControllerError, match=r"INVALID_ARGUMENT: ring ring: 64 slots < 2 x 128"):
+    with pytest.raises(ControllerError, match=r"INVALID_ARGUMENT: ring ring: 64 slots < 2 x "
+                       r"129 packets in flight \(window 2 x 256 packets per message, capped "
+                       r"at rxe's 129\): needs 512"):
         client.register_ring(make_ring(2, msg_size=65536), slots=64)
 
 
