@@ -58,6 +58,19 @@ class Capture:
         return self.rule(kind, frame)
 
 
+class LoseFirst:
+    """A Faults.drop hook that loses the first `copies` frames `match(kind, frame)` picks."""
+
+    def __init__(self, copies: int, match: Callable[[str, bytes], bool]) -> None:
+        self.left, self.match = copies, match
+
+    def __call__(self, kind: str, frame: bytes) -> bool:
+        if self.left and self.match(kind, frame):
+            self.left -= 1
+            return True
+        return False
+
+
 def psn_of(frame: bytes) -> int:
     fields = parse(frame)
     assert fields is not None
@@ -146,16 +159,12 @@ def test_a_lost_packet_draws_one_nak_then_silence_and_go_back_n() -> None:
     """rxe_resp.c check_psn: one NAK PSN sequence error, later packets dropped silently;
     rxe_comp.c: the NAK acknowledges what precedes it and the requester goes back."""
     n, count = 2, 2000
-    first = {"seen": False}
 
-    def lose_one(kind: str, frame: bytes) -> bool:
+    def packet_3_of_rank_0(kind: str, frame: bytes) -> bool:
         c = ring_spec(world.endpoints, "ring", "ring", CFG).connections[0]
-        if kind == "result" and on_conn(frame, c) \
-                and (psn_of(frame) - c.psn0) & PSN_MASK == 3 and not first["seen"]:
-            first["seen"] = True
-            return True
-        return False
-    world = World(n, CFG, faults=Faults(drop=lose_one))
+        return kind == "result" and on_conn(frame, c) and (psn_of(frame) - c.psn0) \
+            & PSN_MASK == 3
+    world = World(n, CFG, faults=Faults(drop=LoseFirst(1, packet_3_of_rank_0)))
     assert all(np.array_equal(r, want(n, count)) for r in allreduce(world, count, "ring"))
     rx0, rx1 = world.rxe_counters()
     assert (rx1["out_of_seq_request"], rx0["rcvd_seq_err"], rx0["completer_retry_err"]) == \
@@ -167,16 +176,12 @@ def test_a_lost_ack_makes_duplicates_that_are_re_acked_not_re_executed() -> None
     """rxe_resp.c duplicate_request: a duplicate WRITE is ACKed again (ack_psn - 1) and
     not executed: the receive completions stay one per message."""
     n, count = 2, 200                    # every ring transfer: one 400-byte message
-    state = {"dropped": False}
 
-    def lose_first_data_ack(kind: str, frame: bytes) -> bool:
+    def ack_to_rank_0(kind: str, frame: bytes) -> bool:
         c = ring_spec(world.endpoints, "ring", "ring", CFG).connections[0]
-        if kind == "ack" and frame[:6] == bytes.fromhex(c.src_mac.replace(":", "")) \
-                and dest_qp(frame) == c.src_qpn and not state["dropped"]:
-            state["dropped"] = True
-            return True
-        return False
-    world = World(n, CFG, faults=Faults(drop=lose_first_data_ack))
+        return kind == "ack" and frame[:6] == bytes.fromhex(c.src_mac.replace(":", "")) \
+            and dest_qp(frame) == c.src_qpn
+    world = World(n, CFG, faults=Faults(drop=LoseFirst(1, ack_to_rank_0)))
     assert all(np.array_equal(r, want(n, count)) for r in allreduce(world, count, "ring"))
     rx0, rx1 = world.rxe_counters()
     assert rx0["completer_retry_err"] == 1 and rx1["duplicate_request"] >= 1
@@ -219,16 +224,11 @@ def b1_world(slots: int) -> World:
     """2 ranks; the result of B's (rank 1's) connection at k = 128 is lost twice: once
     when emitted, once when served to B's first retransmission (after A's NAK), so B's
     next try comes from its retransmit timer, when A has long sent k + 256 = 384."""
-    lost = {"copies": 0}
-
-    def lose(kind: str, frame: bytes) -> bool:
+    def result_128_of_b(kind: str, frame: bytes) -> bool:
         c = world.spec.connections[1]
-        if kind == "result" and on_conn(frame, c) \
-                and (psn_of(frame) - c.psn0) & PSN_MASK == 128 and lost["copies"] < 2:
-            lost["copies"] += 1
-            return True
-        return False
-    world = World(2, B1_CFG, slots=slots, faults=Faults(drop=lose))
+        return kind == "result" and on_conn(frame, c) and (psn_of(frame) - c.psn0) \
+            & PSN_MASK == 128
+    world = World(2, B1_CFG, slots=slots, faults=Faults(drop=LoseFirst(2, result_128_of_b)))
     return world
 
 

@@ -73,7 +73,8 @@ class Fabric:
         self.counts: Counter = Counter()
         self.lost: Counter = Counter()
 
-    def attach(self, port: int, mac: str, receive: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    def attach(self, port: int, mac: str,
+               receive: Callable[[bytes], None]) -> Callable[[bytes], None]:
         """Cable a host to `port`; returns what the host calls to send a frame."""
         self.hosts[port] = receive
         self.macs[bytes.fromhex(mac.replace(":", ""))] = port
