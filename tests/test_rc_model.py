@@ -12,7 +12,7 @@ import pytest
 
 from flowctl import CompletionError, FlowConfig, StallError
 from netreduce.meta import RECORD_STRIDE
-from rcmodel.fabric import Faults
+from rcmodel.fabric import FaultRates, Faults
 from rcmodel.rxe import MAX_UNACKED_PSNS, QPAttr
 from rcmodel.world import World
 from switch import pipeline
@@ -253,6 +253,46 @@ def test_b1_with_the_old_bound_of_128_b_stalls_forever(monkeypatch: pytest.Monke
     assert all(isinstance(r, StallError) for r in results), results
     conn_b = world.switch_counters()["connections"][1]["counters"]
     assert conn_b["drop_stale"] >= 1             # B's retransmissions of 128 find 384
+
+
+def test_the_model_catches_a_switch_that_does_not_serve_retransmissions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant 3 (a retransmission reaching an emitted slot gets the result back) is
+    what recovers a lost result: a pipeline without it leaves B stalled, and the model
+    says so with a StallError instead of a wrong sum or a hang."""
+    real_offer = pipeline.AggregatorPool.offer
+
+    def offer_without_serving(pool: pipeline.AggregatorPool, rank: int, k: int,
+                              *args: Any) -> str:
+        i = k & pool.slots - 1
+        if pool.tag[i] == k and pool.bitmap[i] >> rank & 1 and pool.emitted[i]:
+            return "drop_duplicate"
+        return real_offer(pool, rank, k, *args)
+    monkeypatch.setattr(pipeline.AggregatorPool, "offer", offer_without_serving)
+    results = allreduce(b1_world(512), B1_COUNT, "switch")
+    assert all(isinstance(r, StallError) for r in results), results
+
+
+def test_the_model_catches_a_switch_that_counts_a_duplicate_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant 2 broken on purpose (a duplicate contribution before emission is added
+    again): duplicated contributions then give wrong sums, which the model shows."""
+    real_offer = pipeline.AggregatorPool.offer
+
+    def offer_twice(pool: pipeline.AggregatorPool, rank: int, k: int, *args: Any) -> str:
+        i = k & pool.slots - 1
+        again = pool.tag[i] == k and pool.bitmap[i] >> rank & 1 and not pool.emitted[i]
+        if again:
+            pool.bitmap[i] &= ~(1 << rank)
+        outcome = real_offer(pool, rank, k, *args)
+        if again and not pool.emitted[i]:
+            pool._payloads[i][rank] *= 2            # noqa: SLF001 - added twice
+        return outcome
+    monkeypatch.setattr(pipeline.AggregatorPool, "offer", offer_twice)
+    n, count = 3, 5000
+    faults = Faults({"contribution": FaultRates(duplicate=0.3, delay=0.5)}, seed=1)
+    results = allreduce(World(n, CFG, faults=faults), count, "switch")
+    assert not all(np.array_equal(r, want(n, count)) for r in results)
 
 
 # --- the model against the lab --------------------------------------------------------
