@@ -118,6 +118,19 @@ def test_the_host_ring_is_forwarded_by_the_switch_unaggregated() -> None:
     assert world.fabric.counts["result"] > 2 * (n - 1) * packets(4 * count // n)
 
 
+@pytest.mark.parametrize("algo", ["switch", "ring"])
+def test_several_calls_under_loss_duplication_and_reordering_everywhere(algo: str) -> None:
+    n, counts = 4, [7, 3000, 1]
+    world = World(n, CFG, faults=Faults.everywhere(loss=0.05, duplicate=0.05, delay=0.3,
+                                                   seed=11))
+    results = world.run(lambda comm: [comm.allreduce(data(comm.rank, c), algo=algo)
+                                      for c in counts])
+    for got in results:
+        assert [g.tolist() for g in got] == [want(n, c).tolist() for c in counts]
+    assert all(world.fabric.lost[kind] > 0 for kind in ("contribution", "result", "ack"))
+    assert sum(d["completer_retry_err"] for d in world.rxe_counters()) > 0
+
+
 def test_ackreq_on_the_last_packet_and_after_65_unacknowledged_ones() -> None:
     """rxe_req.c init_req_packet: `noack_pkts++ > RXE_MAX_PKT_PER_ACK` (64)."""
     cfg = FlowConfig(mtu=256, msg_size=256 * 256, window=1, recv_depth=8, stall_timeout=2.0)

@@ -134,6 +134,7 @@ class World:
                                   qps[pred, ring][0].qpn), qps[pred, ring][0].next_psn)
         self.spec: RingSpec = ring_spec(self.endpoints, "inc", "nr-model-inc", config)
         status = SwitchStatus(note="the model registers no ring")
+        self.slots: Optional[int] = None
         if switch:
             self.slots = DEFAULT_SLOTS if slots is None else slots
             self.pipeline.register_ring(self.spec, {d.ip: r + 1 for r, d in
