@@ -74,7 +74,8 @@ def check_ring(spec: RingSpec, slots: int) -> None:
         raise ValueError(f"ring {rid}: {slots} slots, need a power of two <= {MAX_SLOTS} "
                          "(k mod N must stay continuous across the 24-bit PSN wrap)")
     if slots < required_slots(spec):
-        capped = ", capped at rxe's 129" if spec.window_packets > RXE_MAX_INFLIGHT else ""
+        capped = (f", capped at rxe's {RXE_MAX_INFLIGHT}"
+                  if spec.window_packets > RXE_MAX_INFLIGHT else "")
         raise ValueError(f"ring {rid}: {slots} slots < 2 x {inflight_packets(spec)} packets "
                          f"in flight (window {spec.window} x "
                          f"{spec.window_packets // spec.window} packets per message{capped}): "
