@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 import subprocess
 import sys
 import time
@@ -211,7 +212,7 @@ def _len(number: int, payload: bytes) -> bytes:
 @pytest.mark.parametrize("request_bytes,message", [
     # the mistyped fields, sent as the wire would carry them: a double (wire type 1)
     # or a float (5) where a uint32 belongs, a varint where a string belongs
-    (_len(1, _len(6, _field(8, 1, (4096.0).hex().encode()[:8]))),
+    (_len(1, _len(6, _field(8, 1, struct.pack("<d", 4096.0)))),
      "spec.connections[0].psn0: a value of the wrong type (wire type 1) where an unsigned"),
     (_len(1, _len(6, _field(1, 5, b"\0\0\0\0"))),
      "spec.connections[0].rank: a value of the wrong type (wire type 5)"),
