@@ -193,8 +193,12 @@ class DataPlane:
         c.rx_bytes += len(frame)
         if len(frame) < 14:
             return
-        if not frame[6] & 1:
-            self._learn(frame[6:12].tobytes(), port.number)
+        src = frame[6:12].tobytes()
+        if src in self._seen:                      # a learned MAC: refresh (it may move)
+            self._seen[src] = self._tick
+            self.mac_table[src] = port.number
+        elif not frame[6] & 1 and self._static.get(src) != port.number:
+            self._learn_new(src, port.number)
         fields = parse(frame)
         if fields is not None:
             c.roce_packets += 1
@@ -214,19 +218,14 @@ class DataPlane:
         elif out != port.number:
             self._send(self.ports[out], frame)
 
-    def _learn(self, src: bytes, port: int) -> None:
-        seen = self._seen
-        if src in seen:
-            seen[src] = self._tick
-            self.mac_table[src] = port
-        elif src in self._static:
-            if self._static[src] != port:
-                self.counters.mac_learn_refused += 1
-        elif len(seen) < self.mac_table_size:
-            seen[src] = self._tick
-            self.mac_table[src] = port
-        else:
+    def _learn_new(self, src: bytes, port: int) -> None:
+        """A unicast source MAC neither learned nor static on `port`: learn it if it is not
+        static elsewhere and the table has room, else count the refusal."""
+        if src in self._static or len(self._seen) >= self.mac_table_size:
             self.counters.mac_learn_refused += 1
+        else:
+            self._seen[src] = self._tick
+            self.mac_table[src] = port
 
     def _age(self) -> None:
         """Forget learned MACs unseen for mac_ageing s (runs every AGEING_SWEEP s)."""
