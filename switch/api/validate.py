@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from ring_setup.spec import Connection, RingSpec
@@ -33,19 +34,26 @@ class InvalidArgument(ValueError):
 
 
 def parse(message_type: type[Message], data: bytes) -> Any:
-    """Decode a request, refusing bytes that are no such message or carry fields the
-    proto does not declare with that wire type (a float where an integer belongs)."""
+    """Decode a request, refusing bytes that are no such message or that the decoder
+    would bend into one: a field the proto does not declare, a value of the wrong wire type
+    (a float where an integer belongs), an integer beyond its field's 32 bits, a singular
+    field given twice (each refusal names the field)."""
     try:
         msg = message_type.FromString(data)
     except (DecodeError, UnicodeDecodeError, ValueError, RuntimeError) as e:
         raise InvalidArgument(f"request: not a valid {message_type.DESCRIPTOR.name}: "
                               f"{type(e).__name__}: {e}") from None
-    _check_wire_fields(msg, "")
+    try:
+        _check_wire(data, message_type.DESCRIPTOR, "")
+    except IndexError:
+        raise InvalidArgument(f"request: not a valid {message_type.DESCRIPTOR.name}: "
+                              "truncated") from None
     return msg
 
 
-def _wire_fields(data: bytes) -> Iterator[tuple[int, int]]:
-    """(field number, wire type) of each top-level field of a serialized message."""
+def _wire_fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of each top-level field of a serialized message:
+    the integer of a varint, the bytes of anything else."""
     i, n = 0, len(data)
 
     def varint() -> int:
@@ -63,41 +71,41 @@ def _wire_fields(data: bytes) -> Iterator[tuple[int, int]]:
         tag = varint()
         number, wire = tag >> 3, tag & 7
         if wire == 0:
-            varint()
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            length = varint()          # (i += varint() would add to i's value before the call)
-            i += length
-        elif wire == 5:
-            i += 4
+            yield number, wire, varint()
+            continue
+        if wire == 2:
+            size = varint()
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
         else:                          # groups: never valid in proto3
-            yield number, wire
+            yield number, wire, b""
             return
-        yield number, wire
+        if i + size > n:
+            raise IndexError("truncated")
+        yield number, wire, data[i:i + size]
+        i += size
 
 
-def _check_wire_fields(msg: Message, path: str) -> None:
-    fields = msg.DESCRIPTOR.fields_by_number
-    where = path or msg.DESCRIPTOR.name
-    for number, wire in _wire_fields(msg.SerializeToString()):
+def _check_wire(data: bytes, descriptor: Any, path: str) -> None:
+    fields = descriptor.fields_by_number
+    seen: dict[int, int] = {}
+    for number, wire, value in _wire_fields(data):
         field = fields.get(number)
         if field is None:
-            raise InvalidArgument(f"{where}: field number {number} is not part of "
-                                  f"{msg.DESCRIPTOR.name}")
-        if wire != _wire_type(field):
-            raise InvalidArgument(f"{path + '.' if path else ''}{field.name}: a value of "
-                                  f"the wrong type (wire type {wire}) where "
-                                  f"{_type_name(field)} belongs")
-    for field, value in msg.ListFields():
-        if field.type != field.TYPE_MESSAGE or field.message_type.GetOptions().map_entry:
-            continue
+            raise InvalidArgument(f"{path or descriptor.name}: field number {number} is not "
+                                  f"part of {descriptor.name}")
         name = f"{path + '.' if path else ''}{field.name}"
-        if field.label == field.LABEL_REPEATED:
-            for i, item in enumerate(value):
-                _check_wire_fields(item, f"{name}[{i}]")
-        else:
-            _check_wire_fields(value, name)
+        index = seen[number] = seen.get(number, -1) + 1
+        if wire != _wire_type(field):
+            raise InvalidArgument(f"{name}: a value of the wrong type (wire type {wire}) "
+                                  f"where {_type_name(field)} belongs")
+        repeated = field.label == field.LABEL_REPEATED
+        if index and not repeated:
+            raise InvalidArgument(f"{name}: given more than once")
+        if isinstance(value, int) and value >> _BITS.get(field.type, 64):
+            raise InvalidArgument(f"{name}: {value} is not {_type_name(field)}")
+        if field.type == field.TYPE_MESSAGE and not field.message_type.GetOptions().map_entry:
+            _check_wire(value, field.message_type, f"{name}[{index}]" if repeated else name)
 
 
 def _wire_type(field: Any) -> int:
@@ -111,6 +119,9 @@ def _wire_type(field: Any) -> int:
     if field.type in (field.TYPE_FLOAT, field.TYPE_FIXED32, field.TYPE_SFIXED32):
         return 5
     return 0
+
+
+_BITS = {FieldDescriptor.TYPE_BOOL: 1, FieldDescriptor.TYPE_UINT32: 32}   # bits a varint may use
 
 
 def _type_name(field: Any) -> str:

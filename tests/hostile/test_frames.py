@@ -32,12 +32,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SwitchRig]:
     r.close()
 
 
-@pytest.fixture(scope="module")
-def alice(rig: SwitchRig) -> Iterator[ControllerClient]:
-    with ControllerClient(rig.addr, timeout=10, token_file=rig.alice_tokens) as c:
-        yield c
-
-
 def probe(rig: SwitchRig, src: int, dst: int, tag: bytes) -> bool:
     """Does a plain frame from host `src` to host `dst` get through the switch?"""
     frame = (bytes.fromhex(lab_mac(dst).replace(":", "")) + bytes.fromhex(

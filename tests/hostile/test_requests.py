@@ -39,12 +39,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SwitchRig]:
 
 
 @pytest.fixture(scope="module")
-def alice(rig: SwitchRig) -> Iterator[ControllerClient]:
-    with ControllerClient(rig.addr, timeout=10, token_file=rig.alice_tokens) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def channel(rig: SwitchRig) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(rig.addr) as ch:
         yield ch
