@@ -51,7 +51,7 @@ def require_netns() -> None:
         pytest.skip(why)
 
 
-def _ip(*args: str) -> None:
+def run_ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
@@ -61,7 +61,7 @@ def _sysctl(ns: str, *settings: str) -> None:
                        capture_output=True)
 
 
-def _in_netns(ns: str, fn):
+def in_netns(ns: str, fn):
     """Run fn() on a thread that entered namespace `ns` (a socket it opens stays there)."""
     libc = ctypes.CDLL(None, use_errno=True)
     out: dict[str, object] = {}
@@ -98,7 +98,7 @@ class HostPort:
             s.bind((self.ifname, ETH_P_ALL))
             s.setblocking(False)
             return s
-        self.sock: socket.socket = _in_netns(HOSTS_NS, open_sock)
+        self.sock: socket.socket = in_netns(HOSTS_NS, open_sock)
 
     def send(self, frame: bytes) -> None:
         self.sock.send(frame)
@@ -162,13 +162,13 @@ class SwitchRig:
 
     def _make_netns(self) -> None:
         for ns in (SWITCH_NS, HOSTS_NS):
-            _ip("netns", "add", ns)
+            run_ip("netns", "add", ns)
             _sysctl(ns, "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
         for p in range(1, self.ports + 1):
-            _ip("link", "add", f"nrxs{p}", "netns", SWITCH_NS, "type", "veth", "peer", "name",
+            run_ip("link", "add", f"nrxs{p}", "netns", SWITCH_NS, "type", "veth", "peer", "name",
                 f"nrxh{p}", "netns", HOSTS_NS)
-            _ip("-n", SWITCH_NS, "link", "set", f"nrxs{p}", "up")
-            _ip("-n", HOSTS_NS, "link", "set", f"nrxh{p}", "up")
+            run_ip("-n", SWITCH_NS, "link", "set", f"nrxs{p}", "up")
+            run_ip("-n", HOSTS_NS, "link", "set", f"nrxh{p}", "up")
 
     def _start(self, static_hosts: Sequence[int], extra_args: Sequence[str], module: str) -> None:
         ready = self.tmp / "switch.ready"
