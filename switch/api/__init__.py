@@ -1,5 +1,4 @@
-"""The controller's typed API (control.proto), its generated modules, the client and tokens.
-
-Nothing here imports the switch's data plane or pipeline: the host library uses
-`switch.api.client` alone.
+"""The controller's typed API: control.proto and its generated modules, the client and token
+files (which import no other switch code: the host library loads only these), and the
+server's request checks (validate.py).
 """
