@@ -2,6 +2,7 @@
 source MACs, a flood of new MACs, and a fault in the aggregation code (issue 12)."""
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import time
@@ -20,8 +21,9 @@ from tests.hostile.netns import SwitchRig
 
 MAC_TABLE_SIZE = 64
 PAYLOAD_OFF = 14 + 20 + 8 + 12 + 16        # a WRITE_ONLY's payload: after Eth, IP, UDP, BTH, RETH
-FUZZ_EXAMPLES = 1000
-FUZZ_SECONDS = 20.0
+FUZZ_EXAMPLES = 600
+FUZZ_SECONDS = 18.0
+VOLUME_FRAMES = 50_000
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +103,28 @@ def hostile_frame(draw) -> tuple[int, bytes]:
     return port, bytes(frame)
 
 
+def volume_pass(rig: SwitchRig, count: int, seed: int = 12) -> int:
+    """`count` frames of the fuzzed ring, each cut short and/or with 1-4 random bytes
+    overwritten, from random ports (many more than hypothesis can draw in the time)."""
+    rng = random.Random(seed)
+    templates = [write_frame(c, k, op, bytes(256)) for c in FUZZ_RING.connections
+                 for k in (0, 1, 255, 256) for op in (6, 7, 8, 10)]
+    sent = 0
+    for i in range(count):
+        frame = bytearray(rng.choice(templates))
+        for _ in range(rng.randint(1, 4)):
+            frame[rng.randrange(len(frame))] = rng.randrange(256)
+        cut = len(frame) if rng.random() < 0.7 else rng.randrange(14, len(frame))
+        try:
+            rig.hosts[rng.randint(1, 4)].send(bytes(frame[:cut]))
+            sent += 1
+        except OSError:
+            pass
+        if i % 2000 == 1999:
+            rig.drain()
+    return sent
+
+
 def test_fuzzed_frames_leave_the_switch_forwarding_with_bounded_state(
         rig: SwitchRig, alice: ControllerClient) -> None:
     alice.register_ring(FUZZ_RING, lease_ms=600_000)
@@ -124,6 +148,7 @@ def test_fuzzed_frames_leave_the_switch_forwarding_with_bounded_state(
         assert rig.alive(), rig.log()
 
     fuzz()
+    volume = volume_pass(rig, VOLUME_FRAMES)
     elapsed = time.monotonic() - t0
     rig.settle()
     assert rig.alive(), rig.log()
@@ -142,7 +167,8 @@ def test_fuzzed_frames_leave_the_switch_forwarding_with_bounded_state(
     alice.register_ring(after)
     aggregate(rig, after, 0, seed=1)
     alice.unregister_ring("after-fuzz")
-    print(f"fuzz: {sent[0]} frames in {elapsed:.1f} s, RSS +{growth} KiB, "
+    print(f"fuzz: {sent[0]} property-based + {volume} volume frames in {elapsed:.1f} s, "
+          f"RSS +{growth} KiB, "
           f"mac_learn_refused {got['switch']['mac_learn_refused']}, ring outcomes {outcomes}")
 
 
