@@ -122,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             print(f"switch: controller: {e}", file=sys.stderr)
             return 1
+        if args.token_file is None:
+            logging.getLogger("switch").warning(
+                "controller on %s without --token-file: anyone who reaches it can register "
+                "and unregister rings", args.controller)
 
     def counters() -> dict:
         out = {"ports": dp.port_counters(), "mac_table": dp.mac_table_view(),
