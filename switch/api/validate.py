@@ -99,7 +99,7 @@ def _check_wire(data: bytes, descriptor: Any, path: str) -> None:
         if wire != _wire_type(field):
             raise InvalidArgument(f"{name}: a value of the wrong type (wire type {wire}) "
                                   f"where {_type_name(field)} belongs")
-        repeated = field.label == field.LABEL_REPEATED
+        repeated = _repeated(field)
         if index and not repeated:
             raise InvalidArgument(f"{name}: given more than once")
         if isinstance(value, int) and value >> _BITS.get(field.type, 64):
@@ -108,11 +108,18 @@ def _check_wire(data: bytes, descriptor: Any, path: str) -> None:
             _check_wire(value, field.message_type, f"{name}[{index}]" if repeated else name)
 
 
+def _repeated(field: Any) -> bool:
+    """protobuf >= 7 has only `is_repeated`, protobuf 3.20 only `label`."""
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return field.label == field.LABEL_REPEATED
+
+
 def _wire_type(field: Any) -> int:
     """The wire type a field is serialized with: 0 varint, 1 fixed64, 2 length-delimited
     (also packed repeated scalars), 5 fixed32."""
     if field.type in (field.TYPE_STRING, field.TYPE_BYTES, field.TYPE_MESSAGE) \
-            or field.label == field.LABEL_REPEATED:
+            or _repeated(field):
         return 2
     if field.type in (field.TYPE_DOUBLE, field.TYPE_FIXED64, field.TYPE_SFIXED64):
         return 1
