@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -452,3 +453,29 @@ def test_ctl_prints_json(start: Start, tmp_path: Path, tokens: dict[str, Path],
     spec_file.write_text(json.dumps({**make_ring(2).to_dict(), "mtu": 1024.0}))
     assert ctl.main([*auth, "register", str(spec_file)]) == 1
     assert "spec.mtu: 1024.0 cannot be sent" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "no 'PRINCIPAL SECRET' line"),
+    ("# only a comment\n\n", "no 'PRINCIPAL SECRET' line"),
+    ("a b c\n", "line 1: expected 'PRINCIPAL SECRET' or 'SECRET', got 3 words"),
+    ("short\n", "line 1: the secret of 'default' must be at least 16 printable ASCII"),
+    ("bad/name 0123456789abcdef0\n", "line 1: principal 'bad/name' is not"),
+    ("a 0123456789abcdef0\nb 0123456789abcdef0\n", "line 2: the secret of 'b' is already"),
+])
+def test_token_files_are_checked_by_line(tmp_path: Path, text: str, message: str) -> None:
+    from switch.api.tokens import TokenFileError, read_token_file
+    path = tmp_path / "t"
+    path.write_text(text)
+    with pytest.raises(TokenFileError, match=re.escape(message)):
+        read_token_file(path)
+
+
+def test_token_file_entries(tmp_path: Path) -> None:
+    from switch.api.tokens import read_token_file
+    path = tmp_path / "t"
+    path.write_text("# switch\n0123456789abcdef0  # the default principal\nbob bob-0123456789abcdef\n")
+    assert read_token_file(path) == [("default", "0123456789abcdef0"),
+                                      ("bob", "bob-0123456789abcdef")]
+    with pytest.raises(ValueError, match="cannot read it"):
+        read_token_file(tmp_path / "missing")
