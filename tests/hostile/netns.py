@@ -52,7 +52,9 @@ def require_netns() -> None:
 
 
 def run_ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+    p = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise AssertionError(f"ip {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
 
 
 def _sysctl(ns: str, *settings: str) -> None:
@@ -153,7 +155,12 @@ class SwitchRig:
         self.hosts: dict[int, HostPort] = {}
         self._teardown_netns()
         try:
-            self._make_netns()
+            try:
+                self._make_netns()
+            except AssertionError:          # a namespace of the previous rig still going away
+                self._teardown_netns()
+                time.sleep(1.0)
+                self._make_netns()
             self._start(static_hosts, extra_args, module)
             self.hosts = {p: HostPort(p) for p in range(1, ports + 1)}
         except BaseException:
