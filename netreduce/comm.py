@@ -115,7 +115,7 @@ class Communicator:
         controller: Controller | None = None
         try:
             if rdzv.rank == 0 and addr is not None:
-                from switch.controller import ControllerClient  # grpc: only where it is used
+                from switch.api.client import ControllerClient  # grpc: only where it is used
                 controller = ControllerClient(addr, timeout=min(10.0, timeout / 2))
             host = RdmaHost(ip, device, config)
             comm = cls.connect(rendezvous, host, config, controller)

@@ -2,7 +2,7 @@
 agree whether allreduce may aggregate in the network.
 
 Invariants:
-- Only rank 0 talks to the controller (`switch.controller.ControllerClient` or anything
+- Only rank 0 talks to the controller (`switch.api.client.ControllerClient` or anything
   with the same `register_ring` / `unregister_ring`); it registers after every rank's QPs
   are connected and before anything is posted on "inc", and publishes the outcome through
   the rendezvous store. Every rank returns the same `SwitchStatus` or raises the same
@@ -31,7 +31,8 @@ class SwitchRegistrationError(RuntimeError):
 
 
 class Controller(Protocol):
-    """What rank 0 needs of the switch controller (switch.controller.ControllerClient)."""
+    """What rank 0 needs of the switch controller (switch.api.client.ControllerClient, which
+    sends the secret of the token file $NR_CONTROLLER_TOKEN names)."""
 
     addr: str
 

@@ -72,7 +72,8 @@ LOCK=/run/lock/netreduce-lab.lock
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
-rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,cmd.sh,env}
+rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,cmd.sh,env,controller.token}
+(umask 077; echo "lab $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" > "$LABDIR/controller.token")  # this run's controller secret
 
 switch_pid=""
 cleanup() {
@@ -123,7 +124,7 @@ fi
 ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 
 start_switch() {  # python module + its extra args; waits for its ready file
-  ip netns exec "$SWNS" "$PY" -m "$@" "${ports[@]}" --controller "$CTL_IP:$CTL_PORT" \
+  ip netns exec "$SWNS" "$PY" -m "$@" "${ports[@]}" --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
     --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
     >"$LABDIR/switch.log" 2>&1 &
   switch_pid=$!
@@ -144,7 +145,7 @@ case $switch in
       ip -n "$SWNS" link set "${ports[$i]#*=}" master nrbr
     done
     say "kernel bridge nrbr up: ${ports[*]}" ;;
-  soft) start_switch switch ;;
+  soft) for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done; start_switch switch ;;  # ring ports: static map only
   bmv2)
     # BMv2 learns no MACs: every host's MAC is configured (rings need RoCE path MTU 256).
     for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done
@@ -154,8 +155,8 @@ esac
 # --- the command ---------------------------------------------------------------------------
 {
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-  printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q\n' \
-    "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT"
+  printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q\n' \
+    "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
