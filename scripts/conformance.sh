@@ -41,7 +41,7 @@ cd "$ROOT"
 # in which no vector passed for the target counts as a failure.
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 set +e
-"$PY" -m pytest -q -rs tests/test_conformance.py -k "test_vector and $target" "$@" | tee "$out"
+"$PY" -m pytest -q -rs tests/test_conformance.py -k "(test_vector or test_every_opcode_and_length_in_bursts) and $target" "$@" | tee "$out"
 rc=${PIPESTATUS[0]}
 set -e
 [ "$rc" = 0 ] || exit "$rc"
