@@ -113,7 +113,9 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
                 hdr.udp.len = UDP_LEN + BTH_LEN + ext + ((bit<16>)meta.emit_words << 2) + ICRC_LEN;
                 hdr.ipv4.total_len = IPV4_LEN + hdr.udp.len;
                 meta.fix_ipv4 = 1;
-                meta.fix_icrc = 1;
+                if (sm.egress_rid != NR_CONT_RID) {
+                    meta.fix_icrc = 1;     // a continuation is never sent: no ICRC needed
+                }
             } else {
                 mark_to_drop(sm);          // the ring was unregistered meanwhile
                 sent = false;
