@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
+from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
 from conformance.format import Harness, Vector, from_json, per_port, to_json
@@ -88,5 +89,8 @@ def test_bmv2_vectors_use_256_byte_payloads() -> None:
             continue
         for step in v.steps:
             for frame in [step.frame] + [f for _, f in step.expect]:
-                load = Ether(frame).lastlayer()
+                pkt = Ether(frame)
+                if IP in pkt and pkt[IP].frag:
+                    continue           # a non-first fragment: scapy leaves its UDP undecoded
+                load = pkt.lastlayer()
                 assert len(frame) < 100 or len(bytes(load)) in (256, 64), (v.name, step.note)

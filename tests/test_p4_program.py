@@ -122,10 +122,28 @@ def test_the_generated_icrc_actions_are_up_to_date() -> None:
     text = icrc_words_source(C)
     for n in range(C.max_elems + 1):
         fields = re.search(rf"action words_{n}\(\) {{ hash\(crc, HashAlgorithm\.crc32, 32w0, "
-                           rf"\{{ 32w0xFFFFFFFF, region(.*?) \}}, 64w0x100000000\); }}", text)
+                           rf"\{{ 32w0xFFFFFFFF, NR_ICRC_PRE(.*?) \}}, 64w0x100000000\); }}", text)
         assert fields, n
         assert fields.group(1) == "".join(f", hdr.pl[{i}].v" for i in range(n))
         assert f"            {n}: words_{n}();" in text
+
+
+def test_the_icrc_header_part_is_right_aligned() -> None:
+    """Each branch of icrc.p4 fills the 16 header-part words with zeros, then the 4 bytes
+    of ones, the 10 IPv4/UDP/BTH words and exactly the extension words of its branch."""
+    body = source("icrc.p4")
+    heads = ["ones", "ip0", "ip1", "ip2", "ip3", "ip4", "udp0", "udp1", "bth0", "bth1", "bth2"]
+    reth = ["hdr.reth.va[63:32]", "hdr.reth.va[31:0]", "hdr.reth.rkey", "hdr.reth.dma_len"]
+    branches = re.findall(r"if \((.*?)\) \{\s*NR_ICRC_SET_PRE\((.*?)\)\s*\}|"
+                          r"else \{\s*NR_ICRC_SET_PRE\((.*?)\)\s*\}", body, re.S)
+    seen = []
+    for cond, args, plain in branches:
+        words = [a.strip() for a in (args or plain).split(",")]
+        ext = (reth if "reth" in cond else []) + (["hdr.immdt.imm"] if "immdt" in cond else [])
+        assert len(words) == 16
+        assert words == ["0"] * (16 - len(heads) - len(ext)) + heads + ext, cond
+        seen.append(len(ext))
+    assert sorted(seen) == [0, 1, 4, 5]
 
 
 def test_p4c_compiles_without_unreviewed_warnings() -> None:
