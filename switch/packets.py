@@ -5,8 +5,10 @@ The one place of the data path that knows header layouts. A RoCEv2 frame is
 [ImmDt 4] or [AETH 4] | payload | pad (0-3) | ICRC (4)``, every field big-endian except
 the ICRC, which is zlib's CRC-32 stored little-endian (see docs/pipeline.md, "ICRC"), and
 the payload's int32 words, little-endian (the wire format of netreduce.algorithms.switch).
-Invariant: nothing here allocates per packet beyond the tuple a parse returns and the
-masked 48-byte header copy an ICRC state needs.
+The checks a packet must pass before the switch adds it (docs/pipeline.md rules 3 and 6:
+`ipv4_header_ok`, `is_fragment`, `icrc_valid`) live here too.
+Invariant: nothing here copies a payload; per packet it allocates only the tuples and ints
+a parse or check returns and the masked 48-byte header copy an ICRC state needs.
 """
 from __future__ import annotations
 
