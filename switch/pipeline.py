@@ -2,12 +2,13 @@
 
 `AggregationPipeline.process` is the data-plane hook (switch.dataplane.Pipeline): the
 dataplane calls it for every received frame. Registered RDMA WRITE packets of a ring are
-summed slot by slot (slot = relative PSN mod N) and each completed slot goes out, in PSN
-order, as every rank's own packet with the payload replaced by the sum and the ICRC
-recomputed.
-Invariants kept: a rank's contribution to a slot is added once; a slot is re-used only
-after it was emitted; results leave in order of relative PSN; traffic that matches no
-registered connection is never touched (process returns False).
+verified (IPv4 checksum, not a fragment, ICRC), then summed slot by slot (slot = relative
+PSN mod N), and each completed slot goes out, in PSN order, as every rank's own packet
+with the payload replaced by the sum, UDP checksum 0 and the ICRC recomputed.
+Invariants kept: only a packet with a valid IPv4 checksum and ICRC that is not a
+fragment is added or served; a rank's contribution to a slot is added once; a slot is
+re-used only after it was emitted; results leave in order of relative PSN; traffic that
+matches no registered connection is never touched (process returns False).
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 
 from ring_setup.spec import RingSpec
-from switch.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, PSN_MASK, UDP_OFF,
-                            UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after, icrc_state,
-                            icrcs, parse, reth)
+from switch.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, PSN_MASK, UDP_CSUM_OFF,
+                            UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after,
+                            icrc_state, icrc_valid, icrcs, ipv4_header_ok, is_fragment, parse,
+                            reth)
 
 if TYPE_CHECKING:
     from switch.dataplane import Emit   # the hook contract: parts valid only during the call
@@ -33,8 +35,9 @@ MAX_RANKS = 32                   # bitmap width
 # i.e. 129 of them, may be unacknowledged at once per QP.
 RXE_MAX_INFLIGHT = 129
 PATH_MTUS = (256, 512, 1024, 2048, 4096)
-DROPS = ("drop_wrong_port", "drop_bad_opcode", "drop_bad_length", "drop_overrun",
-         "drop_mismatch", "drop_duplicate", "drop_stale")
+DROPS = ("drop_wrong_port", "drop_bad_ipcsum", "drop_fragment", "drop_bad_opcode",
+         "drop_bad_length", "drop_bad_icrc", "drop_overrun", "drop_mismatch", "drop_duplicate",
+         "drop_stale")
 OUTCOMES = ("aggregated", "retransmits_served") + DROPS   # exactly one per registered packet
 RING_COUNTERS = ("aggregated", "completed", "results_sent", "retransmits_served") + DROPS
 CONN_COUNTERS = ("packets", "messages", "aggregated", "retransmits_served") + DROPS
@@ -42,6 +45,7 @@ CONN_COUNTERS = ("packets", "messages", "aggregated", "retransmits_served") + DR
 _EMPTY = -1                      # tag of a slot that never held a packet
 PSN_HALF = 1 << 23                # serial arithmetic: a relative distance below this is "ahead"
 _WIRE_I32 = np.dtype("<i4")      # payload elements on the wire: the hosts' own int32
+_ZERO_CSUM = bytes(2)            # a rewritten packet's UDP checksum (rxe sends 0; the ICRC masks it)
 
 
 def inflight_packets(spec: RingSpec) -> int:
@@ -115,7 +119,8 @@ class AggregatorPool:
         self.emitted = [False] * slots
         self.plen = [mtu] * slots       # _cut[i] is cut to plen[i]
         self.opcode = [0] * slots
-        self.headers: list[list[bytes]] = [[b""] * world_size for _ in range(slots)]
+        self.headers: list[list[bytearray]] = [[bytearray()] * world_size
+                                               for _ in range(slots)]
         self._hcrc = [[0] * world_size for _ in range(slots)]   # icrc_state after header
         elems = mtu // 4
         self._payloads = np.zeros((slots, world_size, elems), dtype=_WIRE_I32)
@@ -127,8 +132,9 @@ class AggregatorPool:
         self._cut = [(self._payloads[i], self._sums[i]) for i in range(slots)]
 
     def offer(self, rank: int, k: int, frame: memoryview, hdr_end: int, plen: int,
-              opcode: int, emit: Emit) -> str:
-        """Apply rule 5 to packet k of `rank`; returns the counter the outcome bumps."""
+              opcode: int, hcrc: int, emit: Emit) -> str:
+        """Apply rule 7 to verified packet k of `rank` (`hcrc`: its `icrc_state` at
+        hdr_end); returns the counter the outcome bumps."""
         i = k & self._mask
         tag = self.tag[i]
         if tag == k:
@@ -138,8 +144,9 @@ class AggregatorPool:
                 if not self.emitted[i]:
                     return "drop_duplicate"
                 payload = self._sum_bytes[i][:plen]
-                emit(self.out_ports[rank], (frame[:hdr_end], payload,
-                                            icrc_after(icrc_state(frame, hdr_end), payload)))
+                emit(self.out_ports[rank], (frame[:UDP_CSUM_OFF], _ZERO_CSUM,
+                                            frame[UDP_CSUM_OFF + 2:hdr_end], payload,
+                                            icrc_after(hcrc, payload)))
                 return "retransmits_served"
         else:
             ahead = (k - self.next_emit) & PSN_MASK
@@ -154,8 +161,10 @@ class AggregatorPool:
             self.plen[i] = plen
             self.opcode[i] = opcode
         self._payload_bytes[i][rank][:plen] = frame[hdr_end:hdr_end + plen]
-        self.headers[i][rank] = bytes(frame[:hdr_end])
-        self._hcrc[i][rank] = icrc_state(frame, hdr_end)
+        header = bytearray(frame[:hdr_end])
+        header[UDP_CSUM_OFF:UDP_CSUM_OFF + 2] = _ZERO_CSUM
+        self.headers[i][rank] = header
+        self._hcrc[i][rank] = hcrc
         self.bitmap[i] |= 1 << rank
         if k == self.next_emit and self.bitmap[i] == self._full:
             self._emit_in_order(emit)
@@ -310,26 +319,34 @@ class AggregationPipeline:
         return out
 
     def process(self, frame: memoryview, in_port: int, emit: Emit) -> bool:
-        """Rules 1-6 of docs/pipeline.md for one frame."""
+        """Rules 1-8 of docs/pipeline.md for one frame."""
         fields = parse(frame)
         if fields is None:
             return False
-        key, udp_len, opcode, pad, psn = fields
+        key, udp_len, opcode, pad, psn, frag = fields
         conn = self.table.entries.get(key)
         if conn is None:
             return False
         pool = conn.pool
         if in_port != conn.in_port:
             outcome = "drop_wrong_port"
+        elif not ipv4_header_ok(frame):
+            outcome = "drop_bad_ipcsum"
+        elif is_fragment(frag):
+            outcome = "drop_fragment"
         elif opcode not in WRITE_OPCODES:
             outcome = "drop_bad_opcode"
         else:
+            hdr_end = EXT_OFF + EXT_LEN[opcode]
             plen = udp_len - UDP_OVERHEAD - EXT_LEN[opcode] - pad
             if pad or plen & 3 or not 0 <= plen <= pool.mtu or UDP_OFF + udp_len > len(frame):
                 outcome = "drop_bad_length"
+            elif not icrc_valid(frame, hdr_end, hdr_end + plen,
+                                hcrc := icrc_state(frame, hdr_end)):
+                outcome = "drop_bad_icrc"
             else:
                 outcome = pool.offer(conn.rank, (psn - conn.psn0) & PSN_MASK, frame,
-                                     EXT_OFF + EXT_LEN[opcode], plen, opcode, emit)
+                                     hdr_end, plen, opcode, hcrc, emit)
                 if outcome == "aggregated" and opcode in MESSAGE_START_WRITES:
                     conn.counts["messages"] += 1
                     conn.reth = reth(frame)
