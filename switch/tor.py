@@ -1,0 +1,226 @@
+"""The ToR role of a two-tier fabric (docs/multirack.md): aggregate the rack, ask the spine.
+
+A `TorPipeline` is an `AggregationPipeline` (every host-facing check of docs/pipeline.md
+applies unchanged to the rack's contributions) whose rings spanning several racks use a
+`RackPool`: when the rack's requesters have all contributed to slot k, ONE partial goes up
+the uplink; the spine's total for k becomes the slot's result, emitted in order as today
+(each local requester's own packet, payload = total, ICRC recomputed), out of the
+responder's port when the responder is in the rack, else up the uplink. Connections whose
+responder is here but whose requester is not are *transit*: their (result) packets arrive
+on the uplink and leave by the responder's port, untouched.
+Invariants: a rack's contribution counts once per slot (the pool's bitmap); a partial is
+sent once when the slot becomes locally complete and again only when a held contribution
+is retransmitted while no total is known (the spine dedups); a total counts once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ring_setup.spec import RingSpec
+from switch import interswitch
+from switch.interswitch import Endpoint, Kind, ring_tag
+from switch.packets import conn_key, parse
+from switch.pipeline import (DEFAULT_SLOTS, MAX_RANKS, AggregationPipeline, AggregatorPool,
+                             ConnEntry, connection_entries)
+
+if TYPE_CHECKING:
+    from switch.dataplane import Emit
+
+TOR_COUNTERS = ("partials_sent", "partials_resent", "totals", "drop_total_unexpected",
+                "drop_total_duplicate", "drop_total_length", "drop_total_misdirected")
+TRANSIT_COUNTERS = ("forwarded", "drop_wrong_port")
+MAX_RACKS = 32                   # the spine's per-slot bitmap width
+
+
+@dataclass(frozen=True)
+class TorConfig:
+    """Where a ToR sits: its id in the fabric, its uplink port, its and the spine's addresses."""
+
+    tor_id: int
+    uplink: int
+    me: Endpoint
+    spine: Endpoint
+
+
+class RackPool(AggregatorPool):
+    """One ring's slots at a ToR: one lane per local requester; a slot's result is the total.
+
+    The sum row of a slot holds the rack's partial from local completion until the total
+    arrives (ready), then the total.
+    """
+
+    def __init__(self, lanes: dict[int, int], slots: int, mtu: int, out_ports: list[int],
+                 config: TorConfig, ring: int):
+        super().__init__(len(lanes), slots, mtu, out_ports)
+        self._lane = lanes           # global rank -> lane
+        self._config = config
+        self._ring = ring
+        self.counts = dict.fromkeys(TOR_COUNTERS, 0)
+
+    def offer(self, rank: int, k: int, frame: memoryview, hdr_end: int, plen: int,
+              opcode: int, emit: Emit) -> str:
+        return super().offer(self._lane[rank], k, frame, hdr_end, plen, opcode, emit)
+
+    def _complete(self, k: int, i: int, emit: Emit) -> None:
+        payloads, partial = self._cut[i]
+        np.add.reduce(payloads, axis=0, out=partial)
+        self._send_partial(k, i, emit)
+        self.counts["partials_sent"] += 1
+
+    def _duplicate(self, i: int, emit: Emit) -> str:
+        """A retransmission while the partial is out and no total is back: send it again."""
+        if self.bitmap[i] == self._full and not self.ready[i]:
+            self._send_partial(self.tag[i], i, emit)
+            self.counts["partials_resent"] += 1
+        return "drop_duplicate"
+
+    def _send_partial(self, k: int, i: int, emit: Emit) -> None:
+        c = self._config
+        payload = self._sum_bytes[i][:self.plen[i]]
+        (head, crc), = interswitch.frames(c.me, Kind.PARTIAL, self._ring, k, payload,
+                                          [(c.tor_id, c.spine)])
+        emit(c.uplink, (head, payload, crc))
+
+    def accept_total(self, k: int, payload: memoryview, emit: Emit) -> str:
+        """The spine's total for k: the slot's result; returns the counter it bumps."""
+        i = k & self._mask
+        if self.tag[i] != k or self.bitmap[i] != self._full:
+            return "drop_total_unexpected"      # never partialled here (or long re-used)
+        if self.ready[i]:
+            return "drop_total_duplicate"
+        if len(payload) != self.plen[i]:
+            return "drop_total_length"
+        self._sum_bytes[i][:len(payload)] = payload
+        self.ready[i] = True
+        if k == self.next_emit:
+            self._emit_in_order(emit)
+        return "totals"
+
+
+@dataclass
+class TransitEntry:
+    """A connection whose responder is in this rack and whose requester is not."""
+
+    ring_id: str
+    rank: int
+    out_port: int
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSIT_COUNTERS, 0))
+
+
+class TorPipeline(AggregationPipeline):
+    """A ToR: the aggregation pipeline for its rack's requesters, transit, the spine's totals.
+
+    `register_ring` takes the local ranks' host ports; every other rank is behind the
+    uplink. A ring entirely in the rack is aggregated here alone (the single-switch rules).
+    """
+
+    max_ranks = MAX_RANKS * MAX_RACKS
+
+    def __init__(self, config: TorConfig):
+        super().__init__()
+        self.config = config
+        self.transit: dict[int, TransitEntry] = {}     # copy-on-write like the table
+        self._tags: dict[int, str] = {}                # ring_tag -> ring id (multi-rack rings)
+        self._transit_keys: dict[str, list[int]] = {}
+        self.interswitch = {"drop_corrupt": 0, "drop_unknown_ring": 0}
+
+    def register_ring(self, spec: RingSpec, local_ports: dict[str, int],  # type: ignore[override]
+                      slots: int = DEFAULT_SLOTS) -> None:
+        """Install the rack's share of `spec`: `local_ports` maps local ranks' IPs to ports."""
+        rid, uplink = spec.ring_id, self.config.uplink
+        ips = {c.src_ip for c in spec.connections}
+        if not local_ports or set(local_ports) - ips:
+            raise ValueError(f"ring {rid}: local ranks {sorted(local_ports)} are not a "
+                             f"non-empty subset of the ring's {sorted(ips)}")
+        if uplink in local_ports.values():
+            raise ValueError(f"ring {rid}: a local rank on the uplink port {uplink}")
+        tag = ring_tag(rid)
+        if self._tags.get(tag, rid) != rid:
+            raise ValueError(f"ring {rid}: its 32-bit tag {tag:#x} is ring "
+                             f"{self._tags[tag]}'s; choose another ring id")
+        transit = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
+                   TransitEntry(rid, c.rank, local_ports[c.dst_ip])
+                   for c in spec.connections
+                   if c.dst_ip in local_ports and c.src_ip not in local_ports}
+        if rid not in self._rings:
+            taken = sorted(set(transit) & (set(self.transit) | set(self.table.entries)))
+            if taken:
+                raise ValueError(f"ring {rid}: a connection into this rack is already "
+                                 "registered by another ring")
+        super().register_ring(spec, {ip: local_ports.get(ip, uplink) for ip in ips}, slots)
+        with self._lock:
+            if rid in self._transit_keys:
+                return                                  # the same ring again
+            self.transit = {**self.transit, **transit}
+            self._transit_keys[rid] = list(transit)
+            if len(local_ports) < spec.world_size:
+                self._tags = {**self._tags, tag: rid}
+
+    def _install(self, spec: RingSpec, ports: dict[str, int], slots: int
+                 ) -> tuple[AggregatorPool, dict[int, ConnEntry]]:
+        local = [c for c in spec.connections if ports[c.src_ip] != self.config.uplink]
+        if len(local) > MAX_RANKS:
+            raise ValueError(f"ring {spec.ring_id}: {len(local)} ranks in rack "
+                             f"{self.config.tor_id}, at most {MAX_RANKS}")
+        if len(local) == spec.world_size:
+            return super()._install(spec, ports, slots)
+        pool = RackPool({c.rank: lane for lane, c in enumerate(local)}, slots, spec.mtu,
+                        [ports[c.dst_ip] for c in local], self.config, ring_tag(spec.ring_id))
+        return pool, connection_entries(spec, local, ports, pool)
+
+    def unregister_ring(self, ring_id: str) -> None:
+        super().unregister_ring(ring_id)
+        with self._lock:
+            gone = set(self._transit_keys.pop(ring_id, ()))
+            self.transit = {k: e for k, e in self.transit.items() if k not in gone}
+            self._tags = {t: r for t, r in self._tags.items() if r != ring_id}
+
+    def counters(self) -> dict[str, Any]:
+        """AggregationPipeline.counters plus, per ring, its ToR and transit counters."""
+        out = super().counters()
+        for rid, ring in out.items():
+            pool = self._rings[rid].pool
+            ring["tor"] = dict(pool.counts) if isinstance(pool, RackPool) else None
+            ring["transit"] = [{"rank": e.rank, "out_port": e.out_port, "counters": dict(e.counts)}
+                               for e in self.transit.values() if e.ring_id == rid]
+        return out
+
+    def process(self, frame: memoryview, in_port: int, emit: Emit) -> bool:
+        """Host-facing rules first (AggregationPipeline), then the spine's totals, then transit."""
+        if super().process(frame, in_port, emit):
+            return True
+        if interswitch.is_interswitch(frame):
+            self._from_spine(frame, in_port, emit)
+            return True
+        fields = parse(frame)
+        entry = None if fields is None else self.transit.get(fields[0])
+        if entry is None:
+            return False
+        if in_port != self.config.uplink:
+            entry.counts["drop_wrong_port"] += 1
+        else:
+            emit(entry.out_port, (frame,))
+            entry.counts["forwarded"] += 1
+        return True
+
+    def _from_spine(self, frame: memoryview, in_port: int, emit: Emit) -> None:
+        try:
+            msg = interswitch.decode(frame)
+        except interswitch.Corrupt:
+            self.interswitch["drop_corrupt"] += 1
+            return
+        rid = self._tags.get(msg.ring)
+        if rid is None:
+            self.interswitch["drop_unknown_ring"] += 1
+            return
+        pool = self._rings[rid].pool
+        assert isinstance(pool, RackPool)
+        if in_port != self.config.uplink or msg.kind != Kind.TOTAL \
+                or msg.tor != self.config.tor_id:
+            outcome = "drop_total_misdirected"
+        else:
+            outcome = pool.accept_total(msg.k, msg.payload, emit)
+        pool.counts[outcome] += 1
