@@ -46,7 +46,8 @@ class SpineControl(Protocol):
 
     name: str
 
-    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int) -> None: ...
+    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int,
+                      routes: dict[int, int]) -> None: ...
     def unregister_ring(self, ring_id: str) -> None: ...
     def counters(self) -> dict[str, Any]: ...
 
@@ -86,8 +87,9 @@ class SpineTarget:
         self.pipeline = pipeline
         self._port_counters = port_counters
 
-    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int) -> None:
-        self.pipeline.register_ring(ring_id, tor_ids, slots, mtu)
+    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int,
+                      routes: dict[int, int]) -> None:
+        self.pipeline.register_ring(ring_id, tor_ids, slots, mtu, routes)
 
     def unregister_ring(self, ring_id: str) -> None:
         self.pipeline.unregister_ring(ring_id)
@@ -107,6 +109,13 @@ class Placement:
     @property
     def tor_ids(self) -> list[int]:
         return sorted(self.local_ports)
+
+    @property
+    def routes(self) -> dict[int, int]:
+        """Rank -> its responder's rack, for the connections between racks."""
+        racks = self.rack_of_rank
+        n = len(racks)
+        return {r: racks[(r + 1) % n] for r in range(n) if racks[r] != racks[(r + 1) % n]}
 
 
 class FabricTarget(Target):
@@ -151,7 +160,7 @@ class FabricTarget(Target):
                 spec, slots, placement.local_ports[t])) for t in placement.tor_ids]
         if len(placement.tor_ids) > 1:
             steps.append((self.spine, lambda: self.spine.register_ring(
-                spec.ring_id, placement.tor_ids, slots, spec.mtu)))
+                spec.ring_id, placement.tor_ids, slots, spec.mtu, placement.routes)))
         done: list[TorControl | SpineControl] = []
         for switch, install in steps:
             try:

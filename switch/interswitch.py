@@ -1,14 +1,18 @@
 """Packets between the switches of a two-tier fabric: a ToR's partial up, the spine's total down.
 
 ``Ethernet II (14) | IPv4 (20, no options) | UDP (8, both ports 4792, checksum 0) |
-header (16) | payload | CRC32 (4)``. The header, big-endian:
+header (16) | payload | carried RoCE headers | CRC32 (4)``. The header, big-endian:
 
-    version u8 (= 1) | kind u8 (1 partial, 2 total) | tor u8 | flags u8 (= 0) |
+    version u8 (= 1) | kind u8 (1 partial, 2 total) | tor u8 | carried u8 |
     ring u32 (`ring_tag` of the ring id) | k u32 (relative PSN, 24-bit) |
     length u16 (payload bytes, a multiple of 4) | reserved u16 (= 0)
 
 The payload is the slot's wrapping int32 sum in wire order (little-endian, as the hosts
-send it); the CRC32 (zlib) covers header and payload and is stored little-endian.
+send it). `carried` entries follow it, each ``rank u16 | hlen u16 | hlen bytes``: the
+RoCE headers (Ethernet up to the payload) of rank r's packet at k for connections that
+leave the rack (in a partial) or enter it (in a total), so that the responder's ToR builds
+their results itself. The CRC32 (zlib) covers everything from the header on and is stored
+little-endian.
 Invariant: `decode` returns a message only when every field above checks out, so a
 corrupted packet is refused (`Corrupt`, counted by the receiver) and never added.
 """
@@ -23,11 +27,12 @@ from functools import lru_cache
 from typing import Sequence
 
 from switch.packets import (ETH_LEN, ETHERTYPE_IPV4, IPPROTO_UDP, IPV4_LEN, IPV4_VERSION_IHL,
-                            PSN_MASK, UDP_LEN, icrcs, ipv4_checksum, mac_bytes, pack_icrc)
+                            PSN_MASK, UDP_LEN, ipv4_checksum, mac_bytes, pack_icrc)
 
 PORT = 4792
 VERSION = 1
 HEADER = struct.Struct("!BBBBIIHH")
+_CARRIED = struct.Struct("!HH")
 OFF = ETH_LEN + IPV4_LEN + UDP_LEN          # 42: first byte of the header
 PAYLOAD_OFF = OFF + HEADER.size             # 58
 CRC_LEN = 4
@@ -59,6 +64,7 @@ class Message:
     ring: int
     k: int
     payload: memoryview      # valid as long as the frame it was decoded from
+    carried: list[tuple[int, memoryview]]   # (rank, RoCE header), likewise
 
 
 class Corrupt(ValueError):
@@ -73,9 +79,9 @@ def is_interswitch(frame: memoryview | bytes) -> bool:
 
 
 @lru_cache(maxsize=256)
-def _l2_l3(src: Endpoint, dst: Endpoint, payload_len: int) -> bytes:
+def _l2_l3(src: Endpoint, dst: Endpoint, body_len: int) -> bytes:
     """Ethernet, IPv4 (checksum set, ID 0, DF) and UDP headers of a message of that size."""
-    udp_len = UDP_LEN + HEADER.size + payload_len + CRC_LEN
+    udp_len = UDP_LEN + HEADER.size + body_len + CRC_LEN
     fields = [mac_bytes(dst.mac), mac_bytes(src.mac), ETHERTYPE_IPV4, IPV4_VERSION_IHL, 0,
               IPV4_LEN + udp_len, 0, 0x4000, 64, IPPROTO_UDP, 0, socket.inet_aton(src.ip),
               socket.inet_aton(dst.ip), PORT, PORT, udp_len, 0]
@@ -84,28 +90,23 @@ def _l2_l3(src: Endpoint, dst: Endpoint, payload_len: int) -> bytes:
     return _ETH_IP_UDP.pack(*fields)
 
 
-def header(kind: Kind, tor: int, ring: int, k: int, payload_len: int) -> bytes:
-    return HEADER.pack(VERSION, kind, tor, 0, ring, k & PSN_MASK, payload_len, 0)
+Carried = Sequence[tuple[int, bytes]]      # (rank, RoCE header of its packet at k)
 
 
-def frames(src: Endpoint, kind: Kind, ring: int, k: int, payload: memoryview | bytes,
-           to: Sequence[tuple[int, Endpoint]]) -> list[tuple[bytes, bytes]]:
-    """Per (tor, dst) of `to`: (headers, CRC) of the message around `payload`.
-
-    The frame is headers ‖ payload ‖ CRC; one CRC pass over the payload serves every
-    destination (CRC-32 is affine in its start state, see packets.icrcs).
-    """
-    heads = [header(kind, tor, ring, k, len(payload)) for tor, _ in to]
-    crcs = icrcs(payload, [zlib.crc32(h) for h in heads])
-    return [(_l2_l3(src, dst, len(payload)) + h, crc)
-            for (_, dst), h, crc in zip(to, heads, crcs)]
+def frame_parts(src: Endpoint, dst: Endpoint, kind: Kind, tor: int, ring: int, k: int,
+                payload: memoryview | bytes, carried: Carried = ()) -> tuple[bytes, bytes]:
+    """(head, tail) of the message: the frame is head ‖ payload ‖ tail."""
+    extra = b"".join(_CARRIED.pack(rank, len(h)) + h for rank, h in carried)
+    head = HEADER.pack(VERSION, kind, tor, len(carried), ring, k & PSN_MASK, len(payload), 0)
+    crc = zlib.crc32(extra, zlib.crc32(payload, zlib.crc32(head)))
+    return _l2_l3(src, dst, len(payload) + len(extra)) + head, extra + pack_icrc(crc)
 
 
 def encode(src: Endpoint, dst: Endpoint, kind: Kind, tor: int, ring: int, k: int,
-           payload: memoryview | bytes) -> bytes:
+           payload: memoryview | bytes, carried: Carried = ()) -> bytes:
     """One whole message frame (tests, tools)."""
-    (head, crc), = frames(src, kind, ring, k, payload, [(tor, dst)])
-    return head + bytes(payload) + crc
+    head, tail = frame_parts(src, dst, kind, tor, ring, k, payload, carried)
+    return head + bytes(payload) + tail
 
 
 def decode(frame: memoryview) -> Message:
@@ -116,13 +117,26 @@ def decode(frame: memoryview) -> Message:
     end = OFF - UDP_LEN + udp_len
     if end > len(frame) or udp_len < UDP_LEN + HEADER.size + CRC_LEN:
         raise Corrupt(f"UDP length {udp_len} does not fit the {len(frame)}-byte frame")
-    version, kind, tor, flags, ring, k, length, reserved = HEADER.unpack_from(frame, OFF)
-    if pack_icrc(zlib.crc32(frame[OFF:end - CRC_LEN])) != frame[end - CRC_LEN:end]:
+    version, kind, tor, count, ring, k, length, reserved = HEADER.unpack_from(frame, OFF)
+    body_end = end - CRC_LEN
+    if pack_icrc(zlib.crc32(frame[OFF:body_end])) != frame[body_end:end]:
         raise Corrupt("CRC32 mismatch")
-    if version != VERSION or flags or reserved or k > PSN_MASK:
-        raise Corrupt(f"version {version}, flags {flags}, reserved {reserved}, k {k}")
+    if version != VERSION or reserved or k > PSN_MASK:
+        raise Corrupt(f"version {version}, reserved {reserved}, k {k}")
     if kind not in (Kind.PARTIAL, Kind.TOTAL):
         raise Corrupt(f"kind {kind}")
-    if length != end - CRC_LEN - PAYLOAD_OFF or length & 3:
-        raise Corrupt(f"length {length} for a {end - CRC_LEN - PAYLOAD_OFF}-byte payload")
-    return Message(Kind(kind), tor, ring, k, frame[PAYLOAD_OFF:PAYLOAD_OFF + length])
+    at = PAYLOAD_OFF + length
+    if at > body_end or length & 3:
+        raise Corrupt(f"length {length} for a {body_end - PAYLOAD_OFF}-byte body")
+    carried = []
+    for _ in range(count):
+        if at + _CARRIED.size > body_end:
+            raise Corrupt(f"{count} carried headers do not fit")
+        rank, hlen = _CARRIED.unpack_from(frame, at)
+        at += _CARRIED.size + hlen
+        if at > body_end:
+            raise Corrupt(f"carried header of rank {rank} ({hlen} bytes) does not fit")
+        carried.append((rank, frame[at - hlen:at]))
+    if at != body_end:
+        raise Corrupt(f"{body_end - at} bytes after the carried headers")
+    return Message(Kind(kind), tor, ring, k, frame[PAYLOAD_OFF:PAYLOAD_OFF + length], carried)

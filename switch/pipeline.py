@@ -81,8 +81,9 @@ class AggregatorPool:
     emitted; `next_emit` is the first relative PSN not emitted yet. Sums stay in wire order
     (little-endian), so a result's payload is the sum array's buffer.
     Hooks for a pool whose result comes from elsewhere (the ToR role, switch/tor.py):
-    `_complete` (the bitmap became full) and `_duplicate` (a held contribution came again
-    before the slot was emitted).
+    `_complete` (the bitmap became full), `_duplicate` (a held contribution came again
+    before the slot was emitted), `_full` and `result_lanes` (the ranks that contribute,
+    and those whose result an emission sends).
     """
 
     def __init__(self, world_size: int, slots: int, mtu: int, out_ports: Sequence[int]):
@@ -95,6 +96,7 @@ class AggregatorPool:
         self.results_sent = 0
         self._mask = slots - 1
         self._full = (1 << world_size) - 1
+        self.result_lanes = tuple(range(world_size))     # whose results a slot emits
         self.tag = [_EMPTY] * slots
         self.bitmap = [0] * slots
         self.emitted = [False] * slots
@@ -166,12 +168,12 @@ class AggregatorPool:
         i = k & self._mask
         while self.tag[i] == k and self.ready[i] and not self.emitted[i]:
             payload = self._sum_bytes[i][:self.plen[i]]
-            for port, header, crc in zip(self.out_ports, self.headers[i],
-                                         icrcs(payload, self._hcrc[i])):
-                emit(port, (header, payload, crc))
+            lanes, headers, hcrc = self.result_lanes, self.headers[i], self._hcrc[i]
+            for lane, crc in zip(lanes, icrcs(payload, [hcrc[x] for x in lanes])):
+                emit(self.out_ports[lane], (headers[lane], payload, crc))
             self.emitted[i] = True
             self.completed += 1
-            self.results_sent += self.world_size
+            self.results_sent += len(lanes)
             k = (k + 1) & PSN_MASK
             i = k & self._mask
         self.next_emit = k

@@ -1,8 +1,10 @@
 """The spine role of a two-tier fabric (docs/multirack.md): sum the racks' partials.
 
 Per ring, N slots (slot = k mod N, k the relative PSN the partials carry); per slot a
-bitmap of the ToRs whose partial it holds and their wrapping int32 sum. When every ToR of
-the ring has sent its partial for k, the total goes down once to each of them. A partial
+bitmap of the ToRs whose partial it holds, their wrapping int32 sum and the RoCE headers
+their partials carried (connections between racks). When every ToR of the ring has sent
+its partial for k, the total goes down once to each of them, with the headers of the
+connections entering that ToR's rack. A partial
 that comes again (its ToR saw a retransmission and has no total yet) is never added twice:
 if the slot is totalled the total goes back to that ToR only, else it is dropped. Every
 other frame is not the spine's business (`process` returns False: L2 forwards it; the
@@ -58,9 +60,12 @@ class SpinePool:
     (the total went down then, once per lane); `next_total` is the first k not totalled.
     """
 
-    def __init__(self, ring: int, lanes: Sequence[Lane], slots: int, mtu: int, me: Endpoint):
+    def __init__(self, ring: int, lanes: Sequence[Lane], slots: int, mtu: int, me: Endpoint,
+                 routes: dict[int, int]):
         self.ring = ring
         self.lanes = tuple(lanes)
+        lane_of = {lane.tor_id: x for x, lane in enumerate(lanes)}
+        self._route = {rank: lane_of[tor] for rank, tor in routes.items()}   # -> lane
         self.slots = slots
         self.mtu = mtu
         self.me = me
@@ -73,13 +78,17 @@ class SpinePool:
         self.bitmap = [0] * slots
         self.totalled = [False] * slots
         self.plen = [0] * slots
+        self.carried: list[list[list[tuple[int, bytes]]]] = [[[] for _ in lanes]
+                                                             for _ in range(slots)]
         self._sums = np.zeros((slots, mtu // 4), dtype=_WIRE_I32)
         self.counts = [dict.fromkeys(LANE_OUTCOMES, 0) for _ in lanes]
 
-    def offer(self, lane: int, k: int, payload: memoryview, emit: Emit) -> str:
+    def offer(self, lane: int, k: int, msg: interswitch.Message, emit: Emit) -> str:
         """Lane's partial for k (arrived on its port); returns the lane counter it bumps."""
-        if len(payload) > self.mtu:
-            return "drop_mismatch"
+        payload = msg.payload
+        if len(payload) > self.mtu or any(self._route.get(r, lane) == lane
+                                          for r, _ in msg.carried):
+            return "drop_mismatch"          # too long, or a header with nowhere to go
         i = k & self._mask
         if self.tag[i] == k:
             if len(payload) != self.plen[i]:
@@ -104,6 +113,7 @@ class SpinePool:
             np.add(row, part, out=row)             # wraps, like the hosts' int32
         else:
             row[:] = part
+        self.carried[i][lane] = [(r, bytes(h)) for r, h in msg.carried]
         self.bitmap[i] |= 1 << lane
         if self.bitmap[i] == self._full:
             self._total(k, i, emit)
@@ -119,11 +129,15 @@ class SpinePool:
             self.next_total = (self.next_total + 1) & PSN_MASK
 
     def _send_total(self, k: int, i: int, lanes: Sequence[int], emit: Emit) -> None:
+        """The total of slot i to each of `lanes`, with the headers routed to that lane."""
         payload = memoryview(self._sums[i]).cast("B")[:self.plen[i]]
-        to = [(self.lanes[lane].tor_id, self.lanes[lane].addr) for lane in lanes]
-        for lane, (head, crc) in zip(lanes, interswitch.frames(self.me, Kind.TOTAL, self.ring,
-                                                               k, payload, to)):
-            emit(self.lanes[lane].port, (head, payload, crc))
+        everything = [entry for held in self.carried[i] for entry in held]
+        for lane in lanes:
+            to = self.lanes[lane]
+            carried = [(r, h) for r, h in everything if self._route[r] == lane]
+            head, tail = interswitch.frame_parts(self.me, to.addr, Kind.TOTAL, to.tor_id,
+                                                 self.ring, k, payload, carried)
+            emit(to.port, (head, payload, tail))
             self.totals_sent += 1
 
 
@@ -133,6 +147,7 @@ class _SpineRing:
     tor_ids: tuple[int, ...]
     slots: int
     mtu: int
+    routes: dict[int, int]
     pool: SpinePool
 
 
@@ -148,9 +163,16 @@ class SpinePipeline:
         self._lock = threading.Lock()
         self.interswitch = {"drop_corrupt": 0, "drop_unknown_ring": 0, "drop_unknown_tor": 0}
 
-    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int) -> None:
-        """Aggregate ring `ring_id` over the partials of `tor_ids` (idempotent if the same)."""
+    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int,
+                      routes: dict[int, int]) -> None:
+        """Aggregate ring `ring_id` over the partials of `tor_ids` (idempotent if the same).
+
+        `routes`: rank -> the ToR of its responder, for each connection between racks (the
+        header its partial carries goes down in that ToR's total).
+        """
         tors = tuple(tor_ids)
+        if set(routes.values()) - set(tors):
+            raise ValueError(f"ring {ring_id}: routes {routes} lead outside ToRs {list(tors)}")
         unknown = sorted(set(tors) - set(self.config.tors))
         if unknown:
             raise ValueError(f"ring {ring_id}: ToR(s) {unknown} not cabled to this spine")
@@ -162,15 +184,17 @@ class SpinePipeline:
         with self._lock:
             old = self._rings.get(tag)
             if old is not None:
-                if (old.ring_id, old.tor_ids, old.slots, old.mtu) == (ring_id, tors, slots, mtu):
+                if (old.ring_id, old.tor_ids, old.slots, old.mtu, old.routes) == \
+                        (ring_id, tors, slots, mtu, routes):
                     return
                 if old.ring_id == ring_id:
                     raise ValueError(f"ring {ring_id} is already registered differently")
                 raise ValueError(f"ring {ring_id}: its 32-bit tag {tag:#x} is ring "
                                  f"{old.ring_id}'s; choose another ring id")
             pool = SpinePool(tag, [Lane(t, *self.config.tors[t]) for t in tors], slots, mtu,
-                             self.config.me)
-            self._rings = {**self._rings, tag: _SpineRing(ring_id, tors, slots, mtu, pool)}
+                             self.config.me, routes)
+            self._rings = {**self._rings, tag: _SpineRing(ring_id, tors, slots, mtu,
+                                                          dict(routes), pool)}
 
     def unregister_ring(self, ring_id: str) -> None:
         with self._lock:
@@ -212,6 +236,6 @@ class SpinePipeline:
         if in_port != pool.lanes[lane].port or msg.kind != Kind.PARTIAL:
             outcome = "drop_wrong_port"
         else:
-            outcome = pool.offer(lane, msg.k, msg.payload, emit)
+            outcome = pool.offer(lane, msg.k, msg, emit)
         pool.counts[lane][outcome] += 1
         return True

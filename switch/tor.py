@@ -4,10 +4,12 @@ A `TorPipeline` is an `AggregationPipeline` (every host-facing check of docs/pip
 applies unchanged to the rack's contributions) whose rings spanning several racks use a
 `RackPool`: when the rack's requesters have all contributed to slot k, ONE partial goes up
 the uplink; the spine's total for k becomes the slot's result, emitted in order as today
-(each local requester's own packet, payload = total, ICRC recomputed), out of the
-responder's port when the responder is in the rack, else up the uplink. Connections whose
-responder is here but whose requester is not are *transit*: their (result) packets arrive
-on the uplink and leave by the responder's port, untouched.
+(each requester's own packet, payload = total, ICRC recomputed) for every connection whose
+responder is in the rack: the rack's own requesters' packets, and for connections entering
+the rack the requester's header that the partial of its ToR carried up and the spine's
+total carried down. Connections whose responder is here but whose requester is not are
+also *transit*: a retransmission served by the requester's ToR arrives on the uplink and
+leaves by the responder's port, untouched.
 Invariants: a rack's contribution counts once per slot (the pool's bitmap); a partial is
 sent once when the slot becomes locally complete and again only when a held contribution
 is retransmitted while no total is known (the spine dedups); a total counts once.
@@ -15,14 +17,14 @@ is retransmitted while no total is known (the spine dedups); a total counts once
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ring_setup.spec import RingSpec
+from ring_setup.spec import Connection, RingSpec
 from switch import interswitch
 from switch.interswitch import Endpoint, Kind, ring_tag
-from switch.packets import conn_key, parse
+from switch.packets import BTH_OFF, EXT_OFF, conn_key, icrc_state, parse
 from switch.pipeline import (DEFAULT_SLOTS, MAX_RANKS, AggregationPipeline, AggregatorPool,
                              ConnEntry, connection_entries)
 
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
     from switch.dataplane import Emit
 
 TOR_COUNTERS = ("partials_sent", "partials_resent", "totals", "drop_total_unexpected",
-                "drop_total_duplicate", "drop_total_length", "drop_total_misdirected")
+                "drop_total_duplicate", "drop_total_length", "drop_total_headers",
+                "drop_total_misdirected")
 TRANSIT_COUNTERS = ("forwarded", "drop_wrong_port")
 MAX_RACKS = 32                   # the spine's per-slot bitmap width
 
@@ -46,16 +49,27 @@ class TorConfig:
 
 
 class RackPool(AggregatorPool):
-    """One ring's slots at a ToR: one lane per local requester; a slot's result is the total.
+    """One ring's slots at a ToR.
 
-    The sum row of a slot holds the rack's partial from local completion until the total
-    arrives (ready), then the total.
+    Lanes: first the local requesters (they contribute; the bitmap is theirs), then the
+    connections entering the rack (remote requester, local responder), whose headers come
+    with the total. An emission sends the result of every connection whose responder is
+    local (`result_lanes`); a connection leaving the rack gets its first result from the
+    responder's ToR (its header rides up in the partial) and only retransmissions served
+    here, up the uplink. The sum row of a slot holds the rack's partial from local
+    completion until the total arrives (ready), then the total.
     """
 
-    def __init__(self, lanes: dict[int, int], slots: int, mtu: int, out_ports: list[int],
-                 config: TorConfig, ring: int):
-        super().__init__(len(lanes), slots, mtu, out_ports)
-        self._lane = lanes           # global rank -> lane
+    def __init__(self, conns: Sequence[Connection], contributing: int, ports: dict[str, int],
+                 slots: int, mtu: int, config: TorConfig, ring: int):
+        super().__init__(len(conns), slots, mtu, [ports[c.dst_ip] for c in conns])
+        self._full = (1 << contributing) - 1
+        self._lane = {c.rank: lane for lane, c in enumerate(conns[:contributing])}
+        self._entering = {c.rank: lane for lane, c in enumerate(conns) if lane >= contributing}
+        self._leaving = [(c.rank, lane) for lane, c in enumerate(conns[:contributing])
+                         if ports[c.dst_ip] == config.uplink]
+        self.result_lanes = tuple(lane for lane, c in enumerate(conns)
+                                  if ports[c.dst_ip] != config.uplink)
         self._config = config
         self._ring = ring
         self.counts = dict.fromkeys(TOR_COUNTERS, 0)
@@ -66,7 +80,7 @@ class RackPool(AggregatorPool):
 
     def _complete(self, k: int, i: int, emit: Emit) -> None:
         payloads, partial = self._cut[i]
-        np.add.reduce(payloads, axis=0, out=partial)
+        np.add.reduce(payloads[:len(self._lane)], axis=0, out=partial)
         self._send_partial(k, i, emit)
         self.counts["partials_sent"] += 1
 
@@ -80,20 +94,30 @@ class RackPool(AggregatorPool):
     def _send_partial(self, k: int, i: int, emit: Emit) -> None:
         c = self._config
         payload = self._sum_bytes[i][:self.plen[i]]
-        (head, crc), = interswitch.frames(c.me, Kind.PARTIAL, self._ring, k, payload,
-                                          [(c.tor_id, c.spine)])
-        emit(c.uplink, (head, payload, crc))
+        carried = [(rank, self.headers[i][lane]) for rank, lane in self._leaving]
+        head, tail = interswitch.frame_parts(c.me, c.spine, Kind.PARTIAL, c.tor_id, self._ring,
+                                             k, payload, carried)
+        emit(c.uplink, (head, payload, tail))
 
-    def accept_total(self, k: int, payload: memoryview, emit: Emit) -> str:
+    def accept_total(self, k: int, msg: interswitch.Message, emit: Emit) -> str:
         """The spine's total for k: the slot's result; returns the counter it bumps."""
         i = k & self._mask
         if self.tag[i] != k or self.bitmap[i] != self._full:
             return "drop_total_unexpected"      # never partialled here (or long re-used)
         if self.ready[i]:
             return "drop_total_duplicate"
-        if len(payload) != self.plen[i]:
+        if len(msg.payload) != self.plen[i]:
             return "drop_total_length"
-        self._sum_bytes[i][:len(payload)] = payload
+        carried = dict(msg.carried)
+        if carried.keys() != self._entering.keys() or len(carried) != len(msg.carried) \
+                or any(len(h) < EXT_OFF or h[BTH_OFF] != self.opcode[i]
+                       for h in carried.values()):
+            return "drop_total_headers"
+        for rank, header in carried.items():
+            lane = self._entering[rank]
+            self.headers[i][lane] = bytes(header)
+            self._hcrc[i][lane] = icrc_state(header, len(header))
+        self._sum_bytes[i][:len(msg.payload)] = msg.payload
         self.ready[i] = True
         if k == self.next_emit:
             self._emit_in_order(emit)
@@ -161,14 +185,17 @@ class TorPipeline(AggregationPipeline):
 
     def _install(self, spec: RingSpec, ports: dict[str, int], slots: int
                  ) -> tuple[AggregatorPool, dict[int, ConnEntry]]:
-        local = [c for c in spec.connections if ports[c.src_ip] != self.config.uplink]
+        uplink = self.config.uplink
+        local = [c for c in spec.connections if ports[c.src_ip] != uplink]
         if len(local) > MAX_RANKS:
             raise ValueError(f"ring {spec.ring_id}: {len(local)} ranks in rack "
                              f"{self.config.tor_id}, at most {MAX_RANKS}")
         if len(local) == spec.world_size:
             return super()._install(spec, ports, slots)
-        pool = RackPool({c.rank: lane for lane, c in enumerate(local)}, slots, spec.mtu,
-                        [ports[c.dst_ip] for c in local], self.config, ring_tag(spec.ring_id))
+        entering = [c for c in spec.connections
+                    if ports[c.src_ip] == uplink and ports[c.dst_ip] != uplink]
+        pool = RackPool(local + entering, len(local), ports, slots, spec.mtu, self.config,
+                        ring_tag(spec.ring_id))
         return pool, connection_entries(spec, local, ports, pool)
 
     def unregister_ring(self, ring_id: str) -> None:
@@ -222,5 +249,5 @@ class TorPipeline(AggregationPipeline):
                 or msg.tor != self.config.tor_id:
             outcome = "drop_total_misdirected"
         else:
-            outcome = pool.accept_total(msg.k, msg.payload, emit)
+            outcome = pool.accept_total(msg.k, msg, emit)
         pool.counts[outcome] += 1

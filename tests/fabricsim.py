@@ -4,8 +4,8 @@ R racks of hosts, one `TorPipeline` per rack, one `SpinePipeline`, all registere
 the real `FabricTarget`; frames travel as bytes over links that can lose, duplicate,
 reorder (random extra delay) and corrupt (inter-switch frames only: a host's NIC would
 drop a frame whose ICRC fails, which is not what is under test) what they carry.
-Every rank is a requester (its ring connection, frames crafted by scapy in
-tests/roce_layers.py, a go-back-N window of W packets, a retransmit timer, NAK handling)
+Every rank is a requester (its ring connection, frames as rxe sends them: built by
+switch.packets.build_frame for speed, equal to scapy's, which a test checks; a go-back-N window of W packets, a retransmit timer, NAK handling)
 and a responder (in-order acceptance, cumulative ACK per packet, one NAK per gap), so loss
 anywhere heals as with rxe: by the hosts, never by a switch timer.
 Seam: `SimHost` is the only host model; the packet-level rxe RC model (tests/rcmodel/,
@@ -21,10 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
-from scapy.compat import raw
-from scapy.contrib.roce import AETH, BTH
-from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
 
 from ring_setup.spec import Connection, RingSpec
 from roce_layers import (WRITE_FIRST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY_IMM, make_ring,
@@ -32,7 +28,8 @@ from roce_layers import (WRITE_FIRST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY_I
 from switch import interswitch
 from switch.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.interswitch import Endpoint
-from switch.packets import EXT_LEN, EXT_OFF, PSN_MASK, icrc, parse
+from switch.packets import (EXT_LEN, EXT_OFF, IMMDT_OPCODES, PSN_MASK, RETH_OPCODES, Op,
+                            build_frame, icrc, parse)
 from switch.spine import SpineConfig, SpinePipeline
 from switch.tor import TorConfig, TorPipeline
 
@@ -148,10 +145,8 @@ class SimHost:
         self.incoming: Connection = spec.connections[(rank - 1) % n]
         wire = data.astype("<i4").tobytes()
         self.layout = message_packets(len(wire), spec.mtu, spec.msg_size)
-        self.frames = [write_frame(self.conn, k, op, wire[off:off + ln], ackreq=op >= WRITE_LAST_IMM,
-                                   reth=(0x7F0000000000 + 0x100000 * rank + m * spec.msg_size,
-                                         0x100 + rank, spec.msg_size), imm=m, ip_id=k & 0xFFFF)
-                       for k, (op, off, ln, m) in enumerate(self.layout)]
+        self.frames = [self.frame(k, wire[off:off + ln]) for k, (_, off, ln, _) in
+                       enumerate(self.layout)]
         self.packets = len(self.frames)
         self.una = self.nxt = 0           # oldest unacknowledged / next to send (relative)
         self.sent_max = -1
@@ -160,7 +155,21 @@ class SimHost:
         self.expected = 0                 # responder: next relative PSN of connection r-1
         self.nak_sent = False
         self.received = bytearray(len(wire))
-        self._acks: dict[tuple[int, int], bytes] = {}
+
+    def frame(self, k: int, payload: bytes, *, scapy: bool = False) -> bytes:
+        """Packet k of our connection as rxe sends it (`scapy`: built by scapy instead of
+        switch.packets, which is ~50x faster; tests check that both agree)."""
+        op, _, _, m = self.layout[k]
+        c, size = self.conn, self.sim.spec.msg_size
+        reth = (0x7F0000000000 + 0x100000 * self.rank + m * size, 0x100 + self.rank, size)
+        kw: dict[str, Any] = {"ackreq": op >= WRITE_LAST_IMM, "ip_id": k & 0xFFFF}
+        if scapy:
+            return write_frame(c, k, op, payload, reth=reth, imm=m, **kw)
+        return build_frame(dst_mac=c.dst_mac, src_mac=c.src_mac, src_ip=c.src_ip,
+                           dst_ip=c.dst_ip, dest_qp=c.dst_qpn, psn=(c.psn0 + k) & PSN_MASK,
+                           opcode=op, payload=payload, src_port=0xC000 | c.src_qpn & 0x3FFF,
+                           reth_fields=reth if op in RETH_OPCODES else None,
+                           imm=m if op in IMMDT_OPCODES else None, **kw)
 
     @property
     def done(self) -> bool:
@@ -210,14 +219,10 @@ class SimHost:
             self._ack(self.expected, NAK_SEQ, now)
 
     def _ack(self, k: int, syndrome: int, now: float) -> None:
-        frame = self._acks.get((k, syndrome))
-        if frame is None:
-            c = self.incoming                                 # we are its responder
-            frame = raw(Ether(src=c.dst_mac, dst=c.src_mac) / IP(src=c.dst_ip, dst=c.src_ip)
-                        / UDP(sport=0xC000, dport=4791, chksum=0)
-                        / BTH(opcode=0x11, dqpn=c.src_qpn, psn=(c.psn0 + k) & PSN_MASK)
-                        / AETH(syndrome=syndrome, msn=0))
-            self._acks[(k, syndrome)] = frame
+        c = self.incoming                                     # we are its responder
+        frame = build_frame(dst_mac=c.src_mac, src_mac=c.dst_mac, src_ip=c.dst_ip,
+                            dst_ip=c.src_ip, dest_qp=c.src_qpn, psn=(c.psn0 + k) & PSN_MASK,
+                            opcode=Op.ACKNOWLEDGE, payload=bytes([syndrome, 0, 0, 0]))
         self.sim.send(("host", self.rank), frame, now)
 
 

@@ -41,8 +41,19 @@ def test_interswitch_frame_is_what_scapy_builds_and_decodes_back() -> None:
         (Kind.PARTIAL, 2, 0xDEADBEEF, 0x123456, payload)
 
 
+def test_carried_headers_travel_after_the_payload() -> None:
+    carried = [(3, bytes(range(70))), (300, b"\xaa" * 58)]
+    frame = interswitch.encode(SPINE, tor_endpoint(1), Kind.TOTAL, 1, 9, 4, bytes(8), carried)
+    head = struct.pack("!BBBBIIHH", 1, 2, 1, 2, 9, 4, 8, 0)
+    body = head + bytes(8) + b"".join(struct.pack("!HH", r, len(h)) + h for r, h in carried)
+    assert frame[interswitch.OFF:] == body + struct.pack("<I", zlib.crc32(body))
+    msg = interswitch.decode(memoryview(frame))
+    assert [(r, bytes(h)) for r, h in msg.carried] == carried and bytes(msg.payload) == bytes(8)
+
+
 def test_every_single_bit_flip_of_a_message_is_refused() -> None:
-    frame = interswitch.encode(tor_endpoint(0), SPINE, Kind.TOTAL, 0, 7, 5, bytes(range(64)))
+    frame = interswitch.encode(tor_endpoint(0), SPINE, Kind.TOTAL, 0, 7, 5, bytes(range(64)),
+                               [(1, bytes(range(58)))])
     for bit in range(8 * interswitch.OFF, 8 * len(frame)):
         bad = bytearray(frame)
         bad[bit // 8] ^= 1 << bit % 8
@@ -51,11 +62,12 @@ def test_every_single_bit_flip_of_a_message_is_refused() -> None:
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("version", 2, "version 2"), ("kind", 3, "kind 3"), ("length", 60, "length 60"),
+    ("version", 2, "version 2"), ("kind", 3, "kind 3"), ("length", 62, "length 62"),
+    ("length", 60, "4 bytes after the carried headers"), ("carried", 1, "do not fit"),
 ])
 def test_a_message_with_a_bad_field_and_a_good_crc_is_refused(field: str, value: int,
                                                                match: str) -> None:
-    fields = dict(version=1, kind=1, tor=0, flags=0, ring=7, k=5, length=64, reserved=0)
+    fields = dict(version=1, kind=1, tor=0, carried=0, ring=7, k=5, length=64, reserved=0)
     fields[field] = value
     head = struct.pack("!BBBBIIHH", *fields.values())
     body = head + bytes(64)
@@ -106,12 +118,16 @@ def test_one_partial_per_rack_one_total_per_tor_results_in_order(sim: Sim) -> No
     assert spine.receive(p0, 1) == []
     totals = spine.receive(p1, 2)
     assert [p for p, _ in totals] == [1, 2]
-    out0 = tor0.receive(totals[0][1], UPLINK)
     total = wrapping_sum(data)
-    # rank 0 -> 1 stays in the rack, rank 1 -> 2 goes up to the spine (and on to tor1)
-    assert out0 == [(2, contribution(sim, 0, 0, total)), (UPLINK, contribution(sim, 1, 0, total))]
-    assert spine.receive(out0[1][1], 1) == [(2, out0[1][1])]              # plain forwarding
-    assert tor1.receive(out0[1][1], UPLINK) == [(1, out0[1][1])]          # transit to rank 2
+    # rank 0 -> 1 stays in rack 0; rank 1 -> 2 and 3 -> 0 cross: their headers ride along
+    assert [(r, bytes(h)) for r, h in interswitch.decode(memoryview(p0)).carried] == \
+        [(1, contribution(sim, 1, 0, data[1])[:70])]
+    assert [r for r, _ in interswitch.decode(memoryview(totals[0][1])).carried] == [3]
+    assert [r for r, _ in interswitch.decode(memoryview(totals[1][1])).carried] == [1]
+    assert tor0.receive(totals[0][1], UPLINK) == [(2, contribution(sim, 0, 0, total)),
+                                                  (1, contribution(sim, 3, 0, total))]
+    assert tor1.receive(totals[1][1], UPLINK) == [(2, contribution(sim, 2, 0, total)),
+                                                  (1, contribution(sim, 1, 0, total))]
     assert pick(tor_counts(sim, 0), "partials_sent", "partials_resent", "totals") == [1, 0, 1]
     assert spine_lane(sim, 0)["partials"] == spine_lane(sim, 1)["partials"] == 1
 
@@ -135,7 +151,7 @@ def test_retransmission_before_the_total_resends_the_partial_and_spine_dedups(si
     assert resent == [totals[0]]
     assert spine_lane(sim, 0)["totals_resent"] == 1
     out = tor0.receive(resent[0][1], UPLINK)
-    assert out[0] == (2, contribution(sim, 0, 0, 4 * d))
+    assert out == [(2, contribution(sim, 0, 0, 4 * d)), (1, contribution(sim, 3, 0, 4 * d))]
     assert tor0.receive(totals[0][1], UPLINK) == []                        # a duplicate total
     assert tor_counts(sim, 0)["drop_total_duplicate"] == 1
     # a retransmission now is served from the total, up the uplink for rank 1 -> 2
@@ -149,13 +165,29 @@ def test_totals_out_of_order_are_emitted_in_order(sim: Sim) -> None:
     for k in (0, 1):
         tor0.receive(contribution(sim, 0, k, d), 1)
         tor0.receive(contribution(sim, 1, k, d), 2)
-    ring = ring_tag("mr")
-    total = lambda k, v: interswitch.encode(SPINE, tor_endpoint(0), Kind.TOTAL, 0, ring, k,  # noqa: E731
-                                            (np.full(64, v, "<i4")).tobytes())
-    assert tor0.receive(total(1, 40), UPLINK) == []
-    out = tor0.receive(total(0, 30), UPLINK)
+    assert tor0.receive(total(sim, 1, 40), UPLINK) == []
+    out = tor0.receive(total(sim, 0, 30), UPLINK)
     assert [f for _, f in out] == [contribution(sim, r, k, np.full(64, v, np.int32))
-                                   for k, v in ((0, 30), (1, 40)) for r in (0, 1)]
+                                   for k, v in ((0, 30), (1, 40)) for r in (0, 3)]
+
+
+def total(sim: Sim, k: int, value: int, carried: list[int] | None = None) -> bytes:
+    """The spine's total for k to tor0, carrying rank 3's header (or `carried` ranks')."""
+    headers = [(r, contribution(sim, r, k, np.zeros(64, np.int32))[:70])
+               for r in ([3] if carried is None else carried)]
+    return interswitch.encode(SPINE, tor_endpoint(0), Kind.TOTAL, 0, ring_tag("mr"), k,
+                              np.full(64, value, "<i4").tobytes(), headers)
+
+
+@pytest.mark.parametrize("carried", [[], [2], [3, 3]], ids=["none", "wrong-rank", "twice"])
+def test_a_total_without_exactly_the_entering_headers_is_refused(sim: Sim,
+                                                                  carried: list[int]) -> None:
+    tor0 = sim.switches["tor0"]
+    for r in (0, 1):
+        tor0.receive(contribution(sim, r, 0, np.ones(64, np.int32)), r + 1)
+    assert tor0.receive(total(sim, 0, 5, carried), UPLINK) == []
+    assert tor_counts(sim, 0)["drop_total_headers"] == 1
+    assert len(tor0.receive(total(sim, 0, 5), UPLINK)) == 2
 
 
 def test_corrupt_or_misdirected_messages_are_counted_never_added(sim: Sim) -> None:
@@ -170,11 +202,9 @@ def test_corrupt_or_misdirected_messages_are_counted_never_added(sim: Sim) -> No
     assert spine.receive(good, 2) == []                                   # tor0's, on tor1's port
     assert spine_lane(sim, 0)["drop_wrong_port"] == 1 and spine_lane(sim, 0)["partials"] == 0
     assert spine.receive(good, 1) == [] and spine_lane(sim, 0)["partials"] == 1
-    total = interswitch.encode(SPINE, tor_endpoint(0), Kind.TOTAL, 0, ring_tag("mr"), 0,
-                               bytes(256))
-    assert tor0.receive(total, 1) == []                                   # from a host port
+    assert tor0.receive(total(sim, 0, 0), 1) == []                      # from a host port
     assert tor_counts(sim, 0)["drop_total_misdirected"] == 1
-    bad = bytearray(total)
+    bad = bytearray(total(sim, 0, 0))
     bad[-1] ^= 1
     assert tor0.receive(bytes(bad), UPLINK) == []
     assert tor0.pipeline.interswitch["drop_corrupt"] == 1
@@ -254,7 +284,7 @@ def test_a_refusal_by_the_spine_rolls_back_every_tor() -> None:
     target, tors, spine = fabric([[0, 1], [2, 3]])
     other = make_ring(2, ring_id="other", hosts=[0, 2], qpn_base=0x200)
     target.register_ring(other, 256)
-    spine.register_ring("sneaky", [0, 1], 256, 256)              # the spine alone has it
+    spine.register_ring("sneaky", [0, 1], 256, 256, {})              # the spine alone has it
     spec = make_ring(4, ring_id="sneaky")
     with pytest.raises(ValueError, match="refused by spine: ring sneaky is already "
                                          "registered differently"):
@@ -307,15 +337,18 @@ def check_results(sim: Sim) -> None:
 def test_fabric_without_faults_one_partial_up_one_total_down_per_slot(rack_sizes: list[int]
                                                                       ) -> None:
     sim = Sim(rack_sizes, elements=1000 + 3)                    # last packet shorter
+    wire = sim.data[1].astype("<i4").tobytes()
+    for k, (_, off, length, _) in enumerate(sim.hosts[1].layout[:6]):
+        assert sim.hosts[1].frames[k] == sim.hosts[1].frame(k, wire[off:off + length], scapy=True)
     sim.run()
     check_results(sim)
     check_counts(sim, rack_sizes)
     K = sim.hosts[0].packets
     for j, traffic in sim.uplink_traffic().items():
-        # per slot: a partial and the result of the connection leaving the rack go up,
-        # the total and the result of the connection entering it come down
-        assert traffic["up"] == {"partial": K, "write": K, "ack": K}, f"rack {j}"
-        assert traffic["down"] == {"total": K, "write": K, "ack": K}, f"rack {j}"
+        # per slot: one partial up, one total down; no data packet crosses (the headers of
+        # the connections between racks ride in them); the hosts' ACKs do
+        assert traffic["up"] == {"partial": K, "ack": K}, f"rack {j}"
+        assert traffic["down"] == {"total": K, "ack": K}, f"rack {j}"
     assert sim.max_lead <= 2 * sim.W - 1
 
 
@@ -367,13 +400,15 @@ def test_eight_racks_of_eight_ranks_and_the_traffic_they_report() -> None:
     K = sim.hosts[0].packets
     per_link = sim.uplink_traffic()
     for j in range(8):
-        assert per_link[j]["up"] == {"partial": K, "write": K, "ack": K}
-        assert per_link[j]["down"] == {"total": K, "write": K, "ack": K}
+        assert per_link[j]["up"] == {"partial": K, "ack": K}
+        assert per_link[j]["down"] == {"total": K, "ack": K}
     spine_bytes = sim.uplink_bytes()
     payload = 64 * 24 * 4                                     # bytes per rank
-    # per spine link and direction: the payload once as partial/total, once as a result
+    # per spine link and direction: the payload once, in partials or totals, each with
+    # its headers, CRC and one carried RoCE header (4 + 70 or 58 B, FIRST or LAST_IMM)
+    carried = sum(4 + 54 + (16 if op == 6 else 4) for op, *_ in sim.hosts[0].layout)
     for kind in ("partial", "total"):
-        assert spine_bytes[kind] == 8 * K * 58 + 8 * payload + 8 * K * 4
+        assert spine_bytes[kind] == 8 * (K * (58 + 4) + payload + carried)
     host_bytes = sum(st.bytes["write"] for (a, b), st in sim.stats.items() if a[0] == "host")
     print(f"\n8 x 8 ranks, {payload} B per rank, {K} packets: bytes on the 16 spine link "
           f"directions {spine_bytes}; per direction {sum(spine_bytes.values()) / 16:.0f} "
