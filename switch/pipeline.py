@@ -36,7 +36,7 @@ OUTCOMES = ("aggregated", "retransmits_served") + DROPS   # exactly one per regi
 RING_COUNTERS = ("aggregated", "completed", "results_sent", "retransmits_served") + DROPS
 CONN_COUNTERS = ("packets", "messages", "aggregated", "retransmits_served") + DROPS
 
-_EMPTY = -1                      # tag of a slot that never held a packet
+EMPTY = -1                       # tag of a slot that holds no packet
 PSN_HALF = 1 << 23                # serial arithmetic: a relative distance below this is "ahead"
 _WIRE_I32 = np.dtype("<i4")      # payload elements on the wire: the hosts' own int32
 
@@ -97,7 +97,7 @@ class AggregatorPool:
         self._mask = slots - 1
         self._full = (1 << world_size) - 1
         self.result_lanes = tuple(range(world_size))     # whose results a slot emits
-        self.tag = [_EMPTY] * slots
+        self.tag = [EMPTY] * slots
         self.bitmap = [0] * slots
         self.emitted = [False] * slots
         self.ready = [False] * slots

@@ -24,14 +24,13 @@ import numpy as np
 from switch import interswitch
 from switch.interswitch import Endpoint, Kind, ring_tag
 from switch.packets import PSN_MASK
-from switch.pipeline import MAX_SLOTS, PATH_MTUS, PSN_HALF
+from switch.pipeline import EMPTY, MAX_SLOTS, PATH_MTUS, PSN_HALF
 
 if TYPE_CHECKING:
     from switch.dataplane import Emit
 
 LANE_OUTCOMES = ("partials", "totals_resent", "drop_duplicate", "drop_mismatch",
                  "drop_overrun", "drop_stale", "drop_wrong_port")
-_EMPTY = -1
 _WIRE_I32 = np.dtype("<i4")
 
 
@@ -74,7 +73,7 @@ class SpinePool:
         self.totals_sent = 0
         self._mask = slots - 1
         self._full = (1 << len(lanes)) - 1
-        self.tag = [_EMPTY] * slots
+        self.tag = [EMPTY] * slots
         self.bitmap = [0] * slots
         self.totalled = [False] * slots
         self.plen = [0] * slots

@@ -24,14 +24,14 @@ import numpy as np
 from ring_setup.spec import Connection, RingSpec
 from switch import interswitch
 from switch.interswitch import Endpoint, Kind, ring_tag
-from switch.packets import BTH_OFF, EXT_OFF, conn_key, icrc_state, parse
-from switch.pipeline import (DEFAULT_SLOTS, MAX_RANKS, AggregationPipeline, AggregatorPool,
-                             ConnEntry, connection_entries)
+from switch.packets import BTH_OFF, EXT_OFF, PSN_MASK, conn_key, icrc_state, parse
+from switch.pipeline import (DEFAULT_SLOTS, EMPTY, MAX_RANKS, PSN_HALF, AggregationPipeline,
+                             AggregatorPool, ConnEntry, connection_entries, required_slots)
 
 if TYPE_CHECKING:
     from switch.dataplane import Emit
 
-TOR_COUNTERS = ("partials_sent", "partials_resent", "totals", "drop_total_unexpected",
+TOR_COUNTERS = ("partials_sent", "partials_resent", "slots_skipped", "totals", "drop_total_unexpected",
                 "drop_total_duplicate", "drop_total_length", "drop_total_headers",
                 "drop_total_misdirected")
 TRANSIT_COUNTERS = ("forwarded", "drop_wrong_port")
@@ -61,8 +61,9 @@ class RackPool(AggregatorPool):
     """
 
     def __init__(self, conns: Sequence[Connection], contributing: int, ports: dict[str, int],
-                 slots: int, mtu: int, config: TorConfig, ring: int):
+                 slots: int, mtu: int, window: int, config: TorConfig, ring: int):
         super().__init__(len(conns), slots, mtu, [ports[c.dst_ip] for c in conns])
+        self._window = window        # W: packets a connection may have unacknowledged
         self._full = (1 << contributing) - 1
         self._lane = {c.rank: lane for lane, c in enumerate(conns[:contributing])}
         self._entering = {c.rank: lane for lane, c in enumerate(conns) if lane >= contributing}
@@ -76,7 +77,41 @@ class RackPool(AggregatorPool):
 
     def offer(self, rank: int, k: int, frame: memoryview, hdr_end: int, plen: int,
               opcode: int, emit: Emit) -> str:
-        return super().offer(self._lane[rank], k, frame, hdr_end, plen, opcode, emit)
+        lane = self._lane[rank]
+        outcome = super().offer(lane, k, frame, hdr_end, plen, opcode, emit)
+        if outcome == "drop_overrun" and self._skip_acknowledged(k, emit):
+            outcome = super().offer(lane, k, frame, hdr_end, plen, opcode, emit)
+        return outcome
+
+    def _skip_acknowledged(self, k: int, emit: Emit) -> bool:
+        """A local packet k >= next_emit + N: skip the slots every host has acknowledged.
+
+        Its sender had k - W acknowledged, so the total of k - W existed, so every rank had
+        sent k - W, so every rank had k - 2W acknowledged: no host needs a result at or
+        before k - 2W any more. This ToR can lag that far only when its total went missing
+        while its ranks' results came from other ToRs (docs/multirack.md, "Lost totals");
+        those slots are emptied (a late duplicate is then stale), the ready ones emitted.
+        Returns whether k now fits the window.
+        """
+        while (k - 2 * self._window - self.next_emit) & PSN_MASK < PSN_HALF:
+            i = self.next_emit & self._mask
+            if self.tag[i] == self.next_emit and self.ready[i]:
+                self._emit_in_order(emit)
+                continue
+            self.tag[i] = EMPTY
+            self.next_emit = (self.next_emit + 1) & PSN_MASK
+            self.counts["slots_skipped"] += 1
+        return (k - self.next_emit) & PSN_MASK < self.slots
+
+    def recover(self, k: int, emit: Emit) -> None:
+        """The total for next_emit or k may have been lost on its way here: for each of them
+        that is locally complete without one, send its partial again (the spine answers a
+        totalled slot's repeat with the total, to this ToR only)."""
+        for slot_k in {self.next_emit, k}:
+            i = slot_k & self._mask
+            if self.tag[i] == slot_k and self.bitmap[i] == self._full and not self.ready[i]:
+                self._send_partial(slot_k, i, emit)
+                self.counts["partials_resent"] += 1
 
     def _complete(self, k: int, i: int, emit: Emit) -> None:
         payloads, partial = self._cut[i]
@@ -86,9 +121,7 @@ class RackPool(AggregatorPool):
 
     def _duplicate(self, i: int, emit: Emit) -> str:
         """A retransmission while the partial is out and no total is back: send it again."""
-        if self.bitmap[i] == self._full and not self.ready[i]:
-            self._send_partial(self.tag[i], i, emit)
-            self.counts["partials_resent"] += 1
+        self.recover(self.tag[i], emit)
         return "drop_duplicate"
 
     def _send_partial(self, k: int, i: int, emit: Emit) -> None:
@@ -130,6 +163,7 @@ class TransitEntry:
 
     ring_id: str
     rank: int
+    psn0: int
     out_port: int
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSIT_COUNTERS, 0))
 
@@ -166,7 +200,7 @@ class TorPipeline(AggregationPipeline):
             raise ValueError(f"ring {rid}: its 32-bit tag {tag:#x} is ring "
                              f"{self._tags[tag]}'s; choose another ring id")
         transit = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
-                   TransitEntry(rid, c.rank, local_ports[c.dst_ip])
+                   TransitEntry(rid, c.rank, c.psn0, local_ports[c.dst_ip])
                    for c in spec.connections
                    if c.dst_ip in local_ports and c.src_ip not in local_ports}
         if rid not in self._rings:
@@ -194,8 +228,8 @@ class TorPipeline(AggregationPipeline):
             return super()._install(spec, ports, slots)
         entering = [c for c in spec.connections
                     if ports[c.src_ip] == uplink and ports[c.dst_ip] != uplink]
-        pool = RackPool(local + entering, len(local), ports, slots, spec.mtu, self.config,
-                        ring_tag(spec.ring_id))
+        pool = RackPool(local + entering, len(local), ports, slots, spec.mtu,
+                        required_slots(spec) // 2, self.config, ring_tag(spec.ring_id))
         return pool, connection_entries(spec, local, ports, pool)
 
     def unregister_ring(self, ring_id: str) -> None:
@@ -223,7 +257,10 @@ class TorPipeline(AggregationPipeline):
             self._from_spine(frame, in_port, emit)
             return True
         fields = parse(frame)
-        entry = None if fields is None else self.transit.get(fields[0])
+        if fields is None:
+            return False
+        key, _, _, _, psn = fields
+        entry = self.transit.get(key)
         if entry is None:
             return False
         if in_port != self.config.uplink:
@@ -231,6 +268,9 @@ class TorPipeline(AggregationPipeline):
         else:
             emit(entry.out_port, (frame,))
             entry.counts["forwarded"] += 1
+            pool = self._rings[entry.ring_id].pool
+            if isinstance(pool, RackPool):   # a served retransmission: our total may be lost
+                pool.recover((psn - entry.psn0) & PSN_MASK, emit)
         return True
 
     def _from_spine(self, frame: memoryview, in_port: int, emit: Emit) -> None:

@@ -18,7 +18,7 @@ import itertools
 import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -60,9 +60,7 @@ class Faults:
     dup: float = 0.0
     reorder: float = 0.0
     corrupt: float = 0.0
-
-    def any(self) -> bool:
-        return bool(self.loss or self.dup or self.reorder or self.corrupt)
+    kinds: tuple[str, ...] = ("partial", "total", "write", "ack")   # frames they hit
 
 
 @dataclass
@@ -232,9 +230,11 @@ class Sim:
     def __init__(self, rack_sizes: Sequence[int], *, elements: int, mtu: int = 256,
                  msg_size: Optional[int] = None, window_msgs: int = 2, slots: int = 0,
                  host_faults: Faults = Faults(), uplink_faults: Faults = Faults(),
-                 seed: int = 0, timeout: float = 60.0, ring_id: str = "mr"):
+                 seed: int = 0, timeout: float = 60.0, ring_id: str = "mr",
+                 drop: Optional[Callable[[Node, bytes], bool]] = None):
         n = sum(rack_sizes)
         self.rng = random.Random(seed)
+        self.drop = drop                  # frames leaving a node that this says to lose
         self.spec = make_ring(n, ring_id=ring_id, mtu=mtu, msg_size=msg_size or 2 * mtu,
                               window=window_msgs)
         self.W = self.spec.window_packets
@@ -297,7 +297,9 @@ class Sim:
         kind = kind_of(frame)
         stats.sent[kind] += 1
         stats.bytes[kind] += len(frame)
-        if self.rng.random() < faults.loss:
+        if kind not in faults.kinds:
+            faults = Faults()
+        if self.rng.random() < faults.loss or (self.drop is not None and self.drop(src, frame)):
             stats.lost += 1
             return
         copies = 1
