@@ -385,3 +385,35 @@ class Sim:
                 out.update(st.bytes)
         return dict(out)
 
+
+
+def spine_report(rack_sizes: Sequence[int], nbytes: int, mtu: int = 4096,
+                 msg_size: int = 262144, window_msgs: int = 2) -> dict[str, Any]:
+    """One fault-free allreduce of `nbytes` per rank: bytes per ToR-spine link direction.
+
+    Also the host ring's figure for the same fabric (each connection between racks carries
+    2(n-1)/n of the data in packets of the path MTU), for comparison.
+    """
+    sim = Sim(rack_sizes, elements=nbytes // 4, mtu=mtu, msg_size=msg_size,
+              window_msgs=window_msgs, slots=256)
+    sim.run()
+    assert all(np.array_equal(r, sim.expected) for r in sim.results())
+    R = len(rack_sizes)
+    up, down = Counter(), Counter()
+    for j in range(R):
+        up.update(sim.stats[((f"tor{j}", UPLINK), ("spine", j + 1))].bytes)
+        down.update(sim.stats[(("spine", j + 1), (f"tor{j}", UPLINK))].bytes)
+    n = sum(rack_sizes)
+    ring_frames = 2 * (n - 1) * -(-nbytes // n // mtu)
+    ring = 2 * (n - 1) / n * nbytes + ring_frames * (EXT_OFF + 4 + 2)  # + RETH/ImmDt ~2 B avg
+    return {"racks": list(rack_sizes), "bytes_per_rank": nbytes, "mtu": mtu,
+            "up_per_link": {k: v / R for k, v in up.items()},
+            "down_per_link": {k: v / R for k, v in down.items()},
+            "ring_per_link_direction": ring}
+
+if __name__ == "__main__":      # PYTHONPATH=.:tests python tests/fabricsim.py 8x8 1048576
+    import json
+    import sys
+    racks_arg, size_arg = sys.argv[1], int(sys.argv[2])
+    count, size = (int(x) for x in racks_arg.split("x"))
+    print(json.dumps(spine_report([size] * count, size_arg), indent=1))
