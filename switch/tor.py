@@ -11,8 +11,10 @@ total carried down. Connections whose responder is here but whose requester is n
 also *transit*: a retransmission served by the requester's ToR arrives on the uplink and
 leaves by the responder's port, untouched.
 Invariants: a rack's contribution counts once per slot (the pool's bitmap); a partial is
-sent once when the slot becomes locally complete and again only when a held contribution
-is retransmitted while no total is known (the spine dedups); a total counts once.
+sent once when the slot becomes locally complete and again only on a sign that its total
+went missing (a held contribution or an entering connection's served retransmission seen
+while the slot has no total; the spine dedups); a total counts once; a slot is emptied
+without its total only when every host is provably past it (`RackPool._skip_acknowledged`).
 """
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ from switch.pipeline import (DEFAULT_SLOTS, EMPTY, MAX_RANKS, PSN_HALF, Aggregat
 if TYPE_CHECKING:
     from switch.dataplane import Emit
 
-TOR_COUNTERS = ("partials_sent", "partials_resent", "slots_skipped", "totals", "drop_total_unexpected",
-                "drop_total_duplicate", "drop_total_length", "drop_total_headers",
-                "drop_total_misdirected")
+TOR_COUNTERS = ("partials_sent", "partials_resent", "slots_skipped", "totals",
+                "drop_total_unexpected", "drop_total_duplicate", "drop_total_length",
+                "drop_total_headers", "drop_total_misdirected")
 TRANSIT_COUNTERS = ("forwarded", "drop_wrong_port")
 MAX_RACKS = 32                   # the spine's per-slot bitmap width
 
@@ -204,10 +206,14 @@ class TorPipeline(AggregationPipeline):
                    for c in spec.connections
                    if c.dst_ip in local_ports and c.src_ip not in local_ports}
         if rid not in self._rings:
-            taken = sorted(set(transit) & (set(self.transit) | set(self.table.entries)))
-            if taken:
-                raise ValueError(f"ring {rid}: a connection into this rack is already "
-                                 "registered by another ring")
+            aggregated = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn): c for c in spec.connections
+                          if c.src_ip in local_ports}
+            for key, c in [*((k, c) for k, c in aggregated.items() if k in self.transit),
+                           *((k, e) for k, e in transit.items()
+                             if k in self.transit or k in self.table.entries)]:
+                other = self.transit.get(key) or self.table.entries[key]
+                raise ValueError(f"ring {rid}: connection of rank {c.rank} is already "
+                                 f"registered by ring {other.ring_id}")
         super().register_ring(spec, {ip: local_ports.get(ip, uplink) for ip in ips}, slots)
         with self._lock:
             if rid in self._transit_keys:

@@ -224,29 +224,41 @@ class SimHost:
         self.sim.send(("host", self.rank), frame, now)
 
 
-class Sim:
-    """The fabric: racks of hosts (contiguous ranks), ToRs, a spine, links, the event loop."""
+def rack_of_rank(racks: Sequence[int] | Sequence[Sequence[int]]) -> list[int]:
+    """Each rank's rack from rack sizes (contiguous ranks) or from each rack's ranks."""
+    if all(isinstance(r, int) for r in racks):
+        return [j for j, size in enumerate(racks) for _ in range(size)]   # type: ignore[arg-type]
+    rack_of = {r: j for j, ranks in enumerate(racks) for r in ranks}      # type: ignore[union-attr]
+    assert sorted(rack_of) == list(range(len(rack_of))), f"racks {racks}: not ranks 0..n-1"
+    return [rack_of[r] for r in range(len(rack_of))]
 
-    def __init__(self, rack_sizes: Sequence[int], *, elements: int, mtu: int = 256,
-                 msg_size: Optional[int] = None, window_msgs: int = 2, slots: int = 0,
+
+class Sim:
+    """The fabric: racks of hosts, ToRs, a spine, links, the event loop.
+
+    `racks`: rack sizes (contiguous ranks), or each rack's list of ranks.
+    """
+
+    def __init__(self, racks: Sequence[int] | Sequence[Sequence[int]], *, elements: int,
+                 mtu: int = 256, msg_size: Optional[int] = None, window_msgs: int = 2, slots: int = 0,
                  host_faults: Faults = Faults(), uplink_faults: Faults = Faults(),
                  seed: int = 0, timeout: float = 60.0, ring_id: str = "mr",
                  drop: Optional[Callable[[Node, bytes], bool]] = None):
-        n = sum(rack_sizes)
+        self.rack_of = rack_of_rank(racks)
+        n = len(self.rack_of)
         self.rng = random.Random(seed)
         self.drop = drop                  # frames leaving a node that this says to lose
         self.spec = make_ring(n, ring_id=ring_id, mtu=mtu, msg_size=msg_size or 2 * mtu,
                               window=window_msgs)
         self.W = self.spec.window_packets
         self.slots = slots or 2 * self.W
-        self.rack_of = [j for j, size in enumerate(rack_sizes) for _ in range(size)]
         self.switches: dict[str, SimSwitch] = {}
         self.links: dict[Node, tuple[Node, Faults]] = {}
         self.stats: dict[tuple[Node, Node], LinkStats] = defaultdict(LinkStats)
-        self._wire(rack_sizes, host_faults, uplink_faults)
+        self._wire(host_faults, uplink_faults)
         self.fabric = FabricTarget(
             [TorTarget(self.switches[f"tor{j}"].pipeline, self.switches[f"tor{j}"].port_of_mac,
-                       self.switches[f"tor{j}"].port_counters) for j in range(len(rack_sizes))],
+                       self.switches[f"tor{j}"].port_counters) for j in range(len(racks))],
             SpineTarget(self.switches["spine"].pipeline, self.switches["spine"].port_counters))
         self.registration = self.fabric.register_ring(self.spec, self.slots)
         rng = np.random.default_rng(seed)
@@ -263,13 +275,12 @@ class Sim:
         self.results_checked = 0
         self.max_lead = 0                 # most a sent k was ahead of the slowest una
 
-    def _wire(self, rack_sizes: Sequence[int], host_faults: Faults, uplink_faults: Faults) -> None:
+    def _wire(self, host_faults: Faults, uplink_faults: Faults) -> None:
         hosts = [c.src_mac for c in self.spec.connections]
         spine_macs: dict[str, int] = {}
-        first = 0
         spine_tors = {}
-        for j, size in enumerate(rack_sizes):
-            ranks = range(first, first + size)
+        for j in range(max(self.rack_of) + 1):
+            ranks = [r for r in range(len(hosts)) if self.rack_of[r] == j]
             macs = {m: UPLINK for m in hosts}
             for port, r in enumerate(ranks, start=1):
                 macs[hosts[r]] = port
@@ -281,7 +292,6 @@ class Sim:
             self._cable((f"tor{j}", UPLINK), ("spine", j + 1), uplink_faults)
             spine_tors[j] = (j + 1, tor_endpoint(j))
             spine_macs[tor_endpoint(j).mac] = j + 1
-            first += size
         self.switches["spine"] = SimSwitch("spine", SpinePipeline(SpineConfig(SPINE, spine_tors)),
                                            spine_macs)
 

@@ -309,11 +309,11 @@ def test_fabric_controller_over_grpc() -> None:
 
 # -- whole message sequences through the simulated fabric ------------------------------------
 
-def check_counts(sim: Sim, rack_sizes: list[int]) -> None:
+def check_counts(sim: Sim, racks: list) -> None:
     """Every contribution and partial added exactly once; one partial per slot per ToR."""
     K = sim.hosts[0].packets
     rings = sim.fabric.counters()["rings"]["mr"]["switches"]
-    for j, n in enumerate(rack_sizes):
+    for j, n in enumerate(r if isinstance(r, int) else len(r) for r in racks):
         tor = rings[f"tor{j}"]
         assert tor["counters"]["aggregated"] == n * K          # never double-added
         skipped = tor["tor"]["slots_skipped"]                  # only when totals are lost
@@ -321,7 +321,7 @@ def check_counts(sim: Sim, rack_sizes: list[int]) -> None:
         assert tor["counters"]["drop_overrun"] <= skipped * sim.hosts[0].window
         assert tor["tor"]["partials_sent"] == K and tor["tor"]["totals"] >= K - skipped
     spine = rings["spine"]
-    R = len(rack_sizes)
+    R = len(racks)
     assert spine["counters"]["partials"] == R * K and spine["counters"]["completed"] == K
     assert spine["counters"]["totals_sent"] == R * K + spine["counters"]["totals_resent"]
     assert spine["counters"]["drop_overrun"] == 0
@@ -361,9 +361,10 @@ LOSSY = Faults(loss=0.05, dup=0.05, reorder=0.2)
 
 
 @pytest.mark.parametrize("where", ["hosts", "uplinks", "both"])
-@pytest.mark.parametrize("rack_sizes,seed", [([2, 2], 1), ([3, 3], 2), ([3, 2], 3)],
-                         ids=["2x2", "2x3", "uneven-5"])
-def test_fabric_heals_loss_duplication_reordering(rack_sizes: list[int], seed: int,
+@pytest.mark.parametrize("rack_sizes,seed", [([2, 2], 1), ([3, 3], 2), ([3, 2], 3),
+                                              ([[0, 3, 4], [1], [2, 5]], 4)],
+                         ids=["2x2", "2x3", "uneven-5", "interleaved"])
+def test_fabric_heals_loss_duplication_reordering(rack_sizes: list, seed: int,
                                                   where: str) -> None:
     corrupt = dataclasses.replace(LOSSY, corrupt=0.05)
     sim = Sim(rack_sizes, elements=1500, seed=seed,
@@ -414,6 +415,25 @@ def test_a_tor_whose_total_never_comes_skips_the_slot_once_every_host_is_past_it
     assert tor1["counters"]["drop_overrun"] == 0          # the packet that proved it is taken
 
 
+def test_racks_of_interleaved_ranks_carry_one_header_per_connection_between_racks() -> None:
+    partials: list[bytes] = []
+
+    def record(src: tuple[str, int], frame: bytes) -> bool:
+        if src == ("tor0", UPLINK) and interswitch.is_interswitch(frame):
+            partials.append(frame)
+        return False                                             # lose nothing
+    sim = Sim([[0, 2, 4], [1, 3, 5]], elements=64 * 16, drop=record)  # all connections cross
+    sim.run()
+    check_results(sim)
+    check_counts(sim, [[0, 2, 4], [1, 3, 5]])
+    K = sim.hosts[0].packets
+    for traffic in sim.uplink_traffic().values():
+        assert traffic["up"] == {"partial": K, "ack": 3 * K}
+        assert traffic["down"] == {"total": K, "ack": 3 * K}
+    assert len(partials) == K
+    assert [r for r, _ in interswitch.decode(memoryview(partials[0])).carried] == [0, 2, 4]
+
+
 def test_slot_reuse_bound_is_reached_and_holds_with_n_equal_2w() -> None:
     """N = 2W slots; many times around the pool under loss: a rank stuck at k never lets
     another send past k + 2W - 1 (asserted on every send), and the bound is reached."""
@@ -461,3 +481,19 @@ def test_eight_racks_of_eight_ranks_heal_faults_everywhere_with_a_wider_window()
     check_results(sim)
     check_counts(sim, [8] * 8)
     assert sim.max_lead <= 2 * sim.W - 1
+
+
+def test_tor_refuses_a_connection_another_ring_has_and_bad_local_ports() -> None:
+    target, tors, _ = fabric([[0, 1], [2, 3]])
+    target.register_ring(make_ring(4, ring_id="a"), 256)
+    b = make_ring(4, ring_id="b")                                # the same QPs
+    with pytest.raises(ValueError, match="ring b refused by tor0: ring b: connection of rank "
+                                         "3 is already registered by ring a"):
+        target.register_ring(b, 256)
+    with pytest.raises(ValueError, match="a local rank on the uplink port 100"):
+        tors[0].register_ring(b, {"10.77.0.1": UPLINK})
+    with pytest.raises(ValueError, match="not a non-empty subset"):
+        tors[0].register_ring(b, {"10.77.0.9": 1})
+    assert sorted(tors[0].counters()) == sorted(tors[1].counters()) == ["a"]
+    assert target.limits() == {"path_mtus": [256, 512, 1024, 2048, 4096], "max_slots": 1024,
+                               "max_ranks": 64}
