@@ -18,6 +18,7 @@ without its total only when every host is provably past it (`RackPool._skip_ackn
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -167,6 +168,7 @@ class TransitEntry:
     rank: int
     psn0: int
     out_port: int
+    pool: AggregatorPool         # the ring's pool here (a RackPool unless all ranks are here)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSIT_COUNTERS, 0))
 
 
@@ -183,13 +185,18 @@ class TorPipeline(AggregationPipeline):
         super().__init__()
         self.config = config
         self.transit: dict[int, TransitEntry] = {}     # copy-on-write like the table
-        self._tags: dict[int, str] = {}                # ring_tag -> ring id (multi-rack rings)
+        self._tags: dict[int, tuple[str, RackPool]] = {}   # ring_tag -> multi-rack ring
         self._transit_keys: dict[str, list[int]] = {}
         self.interswitch = {"drop_corrupt": 0, "drop_unknown_ring": 0}
+        self._control = threading.Lock()   # one registration at a time (checks, then installs)
 
     def register_ring(self, spec: RingSpec, local_ports: dict[str, int],  # type: ignore[override]
                       slots: int = DEFAULT_SLOTS) -> None:
         """Install the rack's share of `spec`: `local_ports` maps local ranks' IPs to ports."""
+        with self._control:
+            self._register(spec, local_ports, slots)
+
+    def _register(self, spec: RingSpec, local_ports: dict[str, int], slots: int) -> None:
         rid, uplink = spec.ring_id, self.config.uplink
         ips = {c.src_ip for c in spec.connections}
         if not local_ports or set(local_ports) - ips:
@@ -198,30 +205,31 @@ class TorPipeline(AggregationPipeline):
         if uplink in local_ports.values():
             raise ValueError(f"ring {rid}: a local rank on the uplink port {uplink}")
         tag = ring_tag(rid)
-        if self._tags.get(tag, rid) != rid:
+        if self._tags.get(tag, (rid,))[0] != rid:
             raise ValueError(f"ring {rid}: its 32-bit tag {tag:#x} is ring "
-                             f"{self._tags[tag]}'s; choose another ring id")
-        transit = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
-                   TransitEntry(rid, c.rank, c.psn0, local_ports[c.dst_ip])
-                   for c in spec.connections
-                   if c.dst_ip in local_ports and c.src_ip not in local_ports}
-        if rid not in self._rings:
-            aggregated = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn): c for c in spec.connections
-                          if c.src_ip in local_ports}
-            for key, c in [*((k, c) for k, c in aggregated.items() if k in self.transit),
-                           *((k, e) for k, e in transit.items()
-                             if k in self.transit or k in self.table.entries)]:
-                other = self.transit.get(key) or self.table.entries[key]
-                raise ValueError(f"ring {rid}: connection of rank {c.rank} is already "
-                                 f"registered by ring {other.ring_id}")
+                             f"{self._tags[tag][0]}'s; choose another ring id")
+        entering = [c for c in spec.connections
+                    if c.dst_ip in local_ports and c.src_ip not in local_ports]
+        if rid not in self._rings:                      # its connections must be free here
+            for c in spec.connections:
+                if c.src_ip in local_ports or c.dst_ip in local_ports:
+                    key = conn_key(c.src_ip, c.dst_ip, c.dst_qpn)
+                    other = self.transit.get(key) or self.table.entries.get(key)
+                    if other is not None:
+                        raise ValueError(f"ring {rid}: connection of rank {c.rank} is already "
+                                         f"registered by ring {other.ring_id}")
         super().register_ring(spec, {ip: local_ports.get(ip, uplink) for ip in ips}, slots)
         with self._lock:
             if rid in self._transit_keys:
                 return                                  # the same ring again
+            pool = self._rings[rid].pool
+            transit = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
+                       TransitEntry(rid, c.rank, c.psn0, local_ports[c.dst_ip], pool)
+                       for c in entering}
             self.transit = {**self.transit, **transit}
             self._transit_keys[rid] = list(transit)
-            if len(local_ports) < spec.world_size:
-                self._tags = {**self._tags, tag: rid}
+            if isinstance(pool, RackPool):
+                self._tags = {**self._tags, tag: (rid, pool)}
 
     def _install(self, spec: RingSpec, ports: dict[str, int], slots: int
                  ) -> tuple[AggregatorPool, dict[int, ConnEntry]]:
@@ -239,17 +247,19 @@ class TorPipeline(AggregationPipeline):
         return pool, connection_entries(spec, local, ports, pool)
 
     def unregister_ring(self, ring_id: str) -> None:
-        super().unregister_ring(ring_id)
-        with self._lock:
-            gone = set(self._transit_keys.pop(ring_id, ()))
-            self.transit = {k: e for k, e in self.transit.items() if k not in gone}
-            self._tags = {t: r for t, r in self._tags.items() if r != ring_id}
+        with self._control:
+            super().unregister_ring(ring_id)
+            with self._lock:
+                gone = set(self._transit_keys.pop(ring_id, ()))
+                self.transit = {k: e for k, e in self.transit.items() if k not in gone}
+                self._tags = {t: r for t, r in self._tags.items() if r[0] != ring_id}
 
     def counters(self) -> dict[str, Any]:
         """AggregationPipeline.counters plus, per ring, its ToR and transit counters."""
+        rings = self._rings
         out = super().counters()
         for rid, ring in out.items():
-            pool = self._rings[rid].pool
+            pool = rings[rid].pool if rid in rings else None
             ring["tor"] = dict(pool.counts) if isinstance(pool, RackPool) else None
             ring["transit"] = [{"rank": e.rank, "out_port": e.out_port, "counters": dict(e.counts)}
                                for e in self.transit.values() if e.ring_id == rid]
@@ -274,9 +284,8 @@ class TorPipeline(AggregationPipeline):
         else:
             emit(entry.out_port, (frame,))
             entry.counts["forwarded"] += 1
-            pool = self._rings[entry.ring_id].pool
-            if isinstance(pool, RackPool):   # a served retransmission: our total may be lost
-                pool.recover((psn - entry.psn0) & PSN_MASK, emit)
+            if isinstance(entry.pool, RackPool):   # a served retransmission: our total may
+                entry.pool.recover((psn - entry.psn0) & PSN_MASK, emit)   # have been lost
         return True
 
     def _from_spine(self, frame: memoryview, in_port: int, emit: Emit) -> None:
@@ -285,12 +294,11 @@ class TorPipeline(AggregationPipeline):
         except interswitch.Corrupt:
             self.interswitch["drop_corrupt"] += 1
             return
-        rid = self._tags.get(msg.ring)
-        if rid is None:
+        ring = self._tags.get(msg.ring)
+        if ring is None:
             self.interswitch["drop_unknown_ring"] += 1
             return
-        pool = self._rings[rid].pool
-        assert isinstance(pool, RackPool)
+        pool = ring[1]
         if in_port != self.config.uplink or msg.kind != Kind.TOTAL \
                 or msg.tor != self.config.tor_id:
             outcome = "drop_total_misdirected"
