@@ -27,7 +27,7 @@ import numpy as np
 from ring_setup.spec import Connection, RingSpec
 from switch import interswitch
 from switch.interswitch import Endpoint, Kind, ring_tag
-from switch.packets import BTH_OFF, EXT_OFF, PSN_MASK, conn_key, icrc_state, parse
+from switch.packets import BTH_OFF, EXT_LEN, EXT_OFF, PSN_MASK, conn_key, icrc_state, parse
 from switch.pipeline import (DEFAULT_SLOTS, EMPTY, MAX_RANKS, PSN_HALF, AggregationPipeline,
                              AggregatorPool, ConnEntry, connection_entries, required_slots)
 
@@ -145,8 +145,9 @@ class RackPool(AggregatorPool):
         if len(msg.payload) != self.plen[i]:
             return "drop_total_length"
         carried = dict(msg.carried)
+        hdr_len = EXT_OFF + EXT_LEN[self.opcode[i]]
         if carried.keys() != self._entering.keys() or len(carried) != len(msg.carried) \
-                or any(len(h) < EXT_OFF or h[BTH_OFF] != self.opcode[i]
+                or any(len(h) != hdr_len or h[BTH_OFF] != self.opcode[i]
                        for h in carried.values()):
             return "drop_total_headers"
         for rank, header in carried.items():

@@ -4,10 +4,11 @@ R racks of hosts, one `TorPipeline` per rack, one `SpinePipeline`, all registere
 the real `FabricTarget`; frames travel as bytes over links that can lose, duplicate,
 reorder (random extra delay) and corrupt (inter-switch frames only: a host's NIC would
 drop a frame whose ICRC fails, which is not what is under test) what they carry.
-Every rank is a requester (its ring connection, frames as rxe sends them: built by
-switch.packets.build_frame for speed, equal to scapy's, which a test checks; a go-back-N window of W packets, a retransmit timer, NAK handling)
-and a responder (in-order acceptance, cumulative ACK per packet, one NAK per gap), so loss
-anywhere heals as with rxe: by the hosts, never by a switch timer.
+Every rank is a requester (its ring connection; frames as rxe sends them, built by
+switch.packets.build_frame for speed and equal to scapy's, which a test checks; a go-back-N
+window of W packets, a retransmit timer, NAK handling) and a responder (in-order
+acceptance, cumulative ACK per packet, one NAK per gap), so loss anywhere heals as with
+rxe: by the hosts, never by a switch timer.
 Seam: `SimHost` is the only host model; the packet-level rxe RC model (tests/rcmodel/,
 branch rcmodel) can replace it as long as it sends and takes frames through `Sim.send`.
 """
@@ -240,7 +241,8 @@ class Sim:
     """
 
     def __init__(self, racks: Sequence[int] | Sequence[Sequence[int]], *, elements: int,
-                 mtu: int = 256, msg_size: Optional[int] = None, window_msgs: int = 2, slots: int = 0,
+                 mtu: int = 256, msg_size: Optional[int] = None, window_msgs: int = 2,
+                 slots: int = 0,
                  host_faults: Faults = Faults(), uplink_faults: Faults = Faults(),
                  seed: int = 0, timeout: float = 60.0, ring_id: str = "mr",
                  drop: Optional[Callable[[Node, bytes], bool]] = None):
