@@ -81,9 +81,9 @@ class AggregatorPool:
     emitted; `next_emit` is the first relative PSN not emitted yet. Sums stay in wire order
     (little-endian), so a result's payload is the sum array's buffer.
     Hooks for a pool whose result comes from elsewhere (the ToR role, switch/tor.py):
-    `_complete` (the bitmap became full), `_duplicate` (a held contribution came again
-    before the slot was emitted), `_full` and `result_lanes` (the ranks that contribute,
-    and those whose result an emission sends).
+    `_complete` (the bitmap became full), `_servable` and `_duplicate` (when a held
+    contribution that comes again gets the result, and what happens otherwise), `_full` and
+    `result_lanes` (the ranks that contribute, and those whose result an emission sends).
     """
 
     def __init__(self, world_size: int, slots: int, mtu: int, out_ports: Sequence[int]):
@@ -123,7 +123,7 @@ class AggregatorPool:
             if plen != self.plen[i] or opcode != self.opcode[i]:
                 return "drop_mismatch"
             if self.bitmap[i] >> rank & 1:
-                if not self.emitted[i]:
+                if not self._servable(i):
                     return self._duplicate(i, emit)
                 payload = self._sum_bytes[i][:plen]
                 emit(self.out_ports[rank], (frame[:hdr_end], payload,
@@ -150,8 +150,12 @@ class AggregatorPool:
             self._complete(k, i, emit)
         return "aggregated"
 
+    def _servable(self, i: int) -> bool:
+        """May a retransmission into slot i get the result back now? (Once emitted.)"""
+        return self.emitted[i]
+
     def _duplicate(self, i: int, emit: Emit) -> str:
-        """A contribution slot i holds came again before the slot was emitted: not added."""
+        """A contribution slot i holds came again before it was servable: not added."""
         return "drop_duplicate"
 
     def _complete(self, k: int, i: int, emit: Emit) -> None:

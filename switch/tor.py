@@ -122,6 +122,12 @@ class RackPool(AggregatorPool):
         self._send_partial(k, i, emit)
         self.counts["partials_sent"] += 1
 
+    def _servable(self, i: int) -> bool:
+        """A retransmission is served once the total is here, even before the slot's turn
+        to be emitted: the hosts may be past slots whose total this ToR never got (rule 7
+        frees those only once a local requester is N ahead, which needs this)."""
+        return self.ready[i]
+
     def _duplicate(self, i: int, emit: Emit) -> str:
         """A retransmission while the partial is out and no total is back: send it again."""
         self.recover(self.tag[i], emit)
@@ -158,6 +164,8 @@ class RackPool(AggregatorPool):
         self.ready[i] = True
         if k == self.next_emit:
             self._emit_in_order(emit)
+        else:                                # a gap: next_emit's total may have been lost
+            self.recover(self.next_emit, emit)
         return "totals"
 
 

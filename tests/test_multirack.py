@@ -165,7 +165,9 @@ def test_totals_out_of_order_are_emitted_in_order(sim: Sim) -> None:
     for k in (0, 1):
         tor0.receive(contribution(sim, 0, k, d), 1)
         tor0.receive(contribution(sim, 1, k, d), 2)
-    assert tor0.receive(total(sim, 1, 40), UPLINK) == []
+    # a gap: k=0's total may be lost, so its partial goes up again
+    partial0 = tor0.receive(total(sim, 1, 40), UPLINK)
+    assert interswitch.decode(memoryview(partial_of(partial0))).k == 0
     out = tor0.receive(total(sim, 0, 30), UPLINK)
     assert [f for _, f in out] == [contribution(sim, r, k, np.full(64, v, np.int32))
                                    for k, v in ((0, 30), (1, 40)) for r in (0, 3)]
@@ -317,9 +319,11 @@ def check_counts(sim: Sim, racks: list) -> None:
         tor = rings[f"tor{j}"]
         assert tor["counters"]["aggregated"] == n * K          # never double-added
         skipped = tor["tor"]["slots_skipped"]                  # only when totals are lost
-        assert tor["counters"]["completed"] + skipped == K and tor["next_emit"] == K
+        # a ToR whose last totals were lost catches up with the next call's traffic
+        assert tor["counters"]["completed"] + skipped == tor["next_emit"] >= K - sim.W
         assert tor["counters"]["drop_overrun"] <= skipped * sim.hosts[0].window
-        assert tor["tor"]["partials_sent"] == K and tor["tor"]["totals"] >= K - skipped
+        assert tor["tor"]["partials_sent"] == K
+        assert tor["tor"]["totals"] >= tor["counters"]["completed"]
     spine = rings["spine"]
     R = len(racks)
     assert spine["counters"]["partials"] == R * K and spine["counters"]["completed"] == K
@@ -349,6 +353,7 @@ def test_fabric_without_faults_one_partial_up_one_total_down_per_slot(rack_sizes
         tor = sim.fabric.counters()["rings"]["mr"]["switches"][f"tor{j}"]["tor"]
         assert pick(tor, "partials_sent", "partials_resent", "slots_skipped", "totals") == \
             [K, 0, 0, K]
+        assert sim.fabric.counters()["rings"]["mr"]["switches"][f"tor{j}"]["next_emit"] == K
     for j, traffic in sim.uplink_traffic().items():
         # per slot: one partial up, one total down; no data packet crosses (the headers of
         # the connections between racks ride in them); the hosts' ACKs do
@@ -376,9 +381,11 @@ def test_fabric_heals_loss_duplication_reordering(rack_sizes: list, seed: int,
     for tier in {"hosts": ["hosts"], "uplinks": ["uplinks"], "both": ["hosts", "uplinks"]}[where]:
         links = [st for (a, b), st in sim.stats.items()
                  if ("spine" in (a[0], b[0])) == (tier == "uplinks")]
-        assert min(sum(getattr(st, f) for st in links)
-                   for f in ("lost", "duplicated", "delayed")) > 0, f"no faults on {tier}"
-    assert sum(h.retransmissions for h in sim.hosts) > 0
+        assert sum(st.lost + st.duplicated + st.delayed for st in links) > 0, \
+            f"no faults on {tier}"
+    switches = sim.fabric.counters()["rings"]["mr"]["switches"]
+    resent = sum(c["tor"]["partials_resent"] for n, c in switches.items() if n != "spine")
+    assert sum(h.retransmissions for h in sim.hosts) + resent > 0     # something healed
     corrupted = sum(st.corrupted for st in sim.stats.values())
     dropped = sum(c["drop_corrupt"] for c in sim.fabric.counters()["interswitch"].values())
     assert dropped == corrupted and (corrupted > 0) == (where != "hosts")
