@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
-from ring_setup.spec import RingSpec
+from ring_setup.spec import Connection, RingSpec
 from switch.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, PSN_MASK, UDP_CSUM_OFF,
                             UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after,
                             icrc_state, icrc_valid, icrcs, ipv4_header_ok, is_fragment, parse,
@@ -42,7 +42,7 @@ OUTCOMES = ("aggregated", "retransmits_served") + DROPS   # exactly one per regi
 RING_COUNTERS = ("aggregated", "completed", "results_sent", "retransmits_served") + DROPS
 CONN_COUNTERS = ("packets", "messages", "aggregated", "retransmits_served") + DROPS
 
-_EMPTY = -1                      # tag of a slot that never held a packet
+EMPTY = -1                       # tag of a slot that holds no packet
 PSN_HALF = 1 << 23                # serial arithmetic: a relative distance below this is "ahead"
 _WIRE_I32 = np.dtype("<i4")      # payload elements on the wire: the hosts' own int32
 _ZERO_CSUM = bytes(2)            # a rewritten packet's UDP checksum (rxe sends 0; the ICRC masks it)
@@ -65,11 +65,11 @@ def required_slots(spec: RingSpec) -> int:
     return 1 << (2 * inflight_packets(spec) - 1).bit_length()
 
 
-def check_ring(spec: RingSpec, slots: int) -> None:
+def check_ring(spec: RingSpec, slots: int, max_ranks: int = MAX_RANKS) -> None:
     """Raise ValueError unless the ring can be aggregated with `slots` slots."""
     rid = spec.ring_id
-    if not 2 <= spec.world_size <= MAX_RANKS:
-        raise ValueError(f"ring {rid}: {spec.world_size} ranks, need 2..{MAX_RANKS}")
+    if not 2 <= spec.world_size <= max_ranks:
+        raise ValueError(f"ring {rid}: {spec.world_size} ranks, need 2..{max_ranks}")
     if spec.mtu not in PATH_MTUS:
         raise ValueError(f"ring {rid}: path MTU {spec.mtu} is not one of {PATH_MTUS}")
     if spec.window < 1 or spec.msg_size < 1:
@@ -97,11 +97,15 @@ class AggregatorPool:
     """The N slots of one ring, its in-order emission point and its emission counters.
 
     Invariant: slot i holds relative PSN tag[i] (≡ i mod N) or is empty; bitmap[i] names
-    the ranks whose payload (wire int32) and header it holds, each stored once; a full
-    slot's wrapping int32 sum is formed when it is emitted, and emitted[i] is set only
-    once every slot before tag[i] was emitted; `next_emit` is the first relative PSN not
-    emitted yet. Sums stay in wire order (little-endian), so a result's payload is the sum
-    array's buffer.
+    the ranks whose payload (wire int32) and header it holds, each stored once; ready[i]
+    says the slot's result is in its sum row (here: the wrapping int32 sum, formed when the
+    bitmap becomes full), and emitted[i] is set only once every slot before tag[i] was
+    emitted; `next_emit` is the first relative PSN not emitted yet. Sums stay in wire order
+    (little-endian), so a result's payload is the sum array's buffer.
+    Hooks for a pool whose result comes from elsewhere (the ToR role, switch/tor.py):
+    `_complete` (the bitmap became full), `_servable` and `_duplicate` (when a held
+    contribution that comes again gets the result, and what happens otherwise), `_full` and
+    `result_lanes` (the ranks that contribute, and those whose result an emission sends).
     """
 
     def __init__(self, world_size: int, slots: int, mtu: int, out_ports: Sequence[int]):
@@ -114,9 +118,11 @@ class AggregatorPool:
         self.results_sent = 0
         self._mask = slots - 1
         self._full = (1 << world_size) - 1
-        self.tag = [_EMPTY] * slots
+        self.result_lanes = tuple(range(world_size))     # whose results a slot emits
+        self.tag = [EMPTY] * slots
         self.bitmap = [0] * slots
         self.emitted = [False] * slots
+        self.ready = [False] * slots
         self.plen = [mtu] * slots       # _cut[i] is cut to plen[i]
         self.opcode = [0] * slots
         self.headers: list[list[bytearray]] = [[bytearray()] * world_size
@@ -141,8 +147,8 @@ class AggregatorPool:
             if plen != self.plen[i] or opcode != self.opcode[i]:
                 return "drop_mismatch"
             if self.bitmap[i] >> rank & 1:
-                if not self.emitted[i]:
-                    return "drop_duplicate"
+                if not self._servable(i):
+                    return self._duplicate(i, emit)
                 payload = self._sum_bytes[i][:plen]
                 emit(self.out_ports[rank], (frame[:UDP_CSUM_OFF], _ZERO_CSUM,
                                             frame[UDP_CSUM_OFF + 2:hdr_end], payload,
@@ -156,6 +162,7 @@ class AggregatorPool:
             self.tag[i] = k
             self.bitmap[i] = 0
             self.emitted[i] = False
+            self.ready[i] = False
             if self.plen[i] != plen:
                 self._cut[i] = (self._payloads[i][:, :plen >> 2], self._sums[i][:plen >> 2])
             self.plen[i] = plen
@@ -166,24 +173,38 @@ class AggregatorPool:
         self.headers[i][rank] = header
         self._hcrc[i][rank] = hcrc
         self.bitmap[i] |= 1 << rank
-        if k == self.next_emit and self.bitmap[i] == self._full:
-            self._emit_in_order(emit)
+        if self.bitmap[i] == self._full:
+            self._complete(k, i, emit)
         return "aggregated"
 
+    def _servable(self, i: int) -> bool:
+        """May a retransmission into slot i get the result back now? (Once emitted.)"""
+        return self.emitted[i]
+
+    def _duplicate(self, i: int, emit: Emit) -> str:
+        """A contribution slot i holds came again before it was servable: not added."""
+        return "drop_duplicate"
+
+    def _complete(self, k: int, i: int, emit: Emit) -> None:
+        """Slot i (holding k) has every rank: its result is their sum; emit what is due."""
+        payloads, total = self._cut[i]
+        np.add.reduce(payloads, axis=0, out=total)
+        self.ready[i] = True
+        if k == self.next_emit:
+            self._emit_in_order(emit)
+
     def _emit_in_order(self, emit: Emit) -> None:
-        """Sum and send next_emit and every complete slot that follows it without a gap."""
+        """Send next_emit and every ready slot that follows it without a gap."""
         k = self.next_emit
         i = k & self._mask
-        while self.tag[i] == k and self.bitmap[i] == self._full and not self.emitted[i]:
-            payloads, total = self._cut[i]
-            np.add.reduce(payloads, axis=0, out=total)
+        while self.tag[i] == k and self.ready[i] and not self.emitted[i]:
             payload = self._sum_bytes[i][:self.plen[i]]
-            for port, header, crc in zip(self.out_ports, self.headers[i],
-                                         icrcs(payload, self._hcrc[i])):
-                emit(port, (header, payload, crc))
+            lanes, headers, hcrc = self.result_lanes, self.headers[i], self._hcrc[i]
+            for lane, crc in zip(lanes, icrcs(payload, [hcrc[x] for x in lanes])):
+                emit(self.out_ports[lane], (headers[lane], payload, crc))
             self.emitted[i] = True
             self.completed += 1
-            self.results_sent += self.world_size
+            self.results_sent += len(lanes)
             k = (k + 1) & PSN_MASK
             i = k & self._mask
         self.next_emit = k
@@ -244,6 +265,15 @@ class ConnectionTable:
         self.entries = {k: e for k, e in self.entries.items() if k not in gone}
 
 
+def connection_entries(spec: RingSpec, conns: Sequence[Connection], ports: dict[str, int],
+                       pool: AggregatorPool) -> dict[int, ConnEntry]:
+    """Table entries (by `conn_key`) for `conns` of `spec`, aggregated into `pool`."""
+    return {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
+            ConnEntry(spec.ring_id, c.rank, c.src_ip, c.dst_ip, c.dst_qpn, c.psn0,
+                      ports[c.src_ip], ports[c.dst_ip], pool)
+            for c in conns}
+
+
 @dataclass(frozen=True)
 class _Ring:
     """A registered ring: its registration arguments, pool and connections by key."""
@@ -262,6 +292,8 @@ class AggregationPipeline:
     runs lock-free on the dataplane thread.
     """
 
+    max_ranks = MAX_RANKS        # per ring (the ToR role aggregates only its rack's share)
+
     def __init__(self) -> None:
         self.table = ConnectionTable()
         self._rings: dict[str, _Ring] = {}
@@ -273,7 +305,7 @@ class AggregationPipeline:
 
         Registering the same ring again with the same spec, ports and slots is a no-op.
         """
-        check_ring(spec, slots)
+        check_ring(spec, slots, self.max_ranks)
         missing = sorted({c.src_ip for c in spec.connections} - ports.keys())
         if missing:
             raise ValueError(f"ring {spec.ring_id}: no switch port for {', '.join(missing)}")
@@ -283,15 +315,17 @@ class AggregationPipeline:
                 if (old.spec, old.ports, old.slots) == (spec, ports, slots):
                     return
                 raise ValueError(f"ring {spec.ring_id} is already registered differently")
-            pool = AggregatorPool(spec.world_size, slots, spec.mtu,
-                                  [ports[c.dst_ip] for c in spec.connections])
-            conns = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
-                     ConnEntry(spec.ring_id, c.rank, c.src_ip, c.dst_ip, c.dst_qpn, c.psn0,
-                               ports[c.src_ip], ports[c.dst_ip], pool)
-                     for c in spec.connections}
+            pool, conns = self._install(spec, ports, slots)
             self.table.add(conns)
             self._rings = {**self._rings, spec.ring_id: _Ring(spec, dict(ports), slots,
                                                                conns, pool)}
+
+    def _install(self, spec: RingSpec, ports: dict[str, int], slots: int
+                 ) -> tuple[AggregatorPool, dict[int, ConnEntry]]:
+        """A new ring's pool and the entries of the connections it aggregates (all here)."""
+        pool = AggregatorPool(spec.world_size, slots, spec.mtu,
+                              [ports[c.dst_ip] for c in spec.connections])
+        return pool, connection_entries(spec, spec.connections, ports, pool)
 
     def unregister_ring(self, ring_id: str) -> None:
         """Remove a ring; its connections' traffic is forwarded from then on."""
