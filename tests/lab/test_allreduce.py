@@ -81,15 +81,25 @@ def test_a_rank_that_never_joins_is_named_by_the_others() -> None:
 
 
 def test_a_stall_names_rank_peer_message_qp_states_and_counters() -> None:
-    result = run_worker(3, "stall", "--stall", "5", timeout=600)
+    """Rank 2 is alive but never calls: after the collective timeout (5 s here) a waiting
+    rank reports the stall; the first to do so aborts the communicator, so the other one
+    reports either its own stall or that rank's."""
+    result = run_worker(3, "stall", "--collective-timeout", "5", timeout=600)
     assert result.ok, f"exit {result.exit_code}"
+    stalled = []
     for r in (0, 1):
         (err,) = lines(result, r, "ERROR ")
+        if "PeerFailure" in err:
+            assert re.search(rf"rank {1 - r}: .*nothing moved for 5s", err), err
+            continue
+        stalled.append(r)
         # the lab's switch registers "inc", so the metadata exchange (where it stalls) is there
-        assert f"flowctl: rank {r}, ring 'inc': nothing moved for 5s" in err, err
+        assert (f"flowctl: rank {r}, ring 'inc': nothing moved for 5s (the collective timeout; "
+                f"every peer alive)") in err, err
         assert re.search(r"message \d+ from rank \d not arrived", err), err
         assert re.search(rf"send QP \d+ \(to rank {r + 1}\) RTS, recv QP \d+ \(from rank "
                          rf"{(r - 1) % 3}\) RTS; rxe{r} counters: .*sent_pkts=\d+", err), err
+    assert stalled
     assert lines(result, 2, "OK idle")
 
 

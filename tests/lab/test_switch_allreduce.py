@@ -41,12 +41,18 @@ def meta_packets(n: int) -> int:
     return packets(n * RECORD_STRIDE // 4)
 
 
+def data_packets(count: int, n: int) -> int:
+    """Packets of one call's data: `count` int32 words, then the seal of n words."""
+    return packets(count + n)
+
+
 def expected_packets(sizes: list[int], n: int) -> int:
     """What allreduce_worker.py `switch` sends per connection: int32 and float32 at every
     size, the refused call (its metadata only), one 5-element call; each call's metadata
     first."""
     calls = 2 * len(sizes) + 2
-    return calls * meta_packets(n) + 2 * sum(packets(c) for c in sizes) + packets(5)
+    return calls * meta_packets(n) + 2 * sum(data_packets(c, n) for c in sizes) \
+        + data_packets(5, n)
 
 
 def check_switch_run(result: LaunchResult, n: int, sizes: list[int]) -> dict[str, int]:
