@@ -217,7 +217,7 @@ else
       rc=1
     fi
   done
-  ls -1t "$LABDIR"/boots/*.console.log 2>/dev/null | tail -n +$((BOOT_LOGS + 1)) | xargs -r rm -f
+  { ls -1t "$LABDIR"/boots/*.console.log 2>/dev/null | tail -n +$((BOOT_LOGS + 1)) | xargs -r rm -f; } || true
 fi
 say "command exited $rc"
 exit "$rc"

@@ -112,14 +112,17 @@ wait_usable() {  # hosts: until libibverbs in hI opens rxeI and its port is ACTI
   # The verbs view (netlink device list, /dev/infiniband/uverbsN, the provider) is not the
   # sysfs one `status` prints: wait for udev to finish with the new devices, then open each
   # device from its own namespace exactly as a rank would, so the first rank never races them.
-  local n=$1 i t0=$SECONDS pending
+  local n=$1 i t0=$SECONDS pending settled rounds=0 late=""
   command -v udevadm >/dev/null && udevadm settle --timeout="$USABLE_WAIT" 2>/dev/null || true
+  settled=$((SECONDS - t0))
   while :; do
+    rounds=$((rounds + 1))
     pending=()
     for ((i = 0; i < n; i++)); do
       in_ns "h$i" ibv_devinfo -d "rxe$i" 2>/dev/null | grep -q 'state:.*PORT_ACTIVE' || pending+=("rxe$i")
     done
     [ ${#pending[@]} = 0 ] && break
+    [ $rounds = 1 ] && late="${pending[*]}"
     if [ $((SECONDS - t0)) -ge "$USABLE_WAIT" ]; then
       echo "setup_rxe.sh: ${pending[*]} not usable from their namespaces after ${USABLE_WAIT}s:" >&2
       for ((i = 0; i < n; i++)); do
@@ -131,7 +134,8 @@ wait_usable() {  # hosts: until libibverbs in hI opens rxeI and its port is ACTI
     fi
     sleep 0.5
   done
-  echo "setup_rxe.sh: rxe0..rxe$((n - 1)) usable from their namespaces after $((SECONDS - t0)) s"
+  echo "setup_rxe.sh: rxe0..rxe$((n - 1)) usable from their namespaces after $((SECONDS - t0)) s" \
+    "(udev settled in ${settled} s; ${late:-every device} ${late:+not usable at first, }usable after $rounds round(s))"
 }
 
 hosts_present() { ip netns list | awk '{print $1}' | grep -E '^h[0-9]+$' | sed 's/^h//' | sort -n; }

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from netreduce.launch import LaunchResult
 from tests.lab.labhosts import CONTROLLER, HOSTS, run_in_host, switch_counters, wait_for
-from tests.lab.test_allreduce import lines, run_worker
-from tests.lab.test_switch_allreduce import _Watch, check_switch_run
+from tests.lab.test_allreduce import in_background, lines, run_worker
+from tests.lab.test_switch_allreduce import check_switch_run
 
 pytestmark = pytest.mark.lab
 
@@ -118,15 +115,9 @@ def leases_expired() -> int:
 def test_rank_0_killed_lets_the_lease_expire_and_frees_the_ring(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Needs the controller's leases (switch side: branch control)."""
-    until = tmp_path / "done"
-    watch = _Watch("REGISTERED ")
-    outcome: list[LaunchResult] = []
     before = leases_expired()
-    worker = threading.Thread(target=lambda: outcome.append(
-        run_worker(3, "rank0-killed", "--until", str(until), timeout=600, out=watch)))
-    worker.start()
-    try:
-        assert watch.seen.wait(300), watch.getvalue()
+    with in_background(3, "rank0-killed", until=tmp_path / "done",
+                       marker="REGISTERED ") as (watch, outcome):
         (ring_id, lease_ms), = re.findall(r"REGISTERED (\S+) lease_ms=(\d+)", watch.getvalue())
         assert int(lease_ms) > 0, f"the controller at {CONTROLLER} granted no lease"
         killed = time.monotonic()
@@ -135,9 +126,6 @@ def test_rank_0_killed_lets_the_lease_expire_and_frees_the_ring(
                  f"ring {ring_id} freed after rank 0 died")
         freed = time.monotonic() - killed
         expired = leases_expired()
-    finally:
-        until.touch()
-        worker.join(timeout=300)
     assert expired == before + 1, (before, expired)
     (result,) = outcome
     assert result.ranks[0].returncode == -9
@@ -150,19 +138,9 @@ def test_a_switch_restarted_mid_job_fails_the_call_naming_it_then_a_new_job_work
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Needs the lab's switch supervisor (tests/lab/labswitch.py, branch bmv2lab)."""
     from tests.lab.labswitch import restart_switch
-    until = tmp_path / "restarted"
-    watch = _Watch("FIRST CALL DONE")
-    outcome: list[LaunchResult] = []
-    worker = threading.Thread(target=lambda: outcome.append(
-        run_worker(3, "switch-restart", "--until", str(until), timeout=600, out=watch)))
-    worker.start()
-    try:
-        assert watch.seen.wait(300), watch.getvalue()
+    with in_background(3, "switch-restart", until=tmp_path / "restarted",
+                       marker="FIRST CALL DONE") as (watch, outcome):
         restart_switch()
-        until.touch()
-    finally:
-        until.touch()
-        worker.join(timeout=300)
     (result,) = outcome
     assert result.ok, watch.getvalue()
     took = []
