@@ -256,26 +256,19 @@ def main() -> None:
     comm = netreduce.init(timeout=args.timeout, collective_timeout=args.collective_timeout)
     print(f"joined {comm!r} ip={comm.inc_ring_spec().connections[rank].src_ip}", flush=True)
     sizes = [int(s) for s in args.sizes.split(",")]
-    if args.mode == "correctness":
-        correctness(comm, sizes, args.timed, args.algo)
-    elif args.mode == "switch":
-        in_network(comm, sizes, args.timed, args.compare)
-    elif args.mode == "hold":
-        hold(comm, args.until, 600)
-    elif args.mode == "mismatch":
-        mismatch(comm, args.what)
-    elif args.mode == "stall":
-        stall(comm, args.collective_timeout)
-    elif args.mode == "die":
-        die(comm, args.victim)
-    elif args.mode == "late":
-        late(comm, args.late)
-    elif args.mode == "rank0-killed":
-        rank0_killed(comm, args.until)
-    elif args.mode == "switch-restart":
-        switch_restart(comm, args.until)
-    else:
-        print(f"SPEC {comm.inc_ring_spec().to_json()}", flush=True)
+    modes = {
+        "correctness": lambda: correctness(comm, sizes, args.timed, args.algo),
+        "switch": lambda: in_network(comm, sizes, args.timed, args.compare),
+        "hold": lambda: hold(comm, args.until, 600),
+        "mismatch": lambda: mismatch(comm, args.what),
+        "stall": lambda: stall(comm, args.collective_timeout),
+        "die": lambda: die(comm, args.victim),
+        "late": lambda: late(comm, args.late),
+        "rank0-killed": lambda: rank0_killed(comm, args.until),
+        "switch-restart": lambda: switch_restart(comm, args.until),
+        "inc-spec": lambda: print(f"SPEC {comm.inc_ring_spec().to_json()}", flush=True),
+    }
+    modes[args.mode]()
     netreduce.finalize()
 
 

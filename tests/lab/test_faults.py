@@ -34,8 +34,8 @@ def figure(capsys: pytest.CaptureFixture[str], text: str) -> None:
 
 @pytest.fixture
 def netem_both_ways() -> Iterator[None]:
-    """netem (1% loss, 1% duplication, reordering: 25% of frames go 1 ms ahead of the
-    rest) on every host's lab link in both directions: egress on nr0, ingress through an
+    """netem (1% loss, 1% duplication, reordering: 75% of frames go at once, the rest
+    1 ms later, behind frames sent after them) on every host's lab link in both directions: egress on nr0, ingress through an
     ifb device nr0 redirects to. Removed afterwards whatever happens."""
     try:
         for i in range(HOSTS):
