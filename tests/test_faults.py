@@ -2,7 +2,10 @@
 failing and slow peers, leases, a switch that restarts; and the pyverbs guard."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +14,7 @@ import pytest
 from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import CompletionError, FlowConfig
 from netreduce import Communicator, CommunicatorError, PeerFailure, SwitchFailure
+from netreduce.registration import LeaseKeeper, SwitchStatus
 from test_comm import run_ranks
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)
@@ -175,3 +179,32 @@ def test_a_device_closed_raises_instead_of_crashing() -> None:
     life.closed = True
     with pytest.raises(DeviceClosed, match="polling send completions: device rxe3 is closed"):
         life.check("polling send completions")
+
+
+def test_sigterm_exits_through_the_atexit_finalize() -> None:
+    code = ("import atexit, os, signal, time\n"
+            "import netreduce.api as api\n"
+            "atexit.register(lambda: print('FINALIZED', flush=True))\n"
+            "api._exit_on_sigterm()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(10)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 143, (p.stdout, p.stderr)
+    assert "FINALIZED" in p.stdout and "netreduce: SIGTERM: finalizing" in p.stderr
+
+
+def test_a_lease_that_cannot_be_renewed_for_a_whole_lease_is_reported_lost() -> None:
+    class Unreachable:
+        addr = "10.0.0.9:50051"
+
+        def renew_lease(self, ring_id: str) -> dict:
+            raise RuntimeError("UNAVAILABLE: connection refused")
+
+    lost: list[str] = []
+    status = SwitchStatus(controller="10.0.0.9:50051", ring_id="r1", slots=256, lease_ms=300)
+    keeper = LeaseKeeper(Unreachable(), status, lost.append)   # type: ignore[arg-type]
+    time.sleep(1.0)
+    keeper.stop()
+    assert lost == ["the switch at 10.0.0.9:50051 no longer aggregates ring r1 (restarted, or "
+                    "its lease lapsed): RenewLease: UNAVAILABLE: connection refused"]
