@@ -248,16 +248,27 @@ class FakeSwitch:
         return True
 
 
+class FakeControllerError(RuntimeError):
+    """Like the controller client's error: a gRPC status `code` name and a message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
 class FakeController:
     """switch.controller.ControllerClient for a fake fabric: `refuse` makes registration
-    fail with that message; `registered` / `unregistered` record the calls."""
+    fail with that message; `lease_ms` > 0 grants leases (renewals counted in `renewed`);
+    `restart()` forgets every ring like a restarted switch; `registered` / `unregistered`
+    record the calls."""
 
     addr = "fake-controller:1"
 
-    def __init__(self, fabric: FakeFabric, refuse: str | None = None) -> None:
-        self.fabric, self.refuse = fabric, refuse
+    def __init__(self, fabric: FakeFabric, refuse: str | None = None, lease_ms: int = 0) -> None:
+        self.fabric, self.refuse, self.lease_ms = fabric, refuse, lease_ms
         self.registered: list[RingSpec] = []
         self.unregistered: list[str] = []
+        self.renewed: list[str] = []
         self.closed = False
 
     def register_ring(self, spec: RingSpec) -> dict:
@@ -266,10 +277,24 @@ class FakeController:
         with self.fabric.lock:
             self.fabric.switch.register(spec)
         self.registered.append(spec)
-        return {"ring_id": spec.ring_id, "slots": 256, "ports": {}}
+        return {"ring_id": spec.ring_id, "slots": 256, "ports": {}, "lease_ms": self.lease_ms}
+
+    def renew_lease(self, ring_id: str) -> dict:
+        with self.fabric.lock:
+            if ring_id not in self.fabric.switch.world:
+                raise FakeControllerError("NOT_FOUND", f"no ring {ring_id!r}")
+        self.renewed.append(ring_id)
+        return {"ring_id": ring_id, "lease_ms": self.lease_ms}
+
+    def restart(self) -> None:
+        with self.fabric.lock:
+            for ring_id in list(self.fabric.switch.world):
+                self.fabric.switch.unregister(ring_id)
 
     def unregister_ring(self, ring_id: str) -> dict:
         with self.fabric.lock:
+            if ring_id not in self.fabric.switch.world:
+                raise FakeControllerError("NOT_FOUND", f"no ring {ring_id!r}")
             self.fabric.switch.unregister(ring_id)
         self.unregistered.append(ring_id)
         return {"ring_id": ring_id}
