@@ -13,6 +13,7 @@ import pytest
 from flowctl import CompletionError, FlowConfig, StallError
 from netreduce.meta import RECORD_STRIDE
 from rcmodel.fabric import FaultRates, Faults
+from rcmodel.outcomes import assert_every_rank_failed_fast
 from rcmodel.rxe import MAX_UNACKED_PSNS, QPAttr
 from rcmodel.world import World
 from switch import pipeline
@@ -149,8 +150,9 @@ def test_ackreq_on_the_last_packet_and_after_65_unacknowledged_ones() -> None:
 
 def test_no_more_than_129_psns_are_ever_unacknowledged() -> None:
     """rxe_req.c: the requester stops when psn_compare(psn, comp.psn + 128) > 0. With
-    every ACK of rank 0's data lost, rank 0 sends PSNs 1..129 and then only retries them;
-    the stall is the documented StallError on every rank."""
+    every ACK of rank 0's data lost, rank 0 sends PSNs 1..129 and then only retries them
+    (rxe's timer, completer_retry_err) until the collective timeout: the first rank to see
+    nothing move for 1 s raises StallError, the other PeerFailure naming it."""
     cfg = FlowConfig(mtu=256, msg_size=256 * 256, window=1, recv_depth=8, collective_timeout=1.0)
     holder: dict[str, World] = {}
 
@@ -161,7 +163,7 @@ def test_no_more_than_129_psns_are_ever_unacknowledged() -> None:
     capture = Capture(lose_rank0_data_acks)
     world = holder["world"] = World(2, cfg, slots=512, faults=Faults(drop=capture))
     results = allreduce(world, 300 * 64, "switch")
-    assert all(isinstance(r, StallError) for r in results), results
+    assert_every_rank_failed_fast(results, StallError)
     c = world.spec.connections[0]
     ks = {(psn_of(f) - c.psn0) & PSN_MASK for kind, f in capture.frames
           if kind == "contribution" and on_conn(f, c)}
@@ -264,7 +266,7 @@ def test_b1_with_the_old_bound_of_128_b_stalls_forever(monkeypatch: pytest.Monke
     monkeypatch.setattr(pipeline, "RXE_MAX_INFLIGHT", 128)
     world = b1_world(256)                        # what the bound of 128 accepted
     results = allreduce(world, B1_COUNT, "switch")
-    assert all(isinstance(r, StallError) for r in results), results
+    assert_every_rank_failed_fast(results, StallError)
     conn_b = world.switch_counters()["connections"][1]["counters"]
     assert conn_b["drop_stale"] >= 1             # B's retransmissions of 128 find 384
 
@@ -273,7 +275,8 @@ def test_the_model_catches_a_switch_that_does_not_serve_retransmissions(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Invariant 3 (a retransmission reaching an emitted slot gets the result back) is
     what recovers a lost result: a pipeline without it leaves B stalled, and the model
-    says so with a StallError instead of a wrong sum or a hang."""
+    says so with a StallError (the other rank: PeerFailure naming the stalled one) instead
+    of a wrong sum or a hang."""
     real_offer = pipeline.AggregatorPool.offer
 
     def offer_without_serving(pool: pipeline.AggregatorPool, rank: int, k: int,
@@ -284,18 +287,24 @@ def test_the_model_catches_a_switch_that_does_not_serve_retransmissions(
         return real_offer(pool, rank, k, *args)
     monkeypatch.setattr(pipeline.AggregatorPool, "offer", offer_without_serving)
     results = allreduce(b1_world(512), B1_COUNT, "switch")
-    assert all(isinstance(r, StallError) for r in results), results
+    assert_every_rank_failed_fast(results, StallError)
 
 
 def test_the_model_catches_a_switch_that_counts_a_duplicate_twice(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Invariant 2 broken on purpose (a duplicate contribution before emission is added
-    again): duplicated contributions then give wrong sums, which the model shows."""
+    again) on the data packets: duplicated contributions then give wrong sums, which the
+    model shows. (The same fault in the metadata message or the seal's packet is caught by
+    the host code itself: SwitchFailure, no sum returned.)"""
     real_offer = pipeline.AggregatorPool.offer
+    n, count = 3, 5000
+    meta = packets(n * RECORD_STRIDE)            # k < meta: the call's metadata message
+    last = meta + packets(4 * (count + n)) - 1   # the packet that carries the seal
 
     def offer_twice(pool: pipeline.AggregatorPool, rank: int, k: int, *args: Any) -> str:
         i = k & pool.slots - 1
-        again = pool.tag[i] == k and pool.bitmap[i] >> rank & 1 and not pool.emitted[i]
+        again = meta <= k < last and pool.tag[i] == k and pool.bitmap[i] >> rank & 1 \
+            and not pool.emitted[i]
         if again:
             pool.bitmap[i] &= ~(1 << rank)
         outcome = real_offer(pool, rank, k, *args)
@@ -303,10 +312,10 @@ def test_the_model_catches_a_switch_that_counts_a_duplicate_twice(
             pool._payloads[i][rank] *= 2            # noqa: SLF001 - added twice
         return outcome
     monkeypatch.setattr(pipeline.AggregatorPool, "offer", offer_twice)
-    n, count = 3, 5000
     faults = Faults({"contribution": FaultRates(duplicate=0.3, delay=0.5)}, seed=1)
     results = allreduce(World(n, CFG, faults=faults), count, "switch")
-    assert not all(np.array_equal(r, want(n, count)) for r in results)
+    assert all(isinstance(r, np.ndarray) for r in results), results    # the seal held
+    assert not any(np.array_equal(r, want(n, count)) for r in results)
 
 
 # --- the model against the lab --------------------------------------------------------
@@ -319,9 +328,10 @@ def lab_records() -> dict[str, list[dict[str, Any]]]:
 
 def test_the_model_matches_the_lab_on_the_recorded_calls() -> None:
     """tests/rcmodel/lab_record.py in a 2-host lab (defaults: MTU 4096, 256 KiB messages,
-    window 2, no netem). The lab's calls met spurious retransmit timeouts (rxe's 67 ms
-    timer under TCG, `completer_retry_err`), so each lab figure is split with the lab's own
-    counters into the lossless part and the retransmissions, and the lossless part must
+    window 2, no netem). A lab call can meet spurious retransmit timeouts (rxe's 67 ms
+    timer under TCG, `completer_retry_err`; the first recording met 1-3 per call, the
+    current one none), so each lab figure is split with the lab's own counters into the
+    lossless part and the retransmissions, and the lossless part must
     equal the model's lossless run exactly: switch counters, requests sent and received,
     receive completions, ACKs. For rank r and its peer p (2 ranks, nothing lost):
       sent_pkts(r) = requests(r) + [duplicate_request(p) + drop_duplicate(conn r)]

@@ -3,10 +3,13 @@ results, ACKs), an allreduce either gives every rank the exact sum or fails with
 documented error; never a wrong result, never a hang. Runs on the RC model
 (tests/rcmodel): real Communicators and Streams, the real switch pipeline, model rxe.
 
-Documented errors: `StallError` (no completion for `collective_timeout`: the loss outran
-recovery) and `CompletionError` for "transport retry counter exceeded" (retry_cnt < 7
-ran out), both FlowErrors, and on a later call a CommunicatorError naming the first.
-A hang is `SimulationLimit` (bounded simulated time and events), which fails the test.
+Documented errors (fail fast, rcmodel.outcomes): the rank whose own stream gives up raises
+`StallError` (no completion for `collective_timeout`: the loss outran recovery) or
+`CompletionError` for "transport retry counter exceeded" (retry_cnt < 7 ran out), both
+FlowErrors; every other rank still calling raises `PeerFailure` naming only ranks that
+did fail so; and every later call on a failed rank a CommunicatorError ("unusable after
+an earlier error"). A hang is `SimulationLimit` (bounded simulated time and events), which
+fails the test.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 from flowctl import CompletionError, FlowConfig, StallError
 from netreduce.comm import CommunicatorError
 from rcmodel.fabric import KINDS, FaultRates, Faults
+from rcmodel.outcomes import check_fail_fast
 from rcmodel.rxe import RETRY_FOREVER, QPAttr
 from rcmodel.world import World
 from switch.packets import PSN_MASK
@@ -54,12 +58,12 @@ def data(rank: int, call: int, count: int) -> np.ndarray:
                                                                 dtype=np.int32)
 
 
-def documented(exc: BaseException, retry_cnt: int) -> bool:
+def own_failure(exc: BaseException, retry_cnt: int) -> bool:
+    """A documented way for a rank's own stream to give up."""
     if isinstance(exc, StallError):
         return True
-    if isinstance(exc, CompletionError):
-        return retry_cnt != RETRY_FOREVER and "transport retry counter exceeded" in str(exc)
-    return isinstance(exc, CommunicatorError) and "unusable after an earlier error" in str(exc)
+    return isinstance(exc, CompletionError) and retry_cnt != RETRY_FOREVER \
+        and "transport retry counter exceeded" in str(exc)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True,
@@ -84,13 +88,22 @@ def test_every_run_sums_exactly_or_fails_as_documented(s: dict[str, Any]) -> Non
         return out
 
     results = world.run(body)
+    first_errors: dict[int, BaseException] = {}
     for rank, got in enumerate(results):
         assert isinstance(got, list), f"rank {rank} raised {got!r}"
         for i, ((algo, count), res) in enumerate(zip(calls, got)):
             if isinstance(res, BaseException):
-                assert documented(res, s["retry_cnt"]), f"rank {rank} call {i}: {res!r}"
+                if rank not in first_errors:
+                    first_errors[rank] = res
+                else:
+                    assert isinstance(res, CommunicatorError) and \
+                        "unusable after an earlier error" in str(res), \
+                        f"rank {rank} call {i}: {res!r}"
                 continue
+            assert rank not in first_errors, f"rank {rank} call {i} ran after its failure"
             want = np.sum([data(r, i, count) for r in range(n)], axis=0, dtype=np.int32)
             assert np.array_equal(res, want), f"rank {rank} call {i} ({algo}): wrong sum"
+    if first_errors:
+        check_fail_fast(first_errors, lambda exc: own_failure(exc, s["retry_cnt"]))
     stats = world.switch_counters()["counters"]
     assert stats["drop_overrun"] == stats["drop_mismatch"] == stats["drop_bad_length"] == 0

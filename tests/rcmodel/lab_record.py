@@ -1,7 +1,10 @@
 """One rank of the lab recording the RC model is checked against (tests/rcmodel/lab_calls.json).
 
-    scripts/lab.sh --hosts 2 -- python -m netreduce.launch --hosts 2 -- \
-        python tests/rcmodel/lab_record.py
+    NR_VENV=/work/main/.venv scripts/lab.sh --hosts 2 -- env PYTHONPATH=$PWD \
+        python -m netreduce.launch --hosts 2 -- python tests/rcmodel/lab_record.py
+
+(from the repository or worktree root; PYTHONPATH makes the guest import this tree's code).
+The `RCMODEL` lines' records, sorted by call then rank, are lab_calls.json's "records".
 
 Runs the `CALLS` below on a communicator with the default knobs (the lab's switch
 registers its "inc" ring) and prints, per call, one `RCMODEL <json>` line: this rank's rxe
