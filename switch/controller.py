@@ -5,7 +5,7 @@ object encoded as UTF-8 bytes.
     RegisterRing   {"spec": RingSpec dict, "slots"?: int} -> {"ring_id", "slots", "ports"}
     UnregisterRing {"ring_id": str}                       -> {"ring_id"}
     Counters       {}                                     -> {"target", "rings", "ports"}
-    Ping           {}                                     -> {"target": name}
+    Ping           {}                                     -> {"target": name, "limits": TargetLimits}
 Errors come back as gRPC status: INVALID_ARGUMENT (a bad request or registration),
 NOT_FOUND (unknown ring), INTERNAL (anything else), each with a message saying what.
 Invariant: the controller never touches packets; it resolves ports from MACs and hands
@@ -13,6 +13,7 @@ rings to a Target, which installs them in its data plane.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from abc import ABC, abstractmethod
@@ -22,7 +23,7 @@ from typing import Any, Callable, Optional
 import grpc
 
 from ring_setup.spec import RingSpec
-from switch.pipeline import DEFAULT_SLOTS, AggregationPipeline
+from switch.pipeline import DEFAULT_SLOTS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, AggregationPipeline
 
 SERVICE = "netreduce.Controller"
 DEFAULT_ADDR = "10.77.0.254:50051"
@@ -53,10 +54,29 @@ def resolve_ports(spec: RingSpec, port_of_mac: PortOfMac) -> dict[str, int]:
     return ports
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetLimits:
+    """What a target can aggregate (the fields of TargetLimits in switch/api/control.proto):
+    a ring outside these is refused at registration. `max_rings` 0: no fixed number (then
+    `free_rings` is 0 too); `max_slot_memory` 0: no limit; `default_lease_ms` 0: no lease."""
+
+    path_mtus: tuple[int, ...]
+    max_slots: int
+    max_ranks: int
+    max_rings: int
+    free_rings: int
+    max_slot_memory: int = 0
+    default_lease_ms: int = 0
+
+
 class Target(ABC):
     """A switch data plane the controller can program."""
 
     name: str
+
+    @abstractmethod
+    def limits(self) -> TargetLimits:
+        """What this target can aggregate now (free_rings counts the rings in use)."""
 
     @abstractmethod
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
@@ -101,6 +121,10 @@ class SoftwareTarget(Target):
     def port_of_mac(self, mac: str) -> Optional[int]:
         return self._port_of_mac(mac)
 
+    def limits(self) -> TargetLimits:
+        return TargetLimits(path_mtus=PATH_MTUS, max_slots=MAX_SLOTS, max_ranks=MAX_RANKS,
+                            max_rings=0, free_rings=0)
+
 
 class ControllerService:
     """The RPC handlers: JSON in, JSON out, Target exceptions mapped to gRPC status."""
@@ -128,7 +152,8 @@ class ControllerService:
         return self.target.counters()
 
     def ping(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"target": self.target.name}
+        return {"target": self.target.name,
+                "limits": dataclasses.asdict(self.target.limits())}
 
     def handler(self) -> grpc.GenericRpcHandler:
         methods = {"RegisterRing": self.register_ring, "UnregisterRing": self.unregister_ring,

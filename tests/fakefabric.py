@@ -246,17 +246,33 @@ class FakeSwitch:
         return True
 
 
+SOFTWARE_LIMITS = {"path_mtus": [256, 512, 1024, 2048, 4096], "max_slots": 1024,
+                   "max_ranks": 32, "max_rings": 0, "free_rings": 0, "max_slot_memory": 0,
+                   "default_lease_ms": 0}
+
+
 class FakeController:
     """switch.controller.ControllerClient for a fake fabric: `refuse` makes registration
-    fail with that message; `registered` / `unregistered` record the calls."""
+    fail with that message; Ping answers `target` and `limits` (None: a controller that
+    publishes none; an exception: raised); `registered` / `unregistered` record the calls."""
 
     addr = "fake-controller:1"
 
-    def __init__(self, fabric: FakeFabric, refuse: str | None = None) -> None:
+    def __init__(self, fabric: FakeFabric, refuse: str | None = None, target: str = "software",
+                 limits: dict | Exception | None = SOFTWARE_LIMITS) -> None:
         self.fabric, self.refuse = fabric, refuse
+        self.target, self.limits = target, limits
+        self.pings = 0
         self.registered: list[RingSpec] = []
         self.unregistered: list[str] = []
         self.closed = False
+
+    def ping(self) -> dict:
+        self.pings += 1
+        if isinstance(self.limits, Exception):
+            raise self.limits
+        return {"target": self.target} if self.limits is None else \
+            {"target": self.target, "limits": self.limits}
 
     def register_ring(self, spec: RingSpec) -> dict:
         if self.refuse is not None:

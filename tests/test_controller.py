@@ -34,8 +34,10 @@ def client(controller: tuple[str, AggregationPipeline]) -> Iterator[ControllerCl
         yield c
 
 
-def test_ping(client: ControllerClient) -> None:
-    assert client.ping() == {"target": "software"}
+def test_ping_publishes_the_targets_limits(client: ControllerClient) -> None:
+    assert client.ping() == {"target": "software", "limits": {
+        "path_mtus": [256, 512, 1024, 2048, 4096], "max_slots": 1024, "max_ranks": 32,
+        "max_rings": 0, "free_rings": 0, "max_slot_memory": 0, "default_lease_ms": 0}}
 
 
 def test_register_resolves_ports_from_macs(client: ControllerClient,
@@ -149,7 +151,7 @@ def test_ctl_prints_json(controller: tuple[str, AggregationPipeline], tmp_path,
     assert ctl.main(["--addr", addr, "register", str(spec_file), "--slots", "512"]) == 0
     assert json.loads(capsys.readouterr().out)["slots"] == 512
     assert ctl.main(["--addr", addr, "ping"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"target": "software"}
+    assert json.loads(capsys.readouterr().out)["target"] == "software"
     assert ctl.main(["--addr", addr, "counters"]) == 0
     assert list(json.loads(capsys.readouterr().out)["rings"]) == ["ring"]
     assert ctl.main(["--addr", addr, "unregister", "ring"]) == 0
