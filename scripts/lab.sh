@@ -14,7 +14,8 @@
 #    a tap in nrlab, where the switch runs natively (emulation slows Python ~10x: the switch,
 #    the hot spot, stays outside). CMD runs inside the VM as root, in its root namespace, with
 #    the repo shared read-write at the same path, PATH starting with the venv, and
-#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR set.
+#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCHES (the kinds CMD may restart the
+#    switch as: soft, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH) set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs are serialised
 # machine-wide with a lock (/run/lock/netreduce-lab.lock). CMD may restart the switch as soft
@@ -208,12 +209,15 @@ case $switch in
 esac
 switch_supervise &
 supervisor_pid=$!
+switch_kinds=soft                 # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
+if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then switch_kinds+=" bmv2"; fi
 
 # --- the command ---------------------------------------------------------------------------
 {
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
   printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q\n' \
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT"
+  printf 'export NR_LAB_SWITCHES=%q\n' "$switch_kinds"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done

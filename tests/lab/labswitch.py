@@ -49,6 +49,11 @@ def lab_dir() -> Path:
     return Path(d)
 
 
+def available_switches() -> tuple[str, ...]:
+    """The kinds scripts/lab.sh can start here (bmv2 only where p4c and BMv2 are installed)."""
+    return tuple(os.environ.get("NR_LAB_SWITCHES", "soft").split())
+
+
 def current_switch() -> str:
     """The kind of switch running now ("soft", "bmv2" or "bridge")."""
     path = lab_dir() / "switch.kind"
@@ -64,6 +69,10 @@ def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) ->
     kind = kind or current_switch()
     if kind not in KINDS:
         raise LabSwitchError(f"restart_switch({kind!r}): the lab's switch is one of {KINDS}")
+    if kind not in available_switches():
+        raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh can start only "
+                             f"{available_switches()} here (bmv2 needs p4c and "
+                             f"simple_switch_grpc on its PATH: scripts/install.sh)")
     d = lab_dir()
     rid = uuid.uuid4().hex[:12]
     t0 = time.monotonic()

@@ -129,12 +129,24 @@ def test_in_network_allreduce_survives_one_percent_loss(lossy_hosts: None,
     result = run_worker(4, "switch", "--sizes", str(sizes[0]), "--timed", str(sizes[0]),
                         timeout=900)
     counters = check_switch_run(result, 4, sizes)
+    check_retransmissions_seen(counters)
+    show_run(capsys, "switch allreduce, 1% loss", result, counters)
+
+
+def check_retransmissions_seen(counters: dict[str, int]) -> None:
+    """The switch saw retransmissions: served from emitted slots, or dropped as
+    duplicates/stale."""
     assert counters["retransmits_served"] + counters["drop_duplicate"] \
         + counters["drop_stale"] > 0, counters
+
+
+def show_run(capsys: pytest.CaptureFixture[str], label: str, result: LaunchResult,
+             counters: dict[str, int]) -> None:
+    """The ring's counters and rank 0's TIME lines, printed past pytest's capture."""
     with capsys.disabled():
-        print(f"\n[switch allreduce, 1% loss] counters {counters}")
+        print(f"\n[{label}] counters {counters}")
         for t in lines(result, 0, "TIME "):
-            print(f"[switch allreduce, 1% loss] {t}")
+            print(f"[{label}] {t}")
 
 
 class _Watch(io.StringIO):
