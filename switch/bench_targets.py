@@ -1,13 +1,13 @@
 """Both switch targets side by side on the same recorded contribution traffic, on veth pairs.
 
     python -m switch.bench_targets [--targets soft,bmv2] [--ranks 4] [--packets 4096]
-                                   [--window 64] [--json FILE]
+                                   [--payload 256] [--window 64] [--json FILE]
 
 For each target, a fresh switch process (`python -m switch` or `python -m switch.bmv2_lab`:
 the same command line, as in the lab) gets one port per rank, a veth pair each
 (`nrbsN` switch side, `nrbhN` driver side), and a controller on 127.0.0.1. The driver
 replays `switch.bench_pipeline.frames` (every rank's RDMA WRITE packet k, k-major, 256 B
-payloads: what BMv2 takes) into the driver sides, keeping at most `window` slots
+payloads by default: BMv2's most; --payload 128 halves the elements) into the driver sides, keeping at most `window` slots
 outstanding (rxe keeps at most 128 PSNs unacknowledged), and counts what comes back:
   - forward: the ring is not registered, every frame is L2-forwarded to its receiver;
   - aggregate: the ring is registered, every slot's n contributions become n results.
@@ -41,7 +41,7 @@ NETNS = "nrlab"
 LOCK = Path("/run/lock/netreduce-lab.lock")
 MODULES = {"soft": "switch", "bmv2": "switch.bmv2_lab"}
 CONTROLLER = "127.0.0.1:50199"
-PAYLOAD = 256                # bytes per packet: BMv2's limit (switch/p4/limits.p4)
+PATH_MTU = 256               # the ring's: BMv2's limit (switch/p4/limits.p4)
 START_TIMEOUT = 120.0        # s (a first bmv2 start compiles switch/p4)
 QUIET = 2.0                  # s without any frame back: the run is over (lost frames)
 
@@ -160,9 +160,10 @@ def replay(todo: Sequence[tuple[int, bytes]], ports: dict[int, Port], ranks: int
     return back, last - t0
 
 
-def bench(kind: str, ranks: int, packets: int, window: int, logdir: Path) -> list[Result]:
-    spec = lab_ring(ranks, PAYLOAD)
-    todo = frames(spec, packets)
+def bench(kind: str, ranks: int, packets: int, payload: int, window: int,
+          logdir: Path) -> list[Result]:
+    spec = lab_ring(ranks, PATH_MTU)
+    todo = frames(spec, packets, payload)
     links = veth_pairs(ranks)
     drivers = {num: open_port(num, drv) for num, (_, drv) in links.items()}
     macs = {c.src_mac: c.rank + 1 for c in spec.connections}
@@ -209,6 +210,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--targets", default="soft,bmv2", help="comma-separated: soft, bmv2")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--packets", type=int, default=4096, help="packets per rank")
+    ap.add_argument("--payload", type=int, default=PATH_MTU,
+                    help=f"payload bytes per packet, a multiple of 4 up to {PATH_MTU}")
     ap.add_argument("--window", type=int, default=64, help="slots outstanding at most")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--in-netns", action="store_true", help=argparse.SUPPRESS)
@@ -217,6 +220,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = [k for k in kinds if k not in MODULES]
     if unknown:
         ap.error(f"unknown target(s) {unknown}: soft, bmv2")
+    if args.payload % 4 or not 0 < args.payload <= PATH_MTU:
+        ap.error(f"--payload {args.payload}: a multiple of 4 in 4..{PATH_MTU}")
     if os.geteuid() != 0:
         ap.error("needs root (a network namespace and veth pairs)")
     if not args.in_netns:
@@ -227,10 +232,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_targets.") as tmp:
         for kind in kinds:
-            results += bench(kind, args.ranks, args.packets, args.window, Path(tmp))
+            results += bench(kind, args.ranks, args.packets, args.payload, args.window,
+                             Path(tmp))
     if args.json:
         args.json.write_text(json.dumps(
-            {"ranks": args.ranks, "packets_per_rank": args.packets, "payload": PAYLOAD,
+            {"ranks": args.ranks, "packets_per_rank": args.packets, "payload": args.payload,
              "window": args.window,
              "results": [{**asdict(r), "in_per_s": r.in_per_s, "out_per_s": r.out_per_s}
                          for r in results]}, indent=1))
