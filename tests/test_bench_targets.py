@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+
 from switch.bench_pipeline import frames, lab_ring
 from switch.bench_targets import Result, replay
 from switch.dataplane import Port
