@@ -22,13 +22,14 @@ def init(rank: int | None = None, world_size: int | None = None,
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
     default 2) are the flow-control knobs; the switch's aggregator pool (256 slots by
-    default) must hold 2 x `window` x `msg_size`/`mtu` packets (2 x 128 with the defaults;
-    rxe never has more than 128 in flight), which its controller checks at registration.
-    With a switch, the "inc" ring's knobs left at their defaults are fitted to what the
-    switch's target aggregates (e.g. path MTU 256 through BMv2), and the registration line
-    says what was chosen; a knob given here that the target cannot take is an error naming
-    both. `switch`: the switch controller's HOST:PORT (None: $NR_CONTROLLER, which the lab
-    sets; "": no switch)."""
+    default) must hold 2 x min(`window` x `msg_size`/`mtu`, 129) packets (2 x 128 with the
+    defaults; rxe keeps up to 129 PSNs unacknowledged per QP), rounded up to a power of
+    two, which its controller checks at registration. With a switch, the "inc" ring's knobs
+    left unset are fitted to what the switch's target aggregates (through BMv2: path MTU
+    256, and 16 KiB messages so that its 256 slots suffice), and the registration line says
+    what was chosen; a knob given here that the target cannot take is an error naming both.
+    `switch`: the switch controller's HOST:PORT (None: $NR_CONTROLLER, which the lab sets;
+    "": no switch)."""
     global _default
     if _default is not None:
         raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "

@@ -68,13 +68,14 @@ class Communicator:
     `netreduce.init(...)` or `Communicator.create(...)`; close it on every rank."""
 
     def __init__(self, *, rendezvous: Rendezvous, host: Host, config: FlowConfig,
-                 inc_config: FlowConfig, endpoints: list[HostEndpoint],
-                 streams: dict[str, Stream], control: RegisteredMemory, switch: SwitchStatus,
-                 controller: Controller | None) -> None:
+                 endpoints: list[HostEndpoint], streams: dict[str, Stream],
+                 control: RegisteredMemory, switch: SwitchStatus,
+                 controller: Controller | None,
+                 inc_config: FlowConfig | None = None) -> None:
         self._rendezvous = rendezvous
         self._host = host
         self.config = config                  # the "ring" ring's knobs: what the user asked
-        self.inc_config = inc_config          # the "inc" ring's: fitted to the switch
+        self.inc_config = inc_config or config  # the "inc" ring's: fitted to the switch
         self._endpoints = endpoints
         self.rank = rendezvous.rank
         self.world_size = rendezvous.world_size
@@ -118,7 +119,7 @@ class Communicator:
         controller: Controller | None = None
         try:
             if rdzv.rank == 0 and addr is not None:
-                from switch.controller import ControllerClient  # grpc: only where it is used
+                from switch.api.client import ControllerClient  # grpc: only where it is used
                 controller = ControllerClient(addr, timeout=min(10.0, timeout / 2))
             host = RdmaHost(ip, device, config)
             comm = cls.connect(rendezvous, host, config, controller, pinned)

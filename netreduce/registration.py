@@ -3,7 +3,7 @@ agree whether allreduce may aggregate in the network, and fitting that ring to t
 target first.
 
 Invariants:
-- Only rank 0 talks to the controller (`switch.controller.ControllerClient` or anything
+- Only rank 0 talks to the controller (`switch.api.client.ControllerClient` or anything
   with the same `ping` / `register_ring` / `unregister_ring`). Before any QP exists it asks
   the controller what its target aggregates (`target_limits`) and fits the "inc" ring's
   flow-control knobs to it (`fit_config`): a knob the user did not set is lowered to what
@@ -27,10 +27,9 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from flowctl.plan import FlowConfig
+from flowctl.plan import RXE_MAX_INFLIGHT, FlowConfig
 from ring_setup.rendezvous import Rendezvous
 from ring_setup.spec import RingSpec
-from switch.pipeline import RXE_MAX_INFLIGHT
 
 SWITCH_ENV = "NR_CONTROLLER"
 FITTED_KNOBS = ("mtu", "msg_size", "window")
@@ -41,7 +40,8 @@ class SwitchRegistrationError(RuntimeError):
 
 
 class Controller(Protocol):
-    """What rank 0 needs of the switch controller (switch.controller.ControllerClient)."""
+    """What rank 0 needs of the switch controller (switch.api.client.ControllerClient, which
+    sends the secret of the token file $NR_CONTROLLER_TOKEN names)."""
 
     addr: str
 

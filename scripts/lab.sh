@@ -76,7 +76,8 @@ LOCK=/run/lock/netreduce-lab.lock
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
-rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env}
+rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token}
+(umask 077; echo "lab $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" > "$LABDIR/controller.token")  # this run's controller secret
 
 supervisor_pid=""
 cleanup() {
@@ -130,24 +131,25 @@ ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 # $LABDIR/switch.pid, its kind in $LABDIR/switch.kind. The supervisor lets the hosts' side
 # restart it (tests/lab/labswitch.py): the guest writes "ID KIND" to $LABDIR/switch.request;
 # the supervisor stops the switch, starts KIND on the same ports with the same controller
-# address (fresh state) and, once it is ready, answers "ID ok KIND PID" in
+# address and token (fresh state) and, once it is ready, answers "ID ok KIND PID" in
 # $LABDIR/switch.reply, or "ID error WHY" (both files are replaced by a rename).
 SWITCH_START_TIMEOUT=120    # s; the first bmv2 start compiles switch/p4
+# Every host's MAC is configured: the software switch maps ring ports statically, BMv2 learns none.
+for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done
 switch_error=""
 switch_start() {  # KIND: start it and wait until it is ready; else 1 with $switch_error set
   local kind=$1 module extra=() pid
   case $kind in
     soft) module=switch ;;
-    bmv2)  # BMv2 learns no MACs: every host's MAC is configured (rings need RoCE path MTU 256)
-      module=switch.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log")
-      for ((i = 0; i < hosts; i++)); do extra+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done ;;
+    bmv2) module=switch.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
     *) switch_error="unknown switch kind '$kind' (soft or bmv2)"; return 1 ;;
   esac
   rm -f "$LABDIR/switch.ready"
   echo "---- $(date -u +%T) starting the $kind switch" >> "$LABDIR/switch.log"
   setsid ip netns exec "$SWNS" "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
-    --controller "$CTL_IP:$CTL_PORT" --ready-file "$LABDIR/switch.ready" \
-    --stats-file "$LABDIR/switch-stats.json" >>"$LABDIR/switch.log" 2>&1 &
+    --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
+    --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
+    >>"$LABDIR/switch.log" 2>&1 &
   pid=$!
   echo "$pid" > "$LABDIR/switch.pid"
   echo "$kind" > "$LABDIR/switch.kind"
@@ -215,8 +217,8 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
 # --- the command ---------------------------------------------------------------------------
 {
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-  printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q\n' \
-    "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT"
+  printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q\n' \
+    "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token"
   printf 'export NR_LAB_SWITCHES=%q\n' "$switch_kinds"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"

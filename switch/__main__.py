@@ -6,12 +6,18 @@ writes --stats-file) without stopping.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from switch.dataplane import DataPlane
+from switch.controller import (DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS, DEFAULT_MAX_SLOT_MEMORY,
+                               MAX_RINGS_CEILING, ControllerConfig, SoftwareTarget, TlsFiles,
+                               serve)
+from switch.dataplane import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, DataPlane
+from switch.pipeline import AggregationPipeline
 from switch.report import report
 
 
@@ -38,10 +44,34 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", action="append", type=_port_arg, required=True, metavar="N=IFNAME",
                     help="attach switch port N to interface IFNAME (repeat for every port)")
     ap.add_argument("--mac", action="append", type=_mac_arg, default=[], metavar="MAC=PORT",
-                    help="a static MAC table entry (learning still fills in the rest)")
+                    help="a static MAC table entry: never moved by learning, and the only way "
+                         "a ring's ports are found (give every host's MAC)")
     ap.add_argument("--controller", metavar="ADDR:PORT",
                     help="serve the controller's gRPC API here and aggregate registered rings; "
                          "without it the switch only forwards")
+    ap.add_argument("--mac-table-size", type=int, default=DEFAULT_MAC_TABLE_SIZE, metavar="N",
+                    help="most learned MAC entries (static ones not counted); a new MAC "
+                         f"beyond it is not learned (default {DEFAULT_MAC_TABLE_SIZE})")
+    ap.add_argument("--mac-ageing", type=float, default=DEFAULT_MAC_AGEING, metavar="S",
+                    help=f"a learned MAC unseen for S seconds is forgotten (default "
+                         f"{DEFAULT_MAC_AGEING:g})")
+    ctl = ap.add_argument_group("controller (with --controller)")
+    ctl.add_argument("--token-file", type=Path, metavar="FILE",
+                     help="lines 'PRINCIPAL SECRET': every call but Ping must carry one of "
+                          "these secrets (default: no credentials asked)")
+    ctl.add_argument("--tls-cert", type=Path, metavar="PEM",
+                     help="serve TLS with this certificate (with --tls-key)")
+    ctl.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
+    ctl.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS, metavar="MS",
+                     help="a registration's lease when the client asks for none; a ring not "
+                          f"renewed within its lease is unregistered (default {DEFAULT_LEASE_MS})")
+    ctl.add_argument("--max-rings", type=int, default=DEFAULT_MAX_RINGS, metavar="N",
+                     help=f"rings registered at once (default {DEFAULT_MAX_RINGS}, at most "
+                          f"{MAX_RINGS_CEILING})")
+    ctl.add_argument("--max-slot-memory", type=int, default=DEFAULT_MAX_SLOT_MEMORY,
+                     metavar="BYTES",
+                     help="aggregator memory over all rings, slots x (ranks + 1) x MTU each; "
+                          f"0: no limit (default {DEFAULT_MAX_SLOT_MEMORY})")
     ap.add_argument("--stats-file", type=Path,
                     help="write the counters as JSON here on SIGUSR1 and on exit")
     ap.add_argument("--ready-file", type=Path,
@@ -49,31 +79,57 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def controller_options(args: argparse.Namespace) -> dict[str, Any]:
+    """serve()'s keyword arguments from the command line; ValueError says what is wrong."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
+    return {"config": ControllerConfig.with_token_file(
+                args.token_file, max_rings=args.max_rings,
+                max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms),
+            "tls": tls}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="switch: %(levelname)s %(name)s: %(message)s")
     ports = dict(args.port)
     if len(ports) != len(args.port):
         print("switch: a port number is given twice", file=sys.stderr)
         return 2
     try:
-        dp = DataPlane(ports, static_macs=dict(args.mac))
+        options = controller_options(args) if args.controller else {}
+    except ValueError as e:
+        print(f"switch: {e}", file=sys.stderr)
+        return 2
+    try:
+        dp = DataPlane(ports, static_macs=dict(args.mac), mac_table_size=args.mac_table_size,
+                       mac_ageing=args.mac_ageing)
+    except ValueError as e:
+        print(f"switch: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"switch: cannot open ports {ports}: {e}", file=sys.stderr)
         return 1
     server = None
     if args.controller:
-        from switch.controller import SoftwareTarget, serve
-        from switch.pipeline import AggregationPipeline
-        dp.pipeline = pipeline = AggregationPipeline()
+        pipeline = AggregationPipeline()
+        target = SoftwareTarget(pipeline, dp.static_port_of_mac, dp.port_counters,
+                                dp.switch_counters)
+        dp.pipeline, dp.describe_connection = pipeline, target.describe_connection
         try:
-            server, _ = serve(SoftwareTarget(pipeline, dp.port_of_mac, dp.port_counters),
-                              args.controller)
+            server, _ = serve(target, args.controller, **options)
         except OSError as e:
             print(f"switch: controller: {e}", file=sys.stderr)
             return 1
+        if args.token_file is None:
+            logging.getLogger("switch").warning(
+                "controller on %s without --token-file: anyone who reaches it can register "
+                "and unregister rings", args.controller)
 
     def counters() -> dict:
-        out = {"ports": dp.port_counters(), "mac_table": dp.mac_table_view()}
+        out = {"ports": dp.port_counters(), "mac_table": dp.mac_table_view(),
+               "switch": dp.switch_counters()}
         if server is not None:
             out["rings"] = pipeline.counters()
         return out
@@ -93,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         dp.run()
     finally:
         if server is not None:
-            server.stop(grace=None)
+            server.stop()
         dump()
         dp.close()
     return 0

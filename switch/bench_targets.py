@@ -35,7 +35,8 @@ from typing import Iterator, Optional, Sequence
 
 from switch.bench_pipeline import frames, lab_ring
 from switch.controller import ControllerClient
-from switch.dataplane import Port, is_rocev2, open_port
+from switch.dataplane import Port, open_port
+from switch.packets import parse
 
 NETNS = "nrlab"
 LOCK = Path("/run/lock/netreduce-lab.lock")
@@ -154,7 +155,7 @@ def replay(todo: Sequence[tuple[int, bytes]], ports: dict[int, Port], ranks: int
                     n = recv_into(buf)
                 except BlockingIOError:
                     break
-                if is_rocev2(memoryview(buf)[:n]):
+                if parse(memoryview(buf)[:n]) is not None:       # RoCEv2
                     back += 1
                     last = time.perf_counter()
     return back, last - t0

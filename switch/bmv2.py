@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from ring_setup.spec import RingSpec
-from switch.controller import Target, TargetLimits, normalize_mac, resolve_ports
+from switch.controller import Target, normalize_mac, resolve_ports
 from switch.p4program import Build, Contract, contract
 from switch.packets import PSN_MASK
 from switch.pipeline import CONN_COUNTERS, RING_COUNTERS, check_ring
@@ -171,12 +171,10 @@ class Bmv2Target(Target):
         """The static MAC table (MAC -> port)."""
         return dict(self._macs)
 
-    def limits(self) -> TargetLimits:
-        with self._lock:
-            used = len(self._rings)
-        return TargetLimits(path_mtus=(self.c.max_payload,), max_slots=self.c.slots,
-                            max_ranks=self.c.max_ranks, max_rings=self.c.max_rings,
-                            free_rings=self.c.max_rings - used)
+    def limits(self) -> dict[str, Any]:
+        """limits.p4's: path MTU 256 only (64 int32 per packet), its slots, ranks, rings."""
+        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots,
+                "max_ranks": self.c.max_ranks, "max_rings": self.c.max_rings}
 
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
         check_ring(spec, slots)

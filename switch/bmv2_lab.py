@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from switch.__main__ import build_parser
+from switch.__main__ import build_parser, controller_options
 from switch.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
 from switch.controller import serve
 from switch.p4program import DEFAULT_BUILD, compile_program
@@ -114,8 +114,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.controller:
             try:
-                server, _ = serve(sw.target, args.controller)
-            except OSError as e:
+                server, _ = serve(sw.target, args.controller, **controller_options(args))
+            except (OSError, ValueError) as e:
                 print(f"bmv2_lab: controller: {e}", file=sys.stderr)
                 return 1
 

@@ -1,32 +1,45 @@
-"""The switch controller: a gRPC service with JSON messages, the Target interface, the client.
+"""The switch controller: the typed gRPC service of switch/api/control.proto, the Target
+interface, the software target.
 
-Service `netreduce.Controller`, no protobuf codegen: every request and response is a JSON
-object encoded as UTF-8 bytes.
-    RegisterRing   {"spec": RingSpec dict, "slots"?: int} -> {"ring_id", "slots", "ports"}
-    UnregisterRing {"ring_id": str}                       -> {"ring_id"}
-    Counters       {}                                     -> {"target", "rings", "ports"}
-    Ping           {}                                     -> {"target": name, "limits": TargetLimits}
-Errors come back as gRPC status: INVALID_ARGUMENT (a bad request or registration),
-NOT_FOUND (unknown ring), INTERNAL (anything else), each with a message saying what.
-Invariant: the controller never touches packets; it resolves ports from MACs and hands
-rings to a Target, which installs them in its data plane.
+Every call goes: credentials (all but Ping) -> decode and validate every field
+(`switch.api.validate`) -> ownership and configured limits -> the Target. A refusal is a
+gRPC status naming the field or limit (see the proto's header); anything unexpected is
+INTERNAL, logged once per method and exception type. Invariants: no request reaches a
+Target unvalidated; a refused call changes nothing; every registered ring has exactly one
+lease, owned by the principal that registered it, and a lapsed lease unregisters its ring
+(`leases_expired`); the rings and their aggregator memory stay within `ControllerConfig`.
+The controller never touches packets.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
+import hmac
 import logging
+import threading
+import time
 from abc import ABC, abstractmethod
 from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import grpc
 
 from ring_setup.spec import RingSpec
+from switch.api import control_pb2 as pb
+from switch.api import validate
+from switch.api.client import DEFAULT_ADDR, ControllerClient, ControllerError  # noqa: F401
+from switch.api.tokens import read_token_file
 from switch.pipeline import DEFAULT_SLOTS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, AggregationPipeline
 
-SERVICE = "netreduce.Controller"
-DEFAULT_ADDR = "10.77.0.254:50051"
+SERVICE = pb.DESCRIPTOR.services_by_name["Controller"].full_name
+MAX_MESSAGE = 4 << 20              # gRPC's default receive limit, which clients keep
+REPLY_BUDGET = MAX_MESSAGE - (64 << 10)
+MAX_RINGS_CEILING = 1024           # Counters without detail stays < 300 KiB at this many rings
+DEFAULT_MAX_RINGS = 64
+DEFAULT_MAX_SLOT_MEMORY = 256 << 20
+DEFAULT_LEASE_MS = 15_000
+REAPER_TICK = 0.05                 # s between lease checks
+ANONYMOUS = "anonymous"            # the principal of every call when no token file is given
 log = logging.getLogger(__name__)
 
 PortOfMac = Callable[[str], Optional[int]]
@@ -38,35 +51,25 @@ def normalize_mac(mac: str) -> str:
 
 
 def resolve_ports(spec: RingSpec, port_of_mac: PortOfMac) -> dict[str, int]:
-    """Each rank's IP -> the switch port its MAC was seen on; ValueError says who is missing."""
+    """Each rank's IP -> its port in the static port map; ValueError names who is missing."""
     ports: dict[str, int] = {}
     n = spec.world_size
     for c in spec.connections:
-        for end, rank, ip, mac in (("src", c.rank, c.src_ip, c.src_mac),
-                                   ("dst", (c.rank + 1) % n, c.dst_ip, c.dst_mac)):
+        for rank, ip, mac in ((c.rank, c.src_ip, c.src_mac),
+                              ((c.rank + 1) % n, c.dst_ip, c.dst_mac)):
             port = port_of_mac(normalize_mac(mac))
             if port is None:
-                raise ValueError(f"{end} MAC {mac} of rank {rank} ({ip}) not seen on any "
-                                 "switch port")
+                raise ValueError(f"rank {rank} ({ip}): MAC {mac} is not in the switch's static "
+                                 f"port map (start the switch with --mac {mac}=PORT)")
             if ports.setdefault(ip, port) != port:
-                raise ValueError(f"rank {rank} ({ip}) is seen on switch ports "
-                                 f"{ports[ip]} and {port}")
+                raise ValueError(f"rank {rank} ({ip}) is on switch ports {ports[ip]} and "
+                                 f"{port} in the static port map")
     return ports
 
 
-@dataclasses.dataclass(frozen=True)
-class TargetLimits:
-    """What a target can aggregate (the fields of TargetLimits in switch/api/control.proto):
-    a ring outside these is refused at registration. `max_rings` 0: no fixed number (then
-    `free_rings` is 0 too); `max_slot_memory` 0: no limit; `default_lease_ms` 0: no lease."""
-
-    path_mtus: tuple[int, ...]
-    max_slots: int
-    max_ranks: int
-    max_rings: int
-    free_rings: int
-    max_slot_memory: int = 0
-    default_lease_ms: int = 0
+def slot_memory(world_size: int, slots: int, mtu: int) -> int:
+    """Aggregator bytes a ring holds: each slot keeps every rank's payload and the sum."""
+    return slots * (world_size + 1) * mtu
 
 
 class Target(ABC):
@@ -75,12 +78,9 @@ class Target(ABC):
     name: str
 
     @abstractmethod
-    def limits(self) -> TargetLimits:
-        """What this target can aggregate now (free_rings counts the rings in use)."""
-
-    @abstractmethod
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
-        """Install the ring; returns {"ring_id", "slots", "ports": {ip: port}}."""
+        """Install the ring; returns {"ring_id", "slots", "ports": {ip: port}}.
+        ValueError: a ring this target cannot host (the message says why)."""
 
     @abstractmethod
     def unregister_ring(self, ring_id: str) -> None:
@@ -88,23 +88,35 @@ class Target(ABC):
 
     @abstractmethod
     def counters(self) -> dict[str, Any]:
-        """{"target": name, "rings": {ring_id: ...}, "ports": {port: {...}}} (JSON-able)."""
+        """{"target": name, "rings": {ring_id: ...}, "ports": {port: {...}}, and optionally
+        "switch": {name: count}} (the shape of AggregationPipeline.counters; JSON-able)."""
 
     @abstractmethod
     def port_of_mac(self, mac: str) -> Optional[int]:
-        """The switch port where frames from `mac` (lowercase, colon form) arrive."""
+        """The switch port of `mac` (lowercase, colon form) in the static port map."""
+
+    def limits(self) -> dict[str, Any]:
+        """What this target can aggregate, by TargetLimits field name (path_mtus, max_slots,
+        max_ranks; max_rings if the target has a capacity of its own)."""
+        return {"path_mtus": list(PATH_MTUS), "max_slots": MAX_SLOTS, "max_ranks": MAX_RANKS}
 
 
 class SoftwareTarget(Target):
-    """The Python switch: an AggregationPipeline plus what its dataplane knows of ports."""
+    """The Python switch: an AggregationPipeline plus what its dataplane knows of ports.
+
+    `port_of_mac` must answer from the static port map only (DataPlane.static_port_of_mac);
+    `switch_counters` (DataPlane.switch_counters) become the counters' "switch" entry.
+    """
 
     name = "software"
 
     def __init__(self, pipeline: AggregationPipeline, port_of_mac: PortOfMac,
-                 port_counters: Callable[[], dict[Any, dict[str, Any]]] = dict):
+                 port_counters: Callable[[], dict[Any, dict[str, Any]]] = dict,
+                 switch_counters: Optional[Callable[[], dict[str, int]]] = None):
         self.pipeline = pipeline
         self._port_of_mac = port_of_mac
         self._port_counters = port_counters
+        self._switch_counters = switch_counters
 
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
         ports = resolve_ports(spec, self._port_of_mac)
@@ -115,136 +127,347 @@ class SoftwareTarget(Target):
         self.pipeline.unregister_ring(ring_id)
 
     def counters(self) -> dict[str, Any]:
-        return {"target": self.name, "rings": self.pipeline.counters(),
-                "ports": {str(p): c for p, c in self._port_counters().items()}}
+        out = {"target": self.name, "rings": self.pipeline.counters(),
+               "ports": {str(p): c for p, c in self._port_counters().items()}}
+        if self._switch_counters is not None:
+            out["switch"] = self._switch_counters()
+        return out
 
     def port_of_mac(self, mac: str) -> Optional[int]:
         return self._port_of_mac(mac)
 
-    def limits(self) -> TargetLimits:
-        return TargetLimits(path_mtus=PATH_MTUS, max_slots=MAX_SLOTS, max_ranks=MAX_RANKS,
-                            max_rings=0, free_rings=0)
+    def describe_connection(self, key: int) -> Optional[str]:
+        """'ring R rank K' of the registered connection with this `packets.conn_key`."""
+        entry = self.pipeline.table.entries.get(key)
+        return None if entry is None else f"ring {entry.ring_id!r} rank {entry.rank}"
 
 
-class ControllerService:
-    """The RPC handlers: JSON in, JSON out, Target exceptions mapped to gRPC status."""
+@dataclass(frozen=True)
+class ControllerConfig:
+    """What the switch's command line configures about its controller."""
 
-    def __init__(self, target: Target):
-        self.target = target
+    tokens: Optional[dict[str, str]] = None      # secret -> principal; None: no credentials
+    max_rings: int = DEFAULT_MAX_RINGS
+    max_slot_memory: int = DEFAULT_MAX_SLOT_MEMORY   # bytes; 0: no limit
+    default_lease_ms: int = DEFAULT_LEASE_MS
+    default_slots: int = DEFAULT_SLOTS
 
-    def register_ring(self, req: dict[str, Any]) -> dict[str, Any]:
-        try:
-            spec = RingSpec.from_dict(req["spec"])
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"RegisterRing needs a complete 'spec': {e}") from e
-        slots = req.get("slots", DEFAULT_SLOTS)
-        if not isinstance(slots, int):
-            raise ValueError(f"RegisterRing: slots must be an integer, not {slots!r}")
-        return self.target.register_ring(spec, slots)
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_rings <= MAX_RINGS_CEILING:
+            raise ValueError(f"max_rings {self.max_rings} is not in 1..{MAX_RINGS_CEILING} "
+                             "(Counters must stay under the 4 MiB message limit)")
+        if self.max_slot_memory < 0:
+            raise ValueError(f"max_slot_memory {self.max_slot_memory} is negative")
+        if not validate.MIN_LEASE_MS <= self.default_lease_ms <= validate.MAX_LEASE_MS:
+            raise ValueError(f"default lease {self.default_lease_ms} ms is not in "
+                             f"{validate.MIN_LEASE_MS}..{validate.MAX_LEASE_MS}")
 
-    def unregister_ring(self, req: dict[str, Any]) -> dict[str, Any]:
-        if "ring_id" not in req:
-            raise ValueError("UnregisterRing needs 'ring_id'")
-        self.target.unregister_ring(req["ring_id"])
-        return {"ring_id": req["ring_id"]}
-
-    def counters(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self.target.counters()
-
-    def ping(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"target": self.target.name,
-                "limits": dataclasses.asdict(self.target.limits())}
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        methods = {"RegisterRing": self.register_ring, "UnregisterRing": self.unregister_ring,
-                   "Counters": self.counters, "Ping": self.ping}
-        return grpc.method_handlers_generic_handler(
-            SERVICE, {name: grpc.unary_unary_rpc_method_handler(_json_rpc(name, fn))
-                      for name, fn in methods.items()})
+    @classmethod
+    def with_token_file(cls, token_file: Optional[str | Path], **kw: Any) -> "ControllerConfig":
+        tokens = None
+        if token_file is not None:
+            tokens = {secret: who for who, secret in read_token_file(token_file)}
+        return cls(tokens=tokens, **kw)
 
 
-def _json_rpc(name: str, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable:
-    """Wrap fn as a raw-bytes unary handler that decodes, calls and maps errors.
+class Refusal(Exception):
+    """A call refused with `code`; the message names the field or limit."""
 
-    context.abort raises, so a handler either returns the reply or ends the call with status.
-    """
-    def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
-        try:
-            req = json.loads(request or b"{}")
-            if not isinstance(req, dict):
-                raise ValueError("the request must be a JSON object")
-            return json.dumps(fn(req)).encode()
-        except KeyError as e:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]) if e.args else name)
-        except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except Exception as e:  # noqa: BLE001 - anything else is the controller's fault
-            log.exception("%s failed", name)
-            context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
-    return handle
-
-
-def serve(target: Target, addr: str = DEFAULT_ADDR, max_workers: int = 4
-          ) -> tuple[grpc.Server, int]:
-    """Start the controller on `addr` ('host:0' picks a port); returns (server, port)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
-    server.add_generic_rpc_handlers((ControllerService(target).handler(),))
-    try:
-        port = server.add_insecure_port(addr)
-    except RuntimeError as e:
-        raise OSError(f"controller: cannot listen on {addr}: {e}") from None
-    server.start()
-    return server, port
-
-
-class ControllerError(RuntimeError):
-    """A failed controller call: `code` is the gRPC status name, the message says why."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
         self.code = code
         self.message = message
 
 
-class ControllerClient:
-    """Calls the controller at `addr`; waits up to `timeout` s for it to answer each call."""
+REFUSAL_COUNTERS = {grpc.StatusCode.INVALID_ARGUMENT: "refused_invalid",
+                    grpc.StatusCode.UNAUTHENTICATED: "refused_unauthenticated",
+                    grpc.StatusCode.PERMISSION_DENIED: "refused_permission",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED: "refused_limit",
+                    grpc.StatusCode.FAILED_PRECONDITION: "refused_precondition",
+                    grpc.StatusCode.NOT_FOUND: "refused_not_found"}
+OWN_COUNTERS = ("rings_registered", "slot_memory_used", "leases_expired", "internal_errors",
+                *REFUSAL_COUNTERS.values())
 
-    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float = 10.0):
-        self.addr = addr
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(addr)
 
-    def _call(self, method: str, req: dict[str, Any]) -> dict[str, Any]:
-        rpc = self._channel.unary_unary(f"/{SERVICE}/{method}")
+@dataclass
+class Lease:
+    """A registered ring's owner, lease and share of the aggregator memory."""
+
+    owner: str
+    lease_ms: int
+    expires: float                 # on the controller's clock
+    memory: int
+
+
+class ControllerService:
+    """The RPC handlers over a Target (see the module doc).
+
+    `_lock` serialises every change of the leases and the target: calls and the reaper.
+    """
+
+    def __init__(self, target: Target, config: ControllerConfig = ControllerConfig(),
+                 clock: Callable[[], float] = time.monotonic):
+        self.target = target
+        self.config = config
+        self.clock = clock
+        self.leases: dict[str, Lease] = {}
+        self.counts = dict.fromkeys(OWN_COUNTERS, 0)
+        self._lock = threading.Lock()
+        self._logged: set[tuple[str, str]] = set()
+        self._stop = threading.Event()
+        self._reaper: Optional[threading.Thread] = None
+
+    # -- limits, credentials, ownership -------------------------------------------------
+    def limits(self) -> dict[str, Any]:
+        mine = self.target.limits()
+        max_rings = min(self.config.max_rings, mine.get("max_rings", self.config.max_rings))
+        return {"path_mtus": list(mine["path_mtus"]), "max_slots": mine["max_slots"],
+                "max_ranks": mine["max_ranks"], "max_rings": max_rings,
+                "free_rings": max(0, max_rings - len(self.leases)),
+                "max_slot_memory": self.config.max_slot_memory,
+                "default_lease_ms": self.config.default_lease_ms}
+
+    def authenticate(self, context: grpc.ServicerContext) -> str:
+        """The caller's principal; UNAUTHENTICATED unless it sent a secret of the file."""
+        tokens = self.config.tokens
+        if tokens is None:
+            return ANONYMOUS
+        sent = [v for k, v in context.invocation_metadata() if k == "authorization"]
+        if not sent:
+            raise Refusal(grpc.StatusCode.UNAUTHENTICATED,
+                          "no credentials: this switch needs 'authorization: Bearer SECRET' "
+                          "(a client reads the token file $NR_CONTROLLER_TOKEN names)")
+        scheme, _, secret = str(sent[0]).partition(" ")
+        principal = None
+        for known, who in tokens.items():          # compare with every secret, in constant time
+            if hmac.compare_digest(secret.encode(), known.encode()):
+                principal = who
+        if scheme != "Bearer" or principal is None:
+            raise Refusal(grpc.StatusCode.UNAUTHENTICATED,
+                          "the secret sent is not one of the switch's token file")
+        return principal
+
+    def _owned(self, ring_id: str, principal: str) -> Lease:
+        lease = self.leases.get(ring_id)
+        if lease is None:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {ring_id} is not registered")
+        if lease.owner != principal:
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                          f"ring {ring_id} belongs to principal {lease.owner!r}, not "
+                          f"{principal!r}")
+        return lease
+
+    # -- the calls ------------------------------------------------------------------------
+    def ping(self, req: pb.PingRequest, principal: Optional[str]) -> pb.PingReply:
+        with self._lock:
+            return pb.PingReply(target=self.target.name, limits=pb.TargetLimits(**self.limits()),
+                                auth_required=self.config.tokens is not None)
+
+    def register_ring(self, req: pb.RegisterRingRequest, principal: str
+                      ) -> pb.RegisterRingReply:
+        with self._lock:
+            limits = self.limits()
+            reg = validate.registration(req, limits, self.config.default_slots,
+                                        self.config.default_lease_ms)
+            spec = reg.spec
+            old = self.leases.get(spec.ring_id)
+            if old is not None:
+                self._owned(spec.ring_id, principal)
+            else:
+                self._check_room(spec, reg.slots, limits)
+            try:
+                placed = self.target.register_ring(spec, reg.slots)
+            except ValueError as e:
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+            memory = slot_memory(spec.world_size, reg.slots, spec.mtu)
+            self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
+                                              self.clock() + reg.lease_ms / 1000, memory)
+            log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms",
+                     spec.ring_id, principal, spec.world_size, reg.slots, reg.lease_ms)
+            return pb.RegisterRingReply(ring_id=placed["ring_id"], slots=placed["slots"],
+                                        ports=placed["ports"], lease_ms=reg.lease_ms)
+
+    def _check_room(self, spec: RingSpec, slots: int, limits: dict[str, Any]) -> None:
+        if len(self.leases) >= limits["max_rings"]:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"ring {spec.ring_id}: the switch's limit of {limits['max_rings']} "
+                          f"rings (--max-rings) is reached")
+        cap = self.config.max_slot_memory
+        used = sum(lease.memory for lease in self.leases.values())
+        need = slot_memory(spec.world_size, slots, spec.mtu)
+        if cap and used + need > cap:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"ring {spec.ring_id}: {slots} slots x {spec.world_size + 1} x "
+                          f"{spec.mtu} B = {need} bytes of aggregator memory, {used} of the "
+                          f"switch's limit of {cap} bytes (--max-slot-memory) in use")
+
+    def renew_lease(self, req: pb.RenewLeaseRequest, principal: str) -> pb.RenewLeaseReply:
+        rid = validate.ring_id(req.ring_id)
+        with self._lock:
+            lease = self._owned(rid, principal)
+            lease.expires = self.clock() + lease.lease_ms / 1000
+            return pb.RenewLeaseReply(ring_id=rid, lease_ms=lease.lease_ms)
+
+    def unregister_ring(self, req: pb.UnregisterRingRequest, principal: str
+                        ) -> pb.UnregisterRingReply:
+        rid = validate.ring_id(req.ring_id)
+        with self._lock:
+            self._owned(rid, principal)
+            self._free(rid)
+            log.info("ring %s unregistered by %s", rid, principal)
+            return pb.UnregisterRingReply(ring_id=rid)
+
+    def _free(self, ring_id: str) -> None:
+        del self.leases[ring_id]
         try:
-            reply = rpc(json.dumps(req).encode(), timeout=self.timeout, wait_for_ready=True)
-        except grpc.RpcError as e:
-            code, detail = e.code(), e.details()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                detail = f"controller at {self.addr} did not answer {method} in {self.timeout} s"
-            raise ControllerError(code.name, detail) from None
-        return json.loads(reply)
+            self.target.unregister_ring(ring_id)
+        except KeyError:
+            log.error("ring %s had a lease but was not in the %s target", ring_id,
+                      self.target.name)
 
-    def register_ring(self, spec: RingSpec, slots: Optional[int] = None) -> dict[str, Any]:
-        req: dict[str, Any] = {"spec": spec.to_dict()}
-        if slots is not None:
-            req["slots"] = slots
-        return self._call("RegisterRing", req)
+    def counters(self, req: pb.CountersRequest, principal: str) -> pb.CountersReply:
+        rid = validate.ring_id(req.ring_id) if req.ring_id else None
+        with self._lock:
+            if rid is not None and rid not in self.leases:
+                raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {rid} is not registered")
+            now = self.clock()
+            got = self.target.counters()
+            leases = dict(self.leases)
+            own = {**self.counts, "rings_registered": len(leases),
+                   "slot_memory_used": sum(x.memory for x in leases.values())}
+        reply = pb.CountersReply(target=got["target"])
+        for ring_id, ring in got["rings"].items():
+            if (rid is not None and ring_id != rid) or ring_id not in leases:
+                continue
+            lease = leases[ring_id]
+            rc = reply.rings.add(ring_id=ring_id, world_size=ring["world_size"],
+                                 slots=ring["slots"], next_emit=ring["next_emit"],
+                                 counters=ring["counters"], owner=lease.owner,
+                                 lease_remaining_ms=max(0, int((lease.expires - now) * 1000)))
+            if req.connections:
+                for c in ring["connections"]:
+                    cc = rc.connections.add(
+                        rank=c["rank"], src_ip=c["src_ip"], dst_ip=c["dst_ip"],
+                        dst_qpn=c["dst_qpn"], psn0=c["psn0"], in_port=c["in_port"],
+                        out_port=c["out_port"], counters=c["counters"])
+                    if c["reth"] is not None:
+                        cc.reth.CopyFrom(pb.Reth(**c["reth"]))
+        for port, pc in got["ports"].items():
+            reply.ports.add(port=int(port), ifname=str(pc.get("ifname", "")),
+                            counters={k: v for k, v in pc.items() if k != "ifname"})
+        reply.switch.update({**got.get("switch", {}), **own})
+        size = reply.ByteSize()
+        if size > REPLY_BUDGET:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the per-connection counters of {len(reply.rings)} rings take "
+                          f"{size} bytes, over the {MAX_MESSAGE} byte message limit: ask for "
+                          "one ring (ring_id) or for totals only (connections false)")
+        return reply
 
-    def unregister_ring(self, ring_id: str) -> dict[str, Any]:
-        return self._call("UnregisterRing", {"ring_id": ring_id})
+    # -- leases -----------------------------------------------------------------------------
+    def expire_leases(self) -> list[str]:
+        """Unregister every ring whose lease lapsed; returns their ids."""
+        with self._lock:
+            now = self.clock()
+            lapsed = [(rid, lease) for rid, lease in self.leases.items() if lease.expires <= now]
+            for rid, lease in lapsed:
+                self._free(rid)
+                self.counts["leases_expired"] += 1
+                log.warning("ring %s of %s: lease lapsed (not renewed within %d ms): "
+                            "unregistered", rid, lease.owner, lease.lease_ms)
+        return [rid for rid, _ in lapsed]
 
-    def counters(self) -> dict[str, Any]:
-        return self._call("Counters", {})
+    def start_reaper(self, tick: float = REAPER_TICK) -> None:
+        def run() -> None:
+            while not self._stop.wait(tick):
+                try:
+                    self.expire_leases()
+                except Exception:  # noqa: BLE001 - the reaper must outlive a target's bug
+                    log.exception("lease expiry failed")
+        self._reaper = threading.Thread(target=run, name="lease-reaper", daemon=True)
+        self._reaper.start()
 
-    def ping(self) -> dict[str, Any]:
-        return self._call("Ping", {})
+    def stop(self) -> None:
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join()
 
-    def close(self) -> None:
-        self._channel.close()
+    # -- gRPC plumbing ----------------------------------------------------------------------
+    def handler(self) -> grpc.GenericRpcHandler:
+        calls = {"Ping": (pb.PingRequest, self.ping, False),
+                 "RegisterRing": (pb.RegisterRingRequest, self.register_ring, True),
+                 "RenewLease": (pb.RenewLeaseRequest, self.renew_lease, True),
+                 "UnregisterRing": (pb.UnregisterRingRequest, self.unregister_ring, True),
+                 "Counters": (pb.CountersRequest, self.counters, True)}
+        return grpc.method_handlers_generic_handler(
+            SERVICE, {name: grpc.unary_unary_rpc_method_handler(self._rpc(name, *call))
+                      for name, call in calls.items()})
 
-    def __enter__(self) -> "ControllerClient":
-        return self
+    def _rpc(self, name: str, request_type: type, fn: Callable[[Any, Any], Any],
+             needs_credentials: bool) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        """A raw-bytes handler: authenticate, decode, call; every failure becomes a status.
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        Requests are decoded here, not by grpc, so that undecodable bytes are
+        INVALID_ARGUMENT like any other malformed value. context.abort raises, so a call
+        either returns the reply or ends with the status.
+        """
+        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                principal = self.authenticate(context) if needs_credentials else None
+                return fn(validate.parse(request_type, request), principal).SerializeToString()
+            except (Refusal, validate.InvalidArgument) as e:
+                refusal = e if isinstance(e, Refusal) else Refusal(
+                    grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                self._count(REFUSAL_COUNTERS[refusal.code])
+                context.abort(refusal.code, refusal.message)
+            except Exception as e:  # noqa: BLE001 - anything else is the controller's fault
+                self._count("internal_errors")
+                if (name, type(e).__name__) not in self._logged:
+                    self._logged.add((name, type(e).__name__))
+                    log.exception("%s failed", name)
+                context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
+        return handle
+
+    def _count(self, counter: str) -> None:
+        with self._lock:
+            self.counts[counter] += 1
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+
+
+class ControllerServer:
+    """A running controller: the gRPC server and its service's lease reaper."""
+
+    def __init__(self, server: grpc.Server, service: ControllerService):
+        self.server = server
+        self.service = service
+
+    def stop(self, grace: Optional[float] = None) -> None:
+        self.service.stop()
+        self.server.stop(grace).wait()
+
+
+def serve(target: Target, addr: str = DEFAULT_ADDR, max_workers: int = 4, *,
+          config: ControllerConfig = ControllerConfig(), tls: Optional[TlsFiles] = None
+          ) -> tuple[ControllerServer, int]:
+    """Start the controller on `addr` ('host:0' picks a port) with its lease reaper;
+    returns (the running controller, port)."""
+    service = ControllerService(target, config)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
+    server.add_generic_rpc_handlers((service.handler(),))
+    try:
+        if tls is None:
+            port = server.add_insecure_port(addr)
+        else:
+            creds = grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
+            port = server.add_secure_port(addr, creds)
+    except RuntimeError as e:
+        raise OSError(f"controller: cannot listen on {addr}: {e}") from None
+    server.start()
+    service.start_reaper()
+    return ControllerServer(server, service), port

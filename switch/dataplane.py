@@ -4,6 +4,11 @@ Every frame received on a port is first offered to the aggregation pipeline (if 
 installed); whatever the pipeline does not consume is forwarded by L2 exactly as received.
 Invariants:
 - a frame never leaves by the port it arrived on (no reflection, no loops on one port);
+- static MAC entries (`--mac`) never move; learning fills at most `mac_table_size` other
+  entries, which age out after `mac_ageing` s unseen; a frame whose source MAC cannot be
+  learned (a static MAC seen on another port, or the table full) counts `mac_learn_refused`;
+- an exception in the pipeline drops that one frame and counts `pipeline_errors` (logged
+  once per connection); forwarding and every other connection go on;
 - the receive buffer is reused for the next frame as soon as `_handle` returns, so the
   pipeline and `emit` must copy what they keep;
 - counters only grow; they are read without locking (plain ints, written by one thread).
@@ -11,21 +16,29 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import select
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
+
+from switch.packets import PSN_MASK, parse
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 PACKET_STATISTICS = 6          # struct tpacket_stats {u32 tp_packets, tp_drops}; read resets
-ROCEV2_UDP_PORT = 4791
 BATCH = 64            # frames drained from one port before looking at the others
 SOCKET_BUFFER = 8 << 20
 FRAME_BUFFER = 65536
+DEFAULT_MAC_TABLE_SIZE = 4096   # learned entries (static ones are not counted)
+DEFAULT_MAC_AGEING = 300.0      # s a learned entry lives unseen
+AGEING_SWEEP = 1.0              # s between sweeps of the learned entries
+MAX_LOGGED_FAULTS = 1024        # connections whose first pipeline error is logged
+log = logging.getLogger(__name__)
 
 
 Buffer = bytes | bytearray | memoryview
@@ -74,10 +87,19 @@ def open_port(number: int, ifname: str) -> Port:
     return Port(number, ifname, sock)
 
 
-def is_rocev2(frame: memoryview) -> bool:
-    """IPv4 (no options), UDP, destination port 4791."""
-    return (len(frame) >= 42 and frame[12] == 0x08 and frame[13] == 0x00
-            and frame[23] == 17 and frame[36] == 0x12 and frame[37] == 0xB7)
+@dataclass
+class SwitchCounters:
+    mac_learn_refused: int = 0   # source MACs not learned: static elsewhere, or table full
+    mac_aged_out: int = 0        # learned entries removed after mac_ageing s unseen
+    pipeline_errors: int = 0     # frames dropped because the pipeline raised on them
+
+
+def describe_key(key: int) -> str:
+    """'10.0.0.1 -> 10.0.0.2 DestQP 17' of a `packets.conn_key`."""
+    addrs = key >> 24
+    return (f"{socket.inet_ntoa((addrs >> 32).to_bytes(4, 'big'))} -> "
+            f"{socket.inet_ntoa((addrs & 0xFFFFFFFF).to_bytes(4, 'big'))} "
+            f"DestQP {key & PSN_MASK}")
 
 
 def format_mac(mac: bytes) -> str:
@@ -92,27 +114,47 @@ def parse_mac(text: str) -> bytes:
 
 
 class DataPlane:
-    """Ports, a MAC table (learned, or configured with `static_macs`), the forwarding loop."""
+    """Ports, a MAC table (static `static_macs` plus bounded learning), the forwarding loop.
+
+    `describe_connection(key)` (optional) names the ring and rank of a connection key for
+    the pipeline-error log.
+    """
 
     def __init__(self, ports: dict[int, str], static_macs: dict[str, int] | None = None,
-                 pipeline: Pipeline | None = None) -> None:
+                 pipeline: Pipeline | None = None, *,
+                 mac_table_size: int = DEFAULT_MAC_TABLE_SIZE,
+                 mac_ageing: float = DEFAULT_MAC_AGEING,
+                 describe_connection: Callable[[int], Optional[str]] | None = None) -> None:
         if not ports:
             raise ValueError("a switch needs at least one port")
+        if mac_table_size < 0 or mac_ageing <= 0:
+            raise ValueError(f"MAC table size {mac_table_size} / ageing {mac_ageing} s")
+        static = {parse_mac(mac): port for mac, port in (static_macs or {}).items()}
+        for mac, port in static.items():
+            if port not in ports:
+                raise ValueError(f"static MAC {format_mac(mac)} on unknown port {port}")
         self.ports: dict[int, Port] = {n: open_port(n, ifname) for n, ifname in sorted(ports.items())}
         self._by_fd = {p.sock.fileno(): p for p in self.ports.values()}
-        self.mac_table: dict[bytes, int] = {}
-        self._static: set[bytes] = set()
-        for mac, port in (static_macs or {}).items():
-            if port not in self.ports:
-                raise ValueError(f"static MAC {mac} on unknown port {port}")
-            self.mac_table[parse_mac(mac)] = port
-            self._static.add(parse_mac(mac))
+        self.mac_table: dict[bytes, int] = dict(static)   # what forwarding looks up
+        self._static = static
+        self._seen: dict[bytes, float] = {}               # learned MAC -> tick last seen
+        self.mac_table_size = mac_table_size
+        self.mac_ageing = mac_ageing
+        self._tick = time.monotonic()
+        self._next_sweep = self._tick + AGEING_SWEEP
+        self.counters = SwitchCounters()
+        self._faulty: set[int] = set()                    # connection keys logged as faulty
+        self.describe_connection = describe_connection
         self.pipeline = pipeline
         self._stop = threading.Event()
 
     # -- lookups the controller uses -------------------------------------------------------
-    def port_of_mac(self, mac: str) -> int | None:
-        return self.mac_table.get(parse_mac(mac))
+    def static_port_of_mac(self, mac: str) -> int | None:
+        """The port of `mac` in the static port map (never a learned entry)."""
+        return self._static.get(parse_mac(mac))
+
+    def switch_counters(self) -> dict[str, int]:
+        return {**dataclasses.asdict(self.counters), "mac_table_learned": len(self._seen)}
 
     def port_counters(self) -> dict[str, dict[str, int | str]]:
         for p in self.ports.values():
@@ -152,12 +194,21 @@ class DataPlane:
         if len(frame) < 14:
             return
         src = frame[6:12].tobytes()
-        if src not in self._static and not frame[6] & 1 and self.mac_table.get(src) != port.number:
+        if src in self._seen:                      # a learned MAC: refresh (it may move)
+            self._seen[src] = self._tick
             self.mac_table[src] = port.number
-        if is_rocev2(frame):
+        elif not frame[6] & 1 and self._static.get(src) != port.number:
+            self._learn_new(src, port.number)
+        fields = parse(frame)
+        if fields is not None:
             c.roce_packets += 1
-            if self.pipeline is not None and self.pipeline.process(frame, port.number, self.emit):
-                return
+            if self.pipeline is not None:
+                try:
+                    if self.pipeline.process(frame, port.number, self.emit):
+                        return
+                except Exception as e:  # noqa: BLE001 - one frame's fault stays that frame's
+                    self._pipeline_failed(fields[0], port.number, e)
+                    return
         out = None if frame[0] & 1 else self.mac_table.get(frame[0:6].tobytes())
         if out is None:
             c.flooded += 1
@@ -166,6 +217,34 @@ class DataPlane:
                     self._send(p, frame)
         elif out != port.number:
             self._send(self.ports[out], frame)
+
+    def _learn_new(self, src: bytes, port: int) -> None:
+        """A unicast source MAC neither learned nor static on `port`: learn it if it is not
+        static elsewhere and the table has room, else count the refusal."""
+        if src in self._static or len(self._seen) >= self.mac_table_size:
+            self.counters.mac_learn_refused += 1
+        else:
+            self._seen[src] = self._tick
+            self.mac_table[src] = port
+
+    def _age(self) -> None:
+        """Forget learned MACs unseen for mac_ageing s (runs every AGEING_SWEEP s)."""
+        oldest = self._tick - self.mac_ageing
+        for mac in [m for m, t in self._seen.items() if t < oldest]:
+            del self._seen[mac]
+            del self.mac_table[mac]
+            self.counters.mac_aged_out += 1
+
+    def _pipeline_failed(self, key: int, in_port: int, e: Exception) -> None:
+        self.counters.pipeline_errors += 1
+        if key in self._faulty or len(self._faulty) >= MAX_LOGGED_FAULTS:
+            return
+        self._faulty.add(key)
+        owner = self.describe_connection(key) if self.describe_connection else None
+        log.error("pipeline error on connection %s (%s) from port %d: %s: %s; frame dropped, "
+                  "further errors of this connection are only counted (pipeline_errors)",
+                  describe_key(key), owner or "no registered ring", in_port,
+                  type(e).__name__, e, exc_info=e)
 
     def run(self) -> None:
         """Forward until `stop()`; drains up to BATCH frames per ready port per round."""
@@ -176,7 +255,12 @@ class DataPlane:
         view = memoryview(buf)
         try:
             while not self._stop.is_set():
-                for fd, _ in ep.poll(0.2):
+                events = ep.poll(0.2)
+                self._tick = now = time.monotonic()
+                if now >= self._next_sweep:
+                    self._next_sweep = now + AGEING_SWEEP
+                    self._age()
+                for fd, _ in events:
                     port = self._by_fd[fd]
                     recv_into = port.sock.recv_into
                     for _ in range(BATCH):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from flowctl.plan import RXE_MAX_INFLIGHT
 from ring_setup.spec import RingSpec
 from switch.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, PSN_MASK, UDP_OFF,
                             UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after, icrc_state,
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 DEFAULT_SLOTS = 256
 MAX_SLOTS = 1024
 MAX_RANKS = 32                   # bitmap width
-RXE_MAX_INFLIGHT = 128           # rxe never has more unacknowledged PSNs per QP
 PATH_MTUS = (256, 512, 1024, 2048, 4096)
 DROPS = ("drop_wrong_port", "drop_bad_opcode", "drop_bad_length", "drop_overrun",
          "drop_mismatch", "drop_duplicate", "drop_stale")
@@ -41,9 +41,21 @@ PSN_HALF = 1 << 23                # serial arithmetic: a relative distance below
 _WIRE_I32 = np.dtype("<i4")      # payload elements on the wire: the hosts' own int32
 
 
+def inflight_packets(spec: RingSpec) -> int:
+    """W: the most packets one connection can have unacknowledged (flow-control window,
+    capped by rxe's RXE_MAX_INFLIGHT)."""
+    return min(spec.window_packets, RXE_MAX_INFLIGHT)
+
+
 def required_slots(spec: RingSpec) -> int:
-    """The smallest N the ring may use: 2W, W = packets one connection can have in flight."""
-    return 2 * min(spec.window_packets, RXE_MAX_INFLIGHT)
+    """The smallest N the ring may use: the power of two >= 2W (W = `inflight_packets`).
+
+    Why 2W: a rank sends k + N only once everything below k + N - (W - 1) is acknowledged,
+    hence emitted; a rank still missing the result at k has sent at most up to k + W - 1,
+    so next_emit <= k + W. Re-opening k's slot needs k + N <= next_emit + W - 1 <= k + 2W - 1:
+    with N >= 2W no slot is re-used while some connection may still need its result.
+    """
+    return 1 << (2 * inflight_packets(spec) - 1).bit_length()
 
 
 def check_ring(spec: RingSpec, slots: int) -> None:
@@ -59,9 +71,12 @@ def check_ring(spec: RingSpec, slots: int) -> None:
         raise ValueError(f"ring {rid}: {slots} slots, need a power of two <= {MAX_SLOTS} "
                          "(k mod N must stay continuous across the 24-bit PSN wrap)")
     if slots < required_slots(spec):
-        raise ValueError(f"ring {rid}: {slots} slots < 2 x {required_slots(spec) // 2} "
-                         f"packets in flight (window {spec.window} x "
-                         f"{spec.window_packets // spec.window} packets per message)")
+        capped = (f", capped at rxe's {RXE_MAX_INFLIGHT}"
+                  if spec.window_packets > RXE_MAX_INFLIGHT else "")
+        raise ValueError(f"ring {rid}: {slots} slots < 2 x {inflight_packets(spec)} packets "
+                         f"in flight (window {spec.window} x "
+                         f"{spec.window_packets // spec.window} packets per message{capped}): "
+                         f"needs {required_slots(spec)}")
     for c in spec.connections:
         if not (0 <= c.psn0 <= PSN_MASK and 0 <= c.dst_qpn <= PSN_MASK):
             raise ValueError(f"ring {rid}: rank {c.rank}: psn0 {c.psn0} / DestQP "

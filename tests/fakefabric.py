@@ -11,7 +11,9 @@ never overflow. Faults on demand: `fail_index` (error completion) and `frozen` (
 fabric aggregate that ring's WRITEs like the switch (`FakeSwitch`), message by message
 instead of packet by packet: message i of every connection must have the same length; once
 all n have arrived, each connection's destination receives the wrapping little-endian int32
-sum, and only then do the senders' WRITEs complete.
+sum, and only then do the senders' WRITEs complete. Packet-level behaviour (PSNs, loss,
+retransmission, the real switch pipeline) is the RC model's job (tests/rcmodel); this
+fabric serves the tests of the communicator around it (rendezvous, registration, refusals).
 """
 from __future__ import annotations
 

@@ -20,16 +20,22 @@ DEFAULTS = FlowConfig()               # what netreduce.init() asks when given no
 NONE: frozenset[str] = frozenset()
 
 
-def test_defaults_through_bmv2_get_path_mtu_256_and_keep_message_and_window() -> None:
+def test_defaults_through_bmv2_get_path_mtu_256_and_16k_messages() -> None:
+    """256 KiB messages at path MTU 256 would let rxe keep 129 packets unacknowledged:
+    2 x 129 rounds up to 512 slots, BMv2 has 256, so the message shrinks to 64 packets."""
     fit = fit_config(DEFAULTS, NONE, 4, "bmv2", BMV2_LIMITS)
-    assert (fit.config.mtu, fit.config.msg_size, fit.config.window) == (256, 262144, 2)
-    assert fit.choice == "bmv2 target: path MTU 256 (the largest it aggregates; 4096 by default)"
-    # 2 x 1024 packets per window, but rxe keeps at most 128 unacknowledged: 256 slots do
+    assert (fit.config.mtu, fit.config.msg_size, fit.config.window) == (256, 16384, 2)
+    assert fit.choice == ("bmv2 target: path MTU 256 (the largest it aggregates; 4096 by "
+                          "default), message 16384 B (its slots hold 128 packets in flight; "
+                          "262144 by default)")
 
 
 def test_a_target_that_takes_the_asked_mtu_changes_nothing() -> None:
     fit = fit_config(DEFAULTS, NONE, 4, "software", SOFTWARE_LIMITS)
     assert fit.config == DEFAULTS and fit.choice == "software target: path MTU 4096"
+    # path MTU 256 through the software target: 2 x 129 -> 512 <= its 1024 slots, no change
+    assert fit_config(FlowConfig(mtu=256), frozenset({"mtu"}), 4, "software",
+                      SOFTWARE_LIMITS).config == FlowConfig(mtu=256)
     between = {**SOFTWARE_LIMITS, "path_mtus": [256, 1024]}
     assert fit_config(FlowConfig(mtu=2048, msg_size=8192), NONE, 2, "t", between).config.mtu \
         == 1024
@@ -39,8 +45,10 @@ def test_a_users_mtu_the_target_cannot_take_is_an_error_naming_both() -> None:
     with pytest.raises(ValueError, match=r"^netreduce.init\(mtu=4096\): the bmv2 target "
                                          r"aggregates path MTU 256 only$"):
         fit_config(DEFAULTS, frozenset({"mtu"}), 4, "bmv2", BMV2_LIMITS)
-    fit = fit_config(FlowConfig(mtu=256), frozenset({"mtu"}), 4, "bmv2", BMV2_LIMITS)
-    assert fit.config.mtu == 256 and fit.choice == "bmv2 target: path MTU 256"
+    fit = fit_config(FlowConfig(mtu=256, msg_size=8192), frozenset({"mtu", "msg_size"}), 4,
+                     "bmv2", BMV2_LIMITS)
+    assert fit.config == FlowConfig(mtu=256, msg_size=8192)
+    assert fit.choice == "bmv2 target: path MTU 256"
 
 
 def test_few_slots_shrink_the_message_then_the_window_unless_the_user_set_them() -> None:

@@ -254,7 +254,7 @@ def test_unregistered_ring_traffic_is_forwarded() -> None:
 
 
 @pytest.mark.parametrize("change,slots,match", [
-    ({}, 128, r"128 slots < 2 x 128 packets in flight"),
+    ({}, 256, r"256 slots < 2 x 129 packets in flight \(window 4 x 256 .*129\): needs 512"),
     ({"window": 4, "msg_size": 1024}, 16, r"16 slots < 2 x 16 packets in flight"),
     ({}, 384, "power of two"),
     ({}, 2048, "power of two <= 1024"),

@@ -57,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=5, help="timed jobs per size and algorithm")
     p.add_argument("--warmup", type=int, default=1, help="untimed jobs before them")
     p.add_argument("--window", type=int, default=2,
-                   help="messages in flight per connection (default 2: with 256K messages, "
-                        "rxe's 128 unacknowledged packets)")
+                   help="messages in flight per connection (default 2: 128 packets with 256K "
+                        "messages, within the 256 slots a ring gets by default)")
     p.add_argument("--msg-size", type=_option(parse_size), default=256 * 1024,
                    help="flow-control message size (a multiple of --mtu; default 256K)")
     p.add_argument("--mtu", type=int, default=4096, help="RoCE path MTU")

@@ -1,0 +1,151 @@
+"""The controller's client: typed calls (control.proto), answers as plain dicts.
+
+Imports only grpc, the generated modules, the token files and `ring_setup.spec`: the host
+library uses it without loading any of the switch's data-plane code.
+Credentials (control.proto header): the secret of the first entry of the token file
+(`token_file`, else the file `$NR_CONTROLLER_TOKEN` names; neither: no credentials) goes with
+every call as `authorization: Bearer SECRET`; with a CA file (`ca_file`, else
+`$NR_CONTROLLER_CA`) the channel is TLS and verifies the switch's certificate, else clear.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import grpc
+
+from ring_setup.spec import RingSpec
+from switch.api import control_pb2 as pb
+from switch.api import control_pb2_grpc
+from switch.api.tokens import CA_ENV, TOKEN_ENV, read_token_file
+
+DEFAULT_ADDR = "10.77.0.254:50051"
+
+
+class ControllerError(RuntimeError):
+    """A failed controller call: `code` is the gRPC status name, the message says why."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def spec_message(spec: RingSpec) -> pb.RingSpec:
+    """The proto form of `spec`; a value the proto cannot carry (a float, a negative or
+    too large integer, a list for a string) raises ValueError naming the field."""
+    msg = pb.RingSpec()
+    fields = [(msg, "spec", name, getattr(spec, name))
+              for name in ("ring_id", "world_size", "mtu", "msg_size", "window")]
+    for r, c in enumerate(spec.connections):
+        conn = msg.connections.add()
+        fields += [(conn, f"spec.connections[{r}]", name, getattr(c, name))
+                   for name in pb.Connection.DESCRIPTOR.fields_by_name]
+    for target, path, name, value in fields:
+        if isinstance(value, bool):
+            raise ValueError(f"{path}.{name}: {value!r} is a bool, not a number")
+        try:
+            setattr(target, name, value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}.{name}: {value!r} cannot be sent: {e}") from None
+    return msg
+
+
+def limits_dict(limits: pb.TargetLimits) -> dict[str, Any]:
+    return {"path_mtus": list(limits.path_mtus), "max_slots": limits.max_slots,
+            "max_ranks": limits.max_ranks, "max_rings": limits.max_rings,
+            "free_rings": limits.free_rings, "max_slot_memory": limits.max_slot_memory,
+            "default_lease_ms": limits.default_lease_ms}
+
+
+def _connection_dict(c: pb.ConnectionCounters) -> dict[str, Any]:
+    reth = ({"va": c.reth.va, "rkey": c.reth.rkey, "dma_len": c.reth.dma_len}
+            if c.HasField("reth") else None)
+    return {"rank": c.rank, "src_ip": c.src_ip, "dst_ip": c.dst_ip, "dst_qpn": c.dst_qpn,
+            "psn0": c.psn0, "in_port": c.in_port, "out_port": c.out_port, "reth": reth,
+            "counters": dict(c.counters)}
+
+
+def counters_dict(reply: pb.CountersReply) -> dict[str, Any]:
+    """{"target", "rings": {id: {world_size, slots, next_emit, counters, connections}},
+    "ports": {"N": {ifname, ...}}, "leases": {id: {owner, remaining_ms}}, "switch": {...}}."""
+    return {"target": reply.target,
+            "rings": {r.ring_id: {"world_size": r.world_size, "slots": r.slots,
+                                  "next_emit": r.next_emit, "counters": dict(r.counters),
+                                  "connections": [_connection_dict(c) for c in r.connections]}
+                      for r in reply.rings},
+            "ports": {str(p.port): {"ifname": p.ifname, **dict(p.counters)}
+                      for p in reply.ports},
+            "leases": {r.ring_id: {"owner": r.owner, "remaining_ms": r.lease_remaining_ms}
+                       for r in reply.rings},
+            "switch": dict(reply.switch)}
+
+
+class ControllerClient:
+    """Calls the controller at `addr`; waits up to `timeout` s for it to answer each call."""
+
+    def __init__(self, addr: str = DEFAULT_ADDR, timeout: float = 10.0, *,
+                 token_file: Optional[str | Path] = None, ca_file: Optional[str | Path] = None):
+        self.addr = addr
+        self.timeout = timeout
+        token_file = token_file or os.environ.get(TOKEN_ENV) or None
+        ca_file = ca_file or os.environ.get(CA_ENV) or None
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        if token_file is not None:
+            _, secret = read_token_file(token_file)[0]
+            self._metadata = (("authorization", f"Bearer {secret}"),)
+        if ca_file is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
+            self._channel = grpc.secure_channel(addr, creds)
+        else:
+            self._channel = grpc.insecure_channel(addr)
+        self._stub = control_pb2_grpc.ControllerStub(self._channel)
+
+    def _call(self, method: str, request: Any) -> Any:
+        rpc = getattr(self._stub, method)
+        try:
+            return rpc(request, timeout=self.timeout, wait_for_ready=True,
+                       metadata=self._metadata)
+        except grpc.RpcError as e:
+            code, detail = e.code(), e.details()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                detail = f"controller at {self.addr} did not answer {method} in {self.timeout} s"
+            raise ControllerError(code.name, detail) from None
+
+    def ping(self) -> dict[str, Any]:
+        reply = self._call("Ping", pb.PingRequest())
+        return {"target": reply.target, "limits": limits_dict(reply.limits),
+                "auth_required": reply.auth_required}
+
+    def register_ring(self, spec: RingSpec, slots: Optional[int] = None,
+                      lease_ms: Optional[int] = None) -> dict[str, Any]:
+        """Register `spec` (slots / lease_ms None: the switch's defaults)."""
+        reply = self._call("RegisterRing", pb.RegisterRingRequest(
+            spec=spec_message(spec), slots=slots or 0, lease_ms=lease_ms or 0))
+        return {"ring_id": reply.ring_id, "slots": reply.slots, "ports": dict(reply.ports),
+                "lease_ms": reply.lease_ms}
+
+    def renew_lease(self, ring_id: str) -> dict[str, Any]:
+        reply = self._call("RenewLease", pb.RenewLeaseRequest(ring_id=ring_id))
+        return {"ring_id": reply.ring_id, "lease_ms": reply.lease_ms}
+
+    def unregister_ring(self, ring_id: str) -> dict[str, Any]:
+        return {"ring_id": self._call("UnregisterRing",
+                                      pb.UnregisterRingRequest(ring_id=ring_id)).ring_id}
+
+    def counters(self, ring_id: Optional[str] = None, connections: bool = True
+                 ) -> dict[str, Any]:
+        """Every ring's counters (or `ring_id`'s), with per-connection detail unless
+        `connections` is False (see `counters_dict` for the shape)."""
+        return counters_dict(self._call("Counters", pb.CountersRequest(
+            ring_id=ring_id or "", connections=connections)))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "ControllerClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The hostile-input suite: the real switch process on veth pairs in namespaces of its own."""

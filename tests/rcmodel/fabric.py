@@ -1,0 +1,115 @@
+"""The lab's wiring in the model: host I on switch port I+1, links with faults, the switch.
+
+The switch is the real `switch.pipeline.AggregationPipeline`: every frame reaching it is
+offered to `process` (as switch.dataplane does); what it emits leaves on the port it names,
+what it does not take is forwarded by destination MAC. Frames cross two links (host ->
+switch, switch -> host); each crossing may lose, duplicate or delay (reorder) the frame
+according to `Faults`, drawn from one seeded random generator, so a run is reproducible.
+
+Frame kinds, for faults and counts: "contribution" (a request from a host to the switch),
+"result" (a request from the switch to a host: an aggregated result, a served
+retransmission, or a forwarded one of an unregistered ring), "ack" (ACK/NAK, either link).
+"""
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
+
+from rcmodel.sim import Simulation
+from switch.packets import BTH_OFF, Op
+from switch.pipeline import AggregationPipeline
+
+KINDS = ("contribution", "result", "ack")
+LINK_BPS = 10e9                 # serialisation rate of every link
+LATENCY_S = 5e-6                # propagation + switching per link
+
+
+@dataclass(frozen=True)
+class FaultRates:
+    """Per crossing of one link: P(lost), P(duplicated), P(delayed by up to `delay_s`)."""
+
+    loss: float = 0.0
+    duplicate: float = 0.0
+    delay: float = 0.0
+    delay_s: float = 200e-6
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fault rates by frame kind, the generator's seed, and an optional script:
+    `drop(kind, frame)` -> True loses that frame (on top of the rates)."""
+
+    rates: Mapping[str, FaultRates] = field(default_factory=dict)
+    seed: int = 0
+    drop: Optional[Callable[[str, bytes], bool]] = None
+
+    @classmethod
+    def everywhere(cls, loss: float = 0.0, duplicate: float = 0.0, delay: float = 0.0,
+                   seed: int = 0) -> "Faults":
+        rates = FaultRates(loss, duplicate, delay)
+        return cls({kind: rates for kind in KINDS}, seed)
+
+
+def kind_of(frame: bytes, to_switch: bool) -> str:
+    if frame[BTH_OFF] == Op.ACKNOWLEDGE:
+        return "ack"
+    return "contribution" if to_switch else "result"
+
+
+class Fabric:
+    """Links, faults and the switch; `counts[kind]` counts frames put on a link,
+    `lost[kind]` those the faults dropped."""
+
+    def __init__(self, sim: Simulation, pipeline: AggregationPipeline, faults: Faults) -> None:
+        self.sim = sim
+        self.pipeline = pipeline
+        self.faults = faults
+        self._random = random.Random(faults.seed)
+        self.hosts: dict[int, Callable[[bytes], None]] = {}   # port -> host's receive
+        self.macs: dict[bytes, int] = {}                      # MAC -> port
+        self._busy: dict[tuple[int, bool], float] = {}        # (port, to_switch) -> free at
+        self.counts: Counter = Counter()
+        self.lost: Counter = Counter()
+
+    def attach(self, port: int, mac: str,
+               receive: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """Cable a host to `port`; returns what the host calls to send a frame."""
+        self.hosts[port] = receive
+        self.macs[bytes.fromhex(mac.replace(":", ""))] = port
+        return lambda frame: self._cross(port, True, frame)
+
+    def _cross(self, port: int, to_switch: bool, frame: bytes) -> None:
+        """Put `frame` on the link of `port` (towards the switch or towards the host)."""
+        kind = kind_of(frame, to_switch)
+        self.counts[kind] += 1
+        rates = self.faults.rates.get(kind, FaultRates())
+        rnd = self._random.random
+        if rnd() < rates.loss or (self.faults.drop is not None and self.faults.drop(kind, frame)):
+            self.lost[kind] += 1
+            return
+        copies = 2 if rnd() < rates.duplicate else 1
+        for _ in range(copies):
+            start = max(self.sim.now, self._busy.get((port, to_switch), 0.0))
+            done = start + len(frame) * 8 / LINK_BPS
+            self._busy[(port, to_switch)] = done
+            extra = rnd() * rates.delay_s if rnd() < rates.delay else 0.0
+            arrive = done + LATENCY_S + extra - self.sim.now
+            if to_switch:
+                self.sim.at(arrive, self._switch, port, frame)
+            else:
+                self.sim.at(arrive, self.hosts[port], frame)
+
+    def _switch(self, in_port: int, frame: bytes) -> None:
+        """switch.dataplane's per-frame step: the pipeline first, else L2 forwarding."""
+        out: list[tuple[int, bytes]] = []
+        took = self.pipeline.process(memoryview(bytearray(frame)), in_port,
+                                     lambda port, parts: out.append((port, b"".join(parts))))
+        if not took:
+            port = self.macs.get(frame[:6])
+            if port is None:
+                raise AssertionError(f"frame for unknown MAC {frame[:6].hex(':')}")
+            out.append((port, frame))
+        for port, emitted in out:
+            self._cross(port, False, emitted)

@@ -1,0 +1,167 @@
+"""A whole lab in the model: n hosts with rxe devices, both QP rings, real communicators.
+
+`World(n, config, ...)` builds, like ring setup does on real hosts, per rank one model rxe
+device and per ring ("ring", "inc") a send QP to the successor and a recv QP from the
+predecessor; registers the "inc" ring with the real AggregationPipeline (as the controller
+would: `slots`, default 256, checked by `check_ring`); and gives every rank a real
+`netreduce.Communicator` whose streams are real `flowctl.Stream`s over model links. So a
+call runs the host's own code end to end: its metadata exchange through the switch, the
+flowctl message plan and credit window, the algorithm's transfers (switch: one transfer on
+"inc"; ring: reduce-scatter and all-gather forwarded through the switch on "ring").
+
+`World.run(body)` runs body(comm) on every rank (one thread each, one at a time, see
+rcmodel.sim) with flowctl's clock replaced by the simulated one, and returns what each
+returned or raised. Stall timeouts and rxe's retransmit timer are in simulated seconds.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+import flowctl.stream
+from flowctl.link import Completion, LocalBuffer, RemoteBuffer
+from flowctl.plan import FlowConfig
+from flowctl.stream import Stream
+from netreduce.comm import RINGS, Communicator
+from netreduce.meta import control_bytes
+from netreduce.registration import SwitchStatus
+from rcmodel.fabric import Fabric, Faults
+from rcmodel.rxe import QP, Device, Peer, QPAttr
+from rcmodel.sim import Simulation, Turns
+from ring_setup.device import ipv4_gid
+from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
+from ring_setup.spec import RingSpec
+from switch.pipeline import DEFAULT_SLOTS, AggregationPipeline
+
+
+class ModelLink:
+    """flowctl.link.Link over a rank's two QPs of one ring."""
+
+    def __init__(self, turns: Turns, rank: int, send: QP, recv: QP, successor: int,
+                 predecessor: int) -> None:
+        self.turns, self.rank, self.send, self.recv = turns, rank, send, recv
+        self.successor, self.predecessor = successor, predecessor
+
+    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+        self.send.post_write(index, src, dst)
+
+    def post_recvs(self, count: int) -> None:
+        self.recv.recv_posted += count
+
+    def poll_sends(self, max_count: int) -> list[Completion]:
+        cq = self.send.send_cq
+        return [cq.popleft() for _ in range(min(max_count, len(cq)))]
+
+    def poll_recvs(self, max_count: int) -> list[Completion]:
+        cq = self.recv.recv_cq
+        return [cq.popleft() for _ in range(min(max_count, len(cq)))]
+
+    def arm(self) -> None:
+        return None
+
+    def wait(self, timeout: float) -> None:
+        """Until a completion is queued after this call (an armed CQ's event: completions
+        already queued raise none) or `timeout` simulated seconds pass."""
+        seen = self.send.cq_events + self.recv.cq_events
+        self.turns.wait(self.rank, timeout,
+                        lambda: self.send.cq_events + self.recv.cq_events > seen)
+
+    def diagnostics(self) -> str:
+        counters = ", ".join(f"{k}={v}" for k, v in sorted(self.send.device.counters.items()))
+        return (f"send QP {self.send.qpn} (to rank {self.successor}) "
+                f"{'ERROR' if self.send.error else 'RTS'}, recv QP {self.recv.qpn} (from "
+                f"rank {self.predecessor}) {'ERROR' if self.recv.error else 'RTS'}; "
+                f"{self.send.device.name} counters: {counters}")
+
+
+@dataclass
+class ModelHost:
+    """What netreduce.comm.Host needs for `Workspace` (register) and error messages."""
+
+    device: Device
+
+    def register(self, nbytes: int) -> Any:
+        return self.device.register(nbytes)
+
+
+class World:
+    """n ranks, the switch and the links between them (see the module doc).
+
+    `psn0s`: the initial send PSN of every QP, by (rank, ring) (default: drawn from `seed`;
+    give values near 2^24 to cross the PSN wrap). `slots=None` registers the "inc" ring
+    with the controller's default; `switch=False` registers nothing (the ring forwards).
+    """
+
+    def __init__(self, n: int, config: FlowConfig, *, faults: Faults = Faults(),
+                 slots: Optional[int] = DEFAULT_SLOTS, switch: bool = True,
+                 attr: Optional[QPAttr] = None, seed: int = 0,
+                 psn0s: Optional[dict[tuple[int, str], int]] = None,
+                 max_time: float = 600.0, max_events: int = 2_000_000) -> None:
+        self.n, self.config = n, config
+        self.sim = Simulation(max_time, max_events)
+        self.turns = Turns(self.sim)
+        self.pipeline = AggregationPipeline()
+        self.fabric = Fabric(self.sim, self.pipeline, faults)
+        attr = attr or QPAttr(mtu=config.mtu)
+        draw = random.Random(seed)
+        psn0s = psn0s or {}
+        self.devices = []
+        for r in range(n):
+            dev = Device(f"rxe{r}", f"10.77.0.{r + 1}", f"02:4e:52:00:00:{r + 1:02x}", self.sim)
+            dev.nic = self.fabric.attach(r + 1, dev.mac, dev.receive)
+            self.devices.append(dev)
+        qps = {(r, ring): (self.devices[r].create_qp(
+                   psn0s.get((r, ring), draw.getrandbits(24)), attr),
+                   self.devices[r].create_qp(draw.getrandbits(24), attr))
+               for r in range(n) for ring in RINGS}
+        controls = [dev.register(control_bytes(n)) for dev in self.devices]
+        self.endpoints = [HostEndpoint(
+            rank=r, ip=dev.ip, mac=dev.mac, gid=ipv4_gid(dev.ip), device=dev.name,
+            mtu=config.mtu, msg_size=config.msg_size, window=config.window,
+            control=controls[r].remote(),
+            rings={ring: RingEndpoint(QPEndpoint(qps[r, ring][0].qpn, qps[r, ring][0].next_psn),
+                                      QPEndpoint(qps[r, ring][1].qpn, qps[r, ring][1].next_psn))
+                   for ring in RINGS}) for r, dev in enumerate(self.devices)]
+        for r in range(n):
+            succ, pred = (r + 1) % n, (r - 1) % n
+            for ring in RINGS:
+                send, recv = qps[r, ring]
+                send.connect(Peer(self.devices[succ].ip, self.devices[succ].mac,
+                                  qps[succ, ring][1].qpn), qps[succ, ring][1].next_psn)
+                recv.connect(Peer(self.devices[pred].ip, self.devices[pred].mac,
+                                  qps[pred, ring][0].qpn), qps[pred, ring][0].next_psn)
+        self.spec: RingSpec = ring_spec(self.endpoints, "inc", "nr-model-inc", config)
+        status = SwitchStatus(note="the model registers no ring")
+        self.slots: Optional[int] = None
+        if switch:
+            self.slots = DEFAULT_SLOTS if slots is None else slots
+            self.pipeline.register_ring(self.spec, {d.ip: r + 1 for r, d in
+                                                    enumerate(self.devices)}, self.slots)
+            status = SwitchStatus("model", self.spec.ring_id, self.slots)
+        self.comms = []
+        for r, dev in enumerate(self.devices):
+            streams = {ring: Stream(ModelLink(self.turns, r, *qps[r, ring], (r + 1) % n,
+                                              (r - 1) % n), config, f"rank {r}, ring {ring!r}")
+                       for ring in RINGS}
+            self.comms.append(Communicator(
+                rendezvous=SimpleNamespace(rank=r, world_size=n), host=ModelHost(dev),
+                config=config, endpoints=self.endpoints, streams=streams,
+                control=controls[r], switch=status, controller=None))
+
+    def run(self, body: Callable[[Communicator], Any]) -> list[Any]:
+        """body(comm) on every rank; each rank's result or exception (see the module doc)."""
+        real_time = flowctl.stream.time
+        flowctl.stream.time = SimpleNamespace(monotonic=self.sim.monotonic)  # type: ignore
+        try:
+            return self.turns.run([lambda c=c: body(c) for c in self.comms])
+        finally:
+            flowctl.stream.time = real_time
+
+    def rxe_counters(self) -> list[dict[str, int]]:
+        return [dict(dev.counters) for dev in self.devices]
+
+    def switch_counters(self) -> dict[str, Any]:
+        """The "inc" ring's counters, as the controller reports them."""
+        return self.pipeline.counters()[self.spec.ring_id]

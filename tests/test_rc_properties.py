@@ -1,0 +1,96 @@
+"""Property: whatever is lost, duplicated or reordered, in any direction (contributions,
+results, ACKs), an allreduce either gives every rank the exact sum or fails with the
+documented error; never a wrong result, never a hang. Runs on the RC model
+(tests/rcmodel): real Communicators and Streams, the real switch pipeline, model rxe.
+
+Documented errors: `StallError` (no completion for `stall_timeout`: the loss outran
+recovery) and `CompletionError` for "transport retry counter exceeded" (retry_cnt < 7
+ran out), both FlowErrors, and on a later call a CommunicatorError naming the first.
+A hang is `SimulationLimit` (bounded simulated time and events), which fails the test.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowctl import CompletionError, FlowConfig, StallError
+from netreduce.comm import CommunicatorError
+from rcmodel.fabric import KINDS, FaultRates, Faults
+from rcmodel.rxe import RETRY_FOREVER, QPAttr
+from rcmodel.world import World
+from switch.packets import PSN_MASK
+from switch.pipeline import required_slots
+
+#: (mtu, msg_size, window): 4-packet messages; 64-packet messages (AckReq only on the
+#: last); 256-packet messages (AckReq every 66th, 129 PSNs in flight, N = 512).
+CONFIGS = [(256, 1024, 4), (256, 64 * 256, 2), (256, 256 * 256, 1), (512, 2048, 3)]
+
+rates = st.builds(FaultRates, loss=st.floats(0, 0.25), duplicate=st.floats(0, 0.2),
+                  delay=st.floats(0, 0.5), delay_s=st.sampled_from([50e-6, 2e-3, 0.1]))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(2, 4))
+    mtu, msg_size, window = draw(st.sampled_from(CONFIGS))
+    return {
+        "n": n,
+        "config": FlowConfig(mtu=mtu, msg_size=msg_size, window=window, recv_depth=32,
+                             stall_timeout=draw(st.sampled_from([0.5, 5.0]))),
+        "faults": Faults({kind: draw(rates) for kind in KINDS}, seed=draw(st.integers(0, 2**32))),
+        "retry_cnt": draw(st.sampled_from([RETRY_FOREVER, RETRY_FOREVER, 2])),
+        "timeout": draw(st.sampled_from([8, 14])),            # 1 ms or 67 ms
+        "near_wrap": draw(st.booleans()),
+        "calls": draw(st.lists(st.tuples(st.sampled_from(["switch", "ring"]),
+                                         st.integers(1, 9000)), min_size=1, max_size=3)),
+    }
+
+
+def data(rank: int, call: int, count: int) -> np.ndarray:
+    return np.random.default_rng([rank, call, count]).integers(-2**20, 2**20, count,
+                                                                dtype=np.int32)
+
+
+def documented(exc: BaseException, retry_cnt: int) -> bool:
+    if isinstance(exc, StallError):
+        return True
+    if isinstance(exc, CompletionError):
+        return retry_cnt != RETRY_FOREVER and "transport retry counter exceeded" in str(exc)
+    return isinstance(exc, CommunicatorError) and "unusable after an earlier error" in str(exc)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_every_run_sums_exactly_or_fails_as_documented(s: dict[str, Any]) -> None:
+    n, config, calls = s["n"], s["config"], s["calls"]
+    psn0s = ({(r, ring): PSN_MASK - 40 * r for r in range(n) for ring in ("ring", "inc")}
+             if s["near_wrap"] else None)
+    spec_slots = required_slots(World(n, config, switch=False).spec)
+    world = World(n, config, faults=s["faults"], slots=max(256, spec_slots),
+                  attr=QPAttr(mtu=config.mtu, timeout=s["timeout"], retry_cnt=s["retry_cnt"]),
+                  psn0s=psn0s, max_time=200.0, max_events=400_000)
+
+    def body(comm: Any) -> list[Any]:
+        out: list[Any] = []
+        for i, (algo, count) in enumerate(calls):
+            try:
+                out.append(comm.allreduce(data(comm.rank, i, count), algo=algo))
+            except (StallError, CompletionError, CommunicatorError) as exc:
+                out.append(exc)
+        return out
+
+    results = world.run(body)
+    for rank, got in enumerate(results):
+        assert isinstance(got, list), f"rank {rank} raised {got!r}"
+        for i, ((algo, count), res) in enumerate(zip(calls, got)):
+            if isinstance(res, BaseException):
+                assert documented(res, s["retry_cnt"]), f"rank {rank} call {i}: {res!r}"
+                continue
+            want = np.sum([data(r, i, count) for r in range(n)], axis=0, dtype=np.int32)
+            assert np.array_equal(res, want), f"rank {rank} call {i} ({algo}): wrong sum"
+    stats = world.switch_counters()["counters"]
+    assert stats["drop_overrun"] == stats["drop_mismatch"] == stats["drop_bad_length"] == 0
