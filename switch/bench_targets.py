@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from switch.bench_pipeline import frames, lab_ring
-from switch.controller import ControllerClient
+from switch.api.client import ControllerClient
 from switch.dataplane import Port, open_port
 from switch.packets import parse
 
