@@ -5,8 +5,10 @@ The one place of the data path that knows header layouts. A RoCEv2 frame is
 [ImmDt 4] or [AETH 4] | payload | pad (0-3) | ICRC (4)``, every field big-endian except
 the ICRC, which is zlib's CRC-32 stored little-endian (see docs/pipeline.md, "ICRC"), and
 the payload's int32 words, little-endian (the wire format of netreduce.algorithms.switch).
-Invariant: nothing here allocates per packet beyond the tuple a parse returns and the
-masked 48-byte header copy an ICRC state needs.
+The checks a packet must pass before the switch adds it (docs/pipeline.md rules 3 and 6:
+`ipv4_header_ok`, `is_fragment`, `icrc_valid`) live here too.
+Invariant: nothing here copies a payload; per packet it allocates only the tuples and ints
+a parse or check returns and the masked 48-byte header copy an ICRC state needs.
 """
 from __future__ import annotations
 
@@ -83,15 +85,17 @@ EXT_LEN: tuple[int, ...] = tuple(
     RETH_LEN * (op in RETH_OPCODES) + IMMDT_LEN * (op in IMMDT_OPCODES)
     + AETH_LEN * (op in AETH_OPCODES) for op in range(256))
 
-# Bytes 12..53 of a frame: ethertype, version/IHL, protocol, src+dst address (one u64),
-# UDP dport, UDP length, opcode, SE|M|PadCnt|TVer, (FECN byte|DestQP), (AckReq byte|PSN).
-_HDR = struct.Struct("!HB8xB2xQ2xHH2xBB2xII")
+# Bytes 12..53 of a frame: ethertype, version/IHL, flags|fragment offset, protocol,
+# src+dst address (one u64), UDP dport, UDP length, opcode, SE|M|PadCnt|TVer,
+# (FECN byte|DestQP), (AckReq byte|PSN).
+_HDR = struct.Struct("!HB5xHxB2xQ2xHH2xBB2xII")
 _RETH = struct.Struct("!QII")
 _IMMDT = struct.Struct("!I")
 _BTH = struct.Struct("!BBHII")
 _UDP = struct.Struct("!HHHH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 pack_icrc = struct.Struct("<I").pack
+_unpack_icrc = struct.Struct("<I").unpack_from
 _CRC_MASK32 = 0xFFFFFFFF
 
 
@@ -104,8 +108,12 @@ _ICRC_MASK = _ones_at(list(range(IP_OFF - 8, IP_OFF))                 # pseudo-L
                       + [IP_OFF + 1, IP_OFF + 8, IP_OFF + 10, IP_OFF + 11]  # TOS, TTL, csum
                       + [UDP_OFF + 6, UDP_OFF + 7, BTH_OFF + 4])      # UDP csum, FECN byte
 
-#: (connection key, UDP length, opcode, PadCnt, PSN), see `parse`.
-RoceFields = tuple[int, int, int, int, int]
+UDP_CSUM_OFF = UDP_OFF + 6        # the UDP checksum: a rewritten packet gets 0 there
+IPV4_MF = 0x2000                  # in the flags|fragment offset word: more fragments
+IPV4_FRAG_OFFSET = 0x1FFF
+
+#: (connection key, UDP length, opcode, PadCnt, PSN, IPv4 flags|fragment offset), see `parse`.
+RoceFields = tuple[int, int, int, int, int, int]
 
 
 def conn_key(src_ip: str, dst_ip: str, dest_qp: int) -> int:
@@ -117,17 +125,33 @@ def conn_key(src_ip: str, dst_ip: str, dest_qp: int) -> int:
 def parse(frame: memoryview | bytes) -> Optional[RoceFields]:
     """The fields the pipeline needs, or None when the frame is not IPv4/UDP 4791.
 
-    Returns (key, udp_len, opcode, pad, psn); `key` equals `conn_key` of the frame's
-    addresses and DestQP. Lengths are not checked against the frame here.
+    Returns (key, udp_len, opcode, pad, psn, frag); `key` equals `conn_key` of the frame's
+    addresses and DestQP, `frag` is the IPv4 flags|fragment offset word (`is_fragment`).
+    Lengths and checksums are not checked here.
     """
     if len(frame) < MIN_FRAME:
         return None
-    eth, vihl, proto, addrs, dport, udp_len, opcode, flags, fecn_dqp, ack_psn = \
+    eth, vihl, frag, proto, addrs, dport, udp_len, opcode, flags, fecn_dqp, ack_psn = \
         _HDR.unpack_from(frame, 12)
     if eth != ETHERTYPE_IPV4 or vihl != IPV4_VERSION_IHL or proto != IPPROTO_UDP \
             or dport != ROCE_UDP_PORT:
         return None
-    return addrs << 24 | fecn_dqp & PSN_MASK, udp_len, opcode, flags >> 4 & 3, ack_psn & PSN_MASK
+    return (addrs << 24 | fecn_dqp & PSN_MASK, udp_len, opcode, flags >> 4 & 3,
+            ack_psn & PSN_MASK, frag)
+
+
+def is_fragment(frag: int) -> bool:
+    """Is a packet whose IPv4 flags|fragment offset word is `frag` a fragment (MF or offset)?"""
+    return bool(frag & (IPV4_MF | IPV4_FRAG_OFFSET))
+
+
+def ipv4_header_ok(frame: memoryview | bytes) -> bool:
+    """Is the IPv4 checksum of the frame's (IHL 5) header right?
+
+    The one's-complement sum of a valid header's 16-bit words is 0xFFFF, i.e. their sum is
+    0 mod 0xFFFF, and so is the header read as one big-endian integer (2^16 = 1 mod 0xFFFF).
+    """
+    return int.from_bytes(frame[IP_OFF:UDP_OFF], "big") % 0xFFFF == 0
 
 
 def reth(frame: memoryview | bytes) -> tuple[int, int, int]:
@@ -145,6 +169,12 @@ def icrc_state(frame: memoryview | bytes, end: int) -> int:
     masked = (int.from_bytes(frame[IP_OFF - 8:EXT_OFF], "big") | _ICRC_MASK).to_bytes(
         EXT_OFF - IP_OFF + 8, "big")
     return zlib.crc32(frame[EXT_OFF:end], zlib.crc32(masked))
+
+
+def icrc_valid(frame: memoryview | bytes, hdr_end: int, end: int, state: int) -> bool:
+    """Is frame[end:end+4] the ICRC of a frame whose bytes up to hdr_end have ICRC state
+    `state` and whose covered bytes end at `end` (pad 0)?"""
+    return zlib.crc32(frame[hdr_end:end], state) == _unpack_icrc(frame, end)[0]
 
 
 def icrc_after(state: int, tail: memoryview | bytes) -> bytes:

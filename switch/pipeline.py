@@ -2,12 +2,13 @@
 
 `AggregationPipeline.process` is the data-plane hook (switch.dataplane.Pipeline): the
 dataplane calls it for every received frame. Registered RDMA WRITE packets of a ring are
-summed slot by slot (slot = relative PSN mod N) and each completed slot goes out, in PSN
-order, as every rank's own packet with the payload replaced by the sum and the ICRC
-recomputed.
-Invariants kept: a rank's contribution to a slot is added once; a slot is re-used only
-after it was emitted; results leave in order of relative PSN; traffic that matches no
-registered connection is never touched (process returns False).
+verified (IPv4 checksum, not a fragment, ICRC), then summed slot by slot (slot = relative
+PSN mod N), and each completed slot goes out, in PSN order, as every rank's own packet
+with the payload replaced by the sum, UDP checksum 0 and the ICRC recomputed.
+Invariants kept: only a packet with a valid IPv4 checksum and ICRC that is not a
+fragment is added or served; a rank's contribution to a slot is added once; a slot is
+re-used only after it was emitted; results leave in order of relative PSN; traffic that
+matches no registered connection is never touched (process returns False).
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 
 from flowctl.plan import RXE_MAX_INFLIGHT
-from ring_setup.spec import RingSpec
-from switch.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, PSN_MASK, UDP_OFF,
-                            UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after, icrc_state,
-                            icrcs, parse, reth)
+from ring_setup.spec import Connection, RingSpec
+from switch.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, PSN_MASK, UDP_CSUM_OFF,
+                            UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after,
+                            icrc_state, icrc_valid, icrcs, ipv4_header_ok, is_fragment, parse,
+                            reth)
 
 if TYPE_CHECKING:
     from switch.dataplane import Emit   # the hook contract: parts valid only during the call
@@ -30,15 +32,17 @@ DEFAULT_SLOTS = 256
 MAX_SLOTS = 1024
 MAX_RANKS = 32                   # bitmap width
 PATH_MTUS = (256, 512, 1024, 2048, 4096)
-DROPS = ("drop_wrong_port", "drop_bad_opcode", "drop_bad_length", "drop_overrun",
-         "drop_mismatch", "drop_duplicate", "drop_stale")
+DROPS = ("drop_wrong_port", "drop_bad_ipcsum", "drop_fragment", "drop_bad_opcode",
+         "drop_bad_length", "drop_bad_icrc", "drop_overrun", "drop_mismatch", "drop_duplicate",
+         "drop_stale")
 OUTCOMES = ("aggregated", "retransmits_served") + DROPS   # exactly one per registered packet
 RING_COUNTERS = ("aggregated", "completed", "results_sent", "retransmits_served") + DROPS
 CONN_COUNTERS = ("packets", "messages", "aggregated", "retransmits_served") + DROPS
 
-_EMPTY = -1                      # tag of a slot that never held a packet
+EMPTY = -1                       # tag of a slot that holds no packet
 PSN_HALF = 1 << 23                # serial arithmetic: a relative distance below this is "ahead"
 _WIRE_I32 = np.dtype("<i4")      # payload elements on the wire: the hosts' own int32
+_ZERO_CSUM = bytes(2)            # a rewritten packet's UDP checksum (rxe sends 0; the ICRC masks it)
 
 
 def inflight_packets(spec: RingSpec) -> int:
@@ -58,11 +62,11 @@ def required_slots(spec: RingSpec) -> int:
     return 1 << (2 * inflight_packets(spec) - 1).bit_length()
 
 
-def check_ring(spec: RingSpec, slots: int) -> None:
+def check_ring(spec: RingSpec, slots: int, max_ranks: int = MAX_RANKS) -> None:
     """Raise ValueError unless the ring can be aggregated with `slots` slots."""
     rid = spec.ring_id
-    if not 2 <= spec.world_size <= MAX_RANKS:
-        raise ValueError(f"ring {rid}: {spec.world_size} ranks, need 2..{MAX_RANKS}")
+    if not 2 <= spec.world_size <= max_ranks:
+        raise ValueError(f"ring {rid}: {spec.world_size} ranks, need 2..{max_ranks}")
     if spec.mtu not in PATH_MTUS:
         raise ValueError(f"ring {rid}: path MTU {spec.mtu} is not one of {PATH_MTUS}")
     if spec.window < 1 or spec.msg_size < 1:
@@ -90,11 +94,15 @@ class AggregatorPool:
     """The N slots of one ring, its in-order emission point and its emission counters.
 
     Invariant: slot i holds relative PSN tag[i] (≡ i mod N) or is empty; bitmap[i] names
-    the ranks whose payload (wire int32) and header it holds, each stored once; a full
-    slot's wrapping int32 sum is formed when it is emitted, and emitted[i] is set only
-    once every slot before tag[i] was emitted; `next_emit` is the first relative PSN not
-    emitted yet. Sums stay in wire order (little-endian), so a result's payload is the sum
-    array's buffer.
+    the ranks whose payload (wire int32) and header it holds, each stored once; ready[i]
+    says the slot's result is in its sum row (here: the wrapping int32 sum, formed when the
+    bitmap becomes full), and emitted[i] is set only once every slot before tag[i] was
+    emitted; `next_emit` is the first relative PSN not emitted yet. Sums stay in wire order
+    (little-endian), so a result's payload is the sum array's buffer.
+    Hooks for a pool whose result comes from elsewhere (the ToR role, switch/tor.py):
+    `_complete` (the bitmap became full), `_servable` and `_duplicate` (when a held
+    contribution that comes again gets the result, and what happens otherwise), `_full` and
+    `result_lanes` (the ranks that contribute, and those whose result an emission sends).
     """
 
     def __init__(self, world_size: int, slots: int, mtu: int, out_ports: Sequence[int]):
@@ -107,12 +115,15 @@ class AggregatorPool:
         self.results_sent = 0
         self._mask = slots - 1
         self._full = (1 << world_size) - 1
-        self.tag = [_EMPTY] * slots
+        self.result_lanes = tuple(range(world_size))     # whose results a slot emits
+        self.tag = [EMPTY] * slots
         self.bitmap = [0] * slots
         self.emitted = [False] * slots
+        self.ready = [False] * slots
         self.plen = [mtu] * slots       # _cut[i] is cut to plen[i]
         self.opcode = [0] * slots
-        self.headers: list[list[bytes]] = [[b""] * world_size for _ in range(slots)]
+        self.headers: list[list[bytearray]] = [[bytearray()] * world_size
+                                               for _ in range(slots)]
         self._hcrc = [[0] * world_size for _ in range(slots)]   # icrc_state after header
         elems = mtu // 4
         self._payloads = np.zeros((slots, world_size, elems), dtype=_WIRE_I32)
@@ -124,19 +135,21 @@ class AggregatorPool:
         self._cut = [(self._payloads[i], self._sums[i]) for i in range(slots)]
 
     def offer(self, rank: int, k: int, frame: memoryview, hdr_end: int, plen: int,
-              opcode: int, emit: Emit) -> str:
-        """Apply rule 5 to packet k of `rank`; returns the counter the outcome bumps."""
+              opcode: int, hcrc: int, emit: Emit) -> str:
+        """Apply rule 7 to verified packet k of `rank` (`hcrc`: its `icrc_state` at
+        hdr_end); returns the counter the outcome bumps."""
         i = k & self._mask
         tag = self.tag[i]
         if tag == k:
             if plen != self.plen[i] or opcode != self.opcode[i]:
                 return "drop_mismatch"
             if self.bitmap[i] >> rank & 1:
-                if not self.emitted[i]:
-                    return "drop_duplicate"
+                if not self._servable(i):
+                    return self._duplicate(i, emit)
                 payload = self._sum_bytes[i][:plen]
-                emit(self.out_ports[rank], (frame[:hdr_end], payload,
-                                            icrc_after(icrc_state(frame, hdr_end), payload)))
+                emit(self.out_ports[rank], (frame[:UDP_CSUM_OFF], _ZERO_CSUM,
+                                            frame[UDP_CSUM_OFF + 2:hdr_end], payload,
+                                            icrc_after(hcrc, payload)))
                 return "retransmits_served"
         else:
             ahead = (k - self.next_emit) & PSN_MASK
@@ -146,32 +159,49 @@ class AggregatorPool:
             self.tag[i] = k
             self.bitmap[i] = 0
             self.emitted[i] = False
+            self.ready[i] = False
             if self.plen[i] != plen:
                 self._cut[i] = (self._payloads[i][:, :plen >> 2], self._sums[i][:plen >> 2])
             self.plen[i] = plen
             self.opcode[i] = opcode
         self._payload_bytes[i][rank][:plen] = frame[hdr_end:hdr_end + plen]
-        self.headers[i][rank] = bytes(frame[:hdr_end])
-        self._hcrc[i][rank] = icrc_state(frame, hdr_end)
+        header = bytearray(frame[:hdr_end])
+        header[UDP_CSUM_OFF:UDP_CSUM_OFF + 2] = _ZERO_CSUM
+        self.headers[i][rank] = header
+        self._hcrc[i][rank] = hcrc
         self.bitmap[i] |= 1 << rank
-        if k == self.next_emit and self.bitmap[i] == self._full:
-            self._emit_in_order(emit)
+        if self.bitmap[i] == self._full:
+            self._complete(k, i, emit)
         return "aggregated"
 
+    def _servable(self, i: int) -> bool:
+        """May a retransmission into slot i get the result back now? (Once emitted.)"""
+        return self.emitted[i]
+
+    def _duplicate(self, i: int, emit: Emit) -> str:
+        """A contribution slot i holds came again before it was servable: not added."""
+        return "drop_duplicate"
+
+    def _complete(self, k: int, i: int, emit: Emit) -> None:
+        """Slot i (holding k) has every rank: its result is their sum; emit what is due."""
+        payloads, total = self._cut[i]
+        np.add.reduce(payloads, axis=0, out=total)
+        self.ready[i] = True
+        if k == self.next_emit:
+            self._emit_in_order(emit)
+
     def _emit_in_order(self, emit: Emit) -> None:
-        """Sum and send next_emit and every complete slot that follows it without a gap."""
+        """Send next_emit and every ready slot that follows it without a gap."""
         k = self.next_emit
         i = k & self._mask
-        while self.tag[i] == k and self.bitmap[i] == self._full and not self.emitted[i]:
-            payloads, total = self._cut[i]
-            np.add.reduce(payloads, axis=0, out=total)
+        while self.tag[i] == k and self.ready[i] and not self.emitted[i]:
             payload = self._sum_bytes[i][:self.plen[i]]
-            for port, header, crc in zip(self.out_ports, self.headers[i],
-                                         icrcs(payload, self._hcrc[i])):
-                emit(port, (header, payload, crc))
+            lanes, headers, hcrc = self.result_lanes, self.headers[i], self._hcrc[i]
+            for lane, crc in zip(lanes, icrcs(payload, [hcrc[x] for x in lanes])):
+                emit(self.out_ports[lane], (headers[lane], payload, crc))
             self.emitted[i] = True
             self.completed += 1
-            self.results_sent += self.world_size
+            self.results_sent += len(lanes)
             k = (k + 1) & PSN_MASK
             i = k & self._mask
         self.next_emit = k
@@ -232,6 +262,15 @@ class ConnectionTable:
         self.entries = {k: e for k, e in self.entries.items() if k not in gone}
 
 
+def connection_entries(spec: RingSpec, conns: Sequence[Connection], ports: dict[str, int],
+                       pool: AggregatorPool) -> dict[int, ConnEntry]:
+    """Table entries (by `conn_key`) for `conns` of `spec`, aggregated into `pool`."""
+    return {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
+            ConnEntry(spec.ring_id, c.rank, c.src_ip, c.dst_ip, c.dst_qpn, c.psn0,
+                      ports[c.src_ip], ports[c.dst_ip], pool)
+            for c in conns}
+
+
 @dataclass(frozen=True)
 class _Ring:
     """A registered ring: its registration arguments, pool and connections by key."""
@@ -250,6 +289,8 @@ class AggregationPipeline:
     runs lock-free on the dataplane thread.
     """
 
+    max_ranks = MAX_RANKS        # per ring (the ToR role aggregates only its rack's share)
+
     def __init__(self) -> None:
         self.table = ConnectionTable()
         self._rings: dict[str, _Ring] = {}
@@ -261,7 +302,7 @@ class AggregationPipeline:
 
         Registering the same ring again with the same spec, ports and slots is a no-op.
         """
-        check_ring(spec, slots)
+        check_ring(spec, slots, self.max_ranks)
         missing = sorted({c.src_ip for c in spec.connections} - ports.keys())
         if missing:
             raise ValueError(f"ring {spec.ring_id}: no switch port for {', '.join(missing)}")
@@ -271,15 +312,17 @@ class AggregationPipeline:
                 if (old.spec, old.ports, old.slots) == (spec, ports, slots):
                     return
                 raise ValueError(f"ring {spec.ring_id} is already registered differently")
-            pool = AggregatorPool(spec.world_size, slots, spec.mtu,
-                                  [ports[c.dst_ip] for c in spec.connections])
-            conns = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
-                     ConnEntry(spec.ring_id, c.rank, c.src_ip, c.dst_ip, c.dst_qpn, c.psn0,
-                               ports[c.src_ip], ports[c.dst_ip], pool)
-                     for c in spec.connections}
+            pool, conns = self._install(spec, ports, slots)
             self.table.add(conns)
             self._rings = {**self._rings, spec.ring_id: _Ring(spec, dict(ports), slots,
                                                                conns, pool)}
+
+    def _install(self, spec: RingSpec, ports: dict[str, int], slots: int
+                 ) -> tuple[AggregatorPool, dict[int, ConnEntry]]:
+        """A new ring's pool and the entries of the connections it aggregates (all here)."""
+        pool = AggregatorPool(spec.world_size, slots, spec.mtu,
+                              [ports[c.dst_ip] for c in spec.connections])
+        return pool, connection_entries(spec, spec.connections, ports, pool)
 
     def unregister_ring(self, ring_id: str) -> None:
         """Remove a ring; its connections' traffic is forwarded from then on."""
@@ -307,26 +350,34 @@ class AggregationPipeline:
         return out
 
     def process(self, frame: memoryview, in_port: int, emit: Emit) -> bool:
-        """Rules 1-6 of docs/pipeline.md for one frame."""
+        """Rules 1-8 of docs/pipeline.md for one frame."""
         fields = parse(frame)
         if fields is None:
             return False
-        key, udp_len, opcode, pad, psn = fields
+        key, udp_len, opcode, pad, psn, frag = fields
         conn = self.table.entries.get(key)
         if conn is None:
             return False
         pool = conn.pool
         if in_port != conn.in_port:
             outcome = "drop_wrong_port"
+        elif not ipv4_header_ok(frame):
+            outcome = "drop_bad_ipcsum"
+        elif is_fragment(frag):
+            outcome = "drop_fragment"
         elif opcode not in WRITE_OPCODES:
             outcome = "drop_bad_opcode"
         else:
+            hdr_end = EXT_OFF + EXT_LEN[opcode]
             plen = udp_len - UDP_OVERHEAD - EXT_LEN[opcode] - pad
             if pad or plen & 3 or not 0 <= plen <= pool.mtu or UDP_OFF + udp_len > len(frame):
                 outcome = "drop_bad_length"
+            elif not icrc_valid(frame, hdr_end, hdr_end + plen,
+                                hcrc := icrc_state(frame, hdr_end)):
+                outcome = "drop_bad_icrc"
             else:
                 outcome = pool.offer(conn.rank, (psn - conn.psn0) & PSN_MASK, frame,
-                                     EXT_OFF + EXT_LEN[opcode], plen, opcode, emit)
+                                     hdr_end, plen, opcode, hcrc, emit)
                 if outcome == "aggregated" and opcode in MESSAGE_START_WRITES:
                     conn.counts["messages"] += 1
                     conn.reth = reth(frame)

@@ -278,7 +278,7 @@ def test_missing_tools_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_compile_runs_p4c_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
     fake_tool(tmp_path, "p4c", f'echo "$@" >> {tmp_path}/calls\n'
-                               f'touch {out}/netreduce.json {out}/netreduce.p4info.txt')
+                               f'touch {out}/netreduce.json {out}/netreduce.p4info.txtpb')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert p4program.compile_program(out) == build_paths(out)
     assert p4program.compile_program(out) == build_paths(out)       # up to date: no p4c
@@ -307,7 +307,7 @@ def test_bmv2_lab_stops_the_switch_it_started(tmp_path: Path, monkeypatch: pytes
     """simple_switch_grpc starts and listens, the P4Runtime session fails: the process
     is stopped again and the error names what is missing."""
     out = tmp_path / "build"
-    fake_tool(tmp_path, "p4c", f"touch {out}/netreduce.json {out}/netreduce.p4info.txt")
+    fake_tool(tmp_path, "p4c", f"touch {out}/netreduce.json {out}/netreduce.p4info.txtpb")
     (tmp_path / "simple_switch_grpc").write_text(
         f"#!{sys.executable}\nimport os, socket, sys, time\n"
         "host, port = sys.argv[sys.argv.index('--grpc-server-addr') + 1].split(':')\n"

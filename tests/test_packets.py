@@ -95,9 +95,10 @@ def test_every_data_opcode_has_one_position() -> None:
 def test_parse_write_frames(opcode: int, ext: int) -> None:
     c = make_ring(4, psn0=[0xFFFFFE, 5, 6, 7]).connections[0]
     frame = write_frame(c, 3, opcode, bytes(512), ackreq=True)
-    key, udp_len, op, pad, psn = P.parse(memoryview(frame))
+    key, udp_len, op, pad, psn, frag = P.parse(memoryview(frame))
     assert key == P.conn_key(c.src_ip, c.dst_ip, c.dst_qpn)
     assert (op, pad, psn) == (opcode, 0, 1)                      # 0xFFFFFE + 3 wraps to 1
+    assert frag == 0x4000 and not P.is_fragment(frag)           # DF only
     assert udp_len == Ether(frame)[UDP].len == P.UDP_OVERHEAD + ext + 512
     assert P.EXT_LEN[opcode] == ext
     if opcode in RETH_OPS:
@@ -114,7 +115,7 @@ def test_parse_ack_keys_on_the_requester() -> None:
     ack = raw(Ether(src=c.dst_mac, dst=c.src_mac) / IP(src=c.dst_ip, dst=c.src_ip)
               / UDP(sport=0xC001, dport=4791, chksum=0)
               / BTH(opcode=0x11, dqpn=c.src_qpn, psn=c.psn0) / AETH(syndrome=0x1F, msn=1))
-    key, _, op, _, _ = P.parse(ack)
+    key, _, op, _, _, _ = P.parse(ack)
     assert op == P.Op.ACKNOWLEDGE and P.EXT_LEN[op] == P.AETH_LEN
     assert key == P.conn_key(c.dst_ip, c.src_ip, c.src_qpn)
 
@@ -137,3 +138,44 @@ def test_icrcs_match_one_crc_per_header(length: int) -> None:
     payload = rng.bytes(length)
     states = [int(s) for s in rng.integers(0, 2**32, 5)]
     assert P.icrcs(payload, states) == [P.pack_icrc(zlib.crc32(payload, s)) for s in states]
+
+
+@pytest.mark.parametrize("flags,offset,fragment", [("DF", 0, False), ("", 0, False),
+                                                    ("MF", 0, True), ("", 185, True),
+                                                    ("MF", 1, True)])
+def test_parse_reads_the_fragment_word(flags: str, offset: int, fragment: bool) -> None:
+    pkt = Ether(write_frame(make_ring(2).connections[0], 0, 7, bytes(64)))
+    pkt[IP].flags, pkt[IP].frag, pkt[IP].chksum = flags, offset, None
+    frag = P.parse(raw(pkt))[5]
+    assert frag == int(Ether(raw(pkt))[IP].flags) << 13 | offset
+    assert P.is_fragment(frag) == fragment
+
+
+@pytest.mark.parametrize("ip_id", [0, 1, 0x1234, 0xFFFF])
+def test_ipv4_header_ok_agrees_with_the_checksum(ip_id: int) -> None:
+    frame = bytearray(write_frame(make_ring(2).connections[1], 0, 7, bytes(64), ip_id=ip_id))
+    assert P.ipv4_header_ok(frame)
+    assert P.ipv4_checksum(frame[P.IP_OFF:P.UDP_OFF]) == 0      # scapy's checksum, summed
+    for byte in range(P.IP_OFF, P.UDP_OFF):
+        bad = bytearray(frame)
+        bad[byte] ^= 0x10
+        assert not P.ipv4_header_ok(bad), byte
+
+
+@pytest.mark.parametrize("opcode,size", [(6, 256), (7, 0), (9, 4), (11, 128)])
+def test_icrc_valid_checks_every_covered_byte(opcode: int, size: int) -> None:
+    frame = write_frame(make_ring(2).connections[0], 0, opcode, bytes(range(size % 256))
+                        if size < 256 else bytes(size))
+    hdr_end = P.EXT_OFF + P.EXT_LEN[opcode]
+    end = len(frame) - P.ICRC_LEN
+
+    def valid(f: bytes | bytearray) -> bool:
+        return P.icrc_valid(memoryview(f), hdr_end, end, P.icrc_state(f, hdr_end))
+
+    assert valid(frame)
+    masked = {P.IP_OFF + 1, P.IP_OFF + 8, P.IP_OFF + 10, P.IP_OFF + 11, P.UDP_OFF + 6,
+              P.UDP_OFF + 7, P.BTH_OFF + 4}                      # TOS, TTL, checksums, FECN
+    for byte in range(P.IP_OFF, len(frame)):
+        bad = bytearray(frame)
+        bad[byte] ^= 0x01
+        assert valid(bad) == (byte in masked), byte

@@ -1,5 +1,6 @@
-/* Rules 2-5 of docs/pipeline.md for one packet of a registered connection: checks, then
- * the packet's slot (k mod N) takes its contribution, serves it as a retransmission, or
+/* Rules 2-7 of docs/pipeline.md for one packet of a registered connection: checks (port,
+ * IPv4 checksum and fragment, opcode, length, ICRC: verify before adding), then the
+ * packet's slot (k mod N) takes its contribution, serves it as a retransmission, or
  * drops it. Counts every outcome in ring_ctr and conn_ctr, exactly as the software
  * target's AggregationPipeline.process does.
  *
@@ -14,8 +15,11 @@
 
 #include "state.p4"
 #include "payload.p4"
+#include "icrc.p4"
 
 control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
+    NrIcrc() icrc;
+
     /* One outcome of the packet: counted for its ring and its connection. */
     action bump(bit<32> id) {
         ring_ctr.count((bit<32>)meta.ring * NR_CTRS + id);
@@ -26,13 +30,27 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
         meta.conn = (bit<32>)meta.ring * NR_MAX_RANKS + (bit<32>)meta.rank;
         conn_ctr.count(meta.conn * NR_CTRS + NR_CTR_PACKETS);
         bit<8> op = hdr.bth.opcode;
+        bool verified = false;     // passed rules 2-6: rule 7 decides what its slot does
         if (sm.ingress_port != meta.in_port) {
             bump(NR_CTR_DROP_WRONG_PORT);
+        } else if (sm.checksum_error == 1) {
+            bump(NR_CTR_DROP_BAD_IPCSUM);
+        } else if (hdr.ipv4.flags[0:0] == 1 || hdr.ipv4.frag != 0) {   // MF, fragment offset
+            bump(NR_CTR_DROP_FRAGMENT);
         } else if (op < OP_WRITE_FIRST || op > OP_WRITE_ONLY_IMM) {
             bump(NR_CTR_DROP_BAD_OPCODE);
         } else if (meta.len_ok == 0 || sm.parser_error != error.NoError) {
             bump(NR_CTR_DROP_BAD_LENGTH);
         } else {
+            bit<32> icrc_want;
+            icrc.apply(hdr, meta.words, icrc_want);
+            if (icrc_want != hdr.icrc.v) {
+                bump(NR_CTR_DROP_BAD_ICRC);
+            } else {
+                verified = true;
+            }
+        }
+        if (verified) {
             bit<24> k = hdr.bth.psn - meta.psn0;
             bit<32> gslot = (bit<32>)meta.ring * NR_SLOTS + (bit<32>)(k & meta.slot_mask);
             bit<32> base = gslot * NR_MAX_ELEMS;
@@ -52,6 +70,7 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
                 } else if ((bitmap & me) != 0) {
                     if (emitted) {
                         NR_FOR_EACH_ELEM(NR_LOAD_ELEM)
+                        hdr.udp.csum = 0;              // as rxe sends it; the ICRC masks it
                         sm.egress_spec = meta.out_port;
                         meta.served = 1;
                         meta.fix_icrc = 1;
@@ -92,7 +111,7 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
                 contrib_eth.write(c, hdr.eth.dst ++ hdr.eth.src);
                 contrib_ip.write(c, hdr.ipv4.tos ++ hdr.ipv4.id ++ hdr.ipv4.flags
                                     ++ hdr.ipv4.frag ++ hdr.ipv4.ttl);
-                contrib_udp.write(c, hdr.udp.sport ++ hdr.udp.csum);
+                contrib_udp.write(c, hdr.udp.sport);
                 contrib_bth.write(c, hdr.bth.se ++ hdr.bth.mig ++ hdr.bth.pad ++ hdr.bth.tver
                                      ++ hdr.bth.pkey ++ hdr.bth.fb ++ hdr.bth.ackreq
                                      ++ hdr.bth.resv7);

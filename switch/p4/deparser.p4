@@ -1,6 +1,7 @@
 /* Checksum controls and the deparser.
  *
- * The IPv4 checksum is recomputed only for rebuilt results (meta.fix_ipv4): forwarded and
+ * The IPv4 checksum of every IPv4 packet is verified (sets checksum_error, see
+ * NrVerifyChecksum) and recomputed only for rebuilt results (meta.fix_ipv4): forwarded and
  * served packets keep the IPv4 header they came with, checksum included. The deparser
  * emits headers in wire order; invalid ones (and payload words beyond the packet's) are
  * skipped by emit.
@@ -10,17 +11,30 @@
 
 #include "headers.p4"
 
+/* The IPv4 header's 16-bit words but the checksum (IHL 5: the parser takes no options). */
+#define NR_IPV4_CSUM_FIELDS                                                              \
+    { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.tos, hdr.ipv4.total_len, hdr.ipv4.id,     \
+      hdr.ipv4.flags, hdr.ipv4.frag, hdr.ipv4.ttl, hdr.ipv4.protocol,                    \
+      hdr.ipv4.src, hdr.ipv4.dst }
+
+/* Sets standard_metadata.checksum_error for an IPv4 header whose checksum is wrong; only
+ * a packet of a registered connection is dropped for it (aggregate.p4, drop_bad_ipcsum),
+ * everything else is forwarded as it came. */
 control NrVerifyChecksum(inout headers_t hdr, inout meta_t meta) {
-    apply { }
+    apply {
+        verify_checksum(
+            hdr.ipv4.isValid(),
+            NR_IPV4_CSUM_FIELDS,
+            hdr.ipv4.csum,
+            HashAlgorithm.csum16);
+    }
 }
 
 control NrComputeChecksum(inout headers_t hdr, inout meta_t meta) {
     apply {
         update_checksum(
             meta.fix_ipv4 == 1,
-            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.tos, hdr.ipv4.total_len, hdr.ipv4.id,
-              hdr.ipv4.flags, hdr.ipv4.frag, hdr.ipv4.ttl, hdr.ipv4.protocol,
-              hdr.ipv4.src, hdr.ipv4.dst },
+            NR_IPV4_CSUM_FIELDS,
             hdr.ipv4.csum,
             HashAlgorithm.csum16);
     }

@@ -5,10 +5,11 @@
  * rebuilt as rank r's own contribution to the emitted slot: addresses, DestQP and psn0
  * from replica_table, what differs per packet from the contrib_* registers, the
  * opcode/length from the slot, PSN = psn0 + k; the payload (the sums) was set in
- * ingress. The result: rank r's packet at k byte for byte, payload and ICRC replaced
- * (the IPv4 checksum is recomputed over an unchanged header). The continuation replica
- * is rebuilt as rank 0's result too, so that the packet it recirculates is well formed
- * (lengths matching its payload) and parses whole again; it is never sent.
+ * ingress. The result: rank r's packet at k byte for byte, payload and ICRC replaced and
+ * UDP checksum 0 (as rxe sends it; the ICRC masks it); the IPv4 checksum is recomputed
+ * over an unchanged header. The continuation replica is rebuilt as rank 0's result too,
+ * so that the packet it recirculates is well formed (lengths matching its payload) and
+ * parses whole again; it is never sent.
  *
  * Table (programmed by switch/bmv2.py):
  *   replica_table <ring, rank> -> set_replica(src_ip, dst_ip, dest_qp, psn0)
@@ -18,8 +19,11 @@
 
 #include "state.p4"
 #include "payload.p4"
+#include "icrc.p4"
 
 control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
+    NrIcrc() icrc;
+
     action set_replica(bit<32> src_ip, bit<32> dst_ip, bit<24> dest_qp, bit<24> psn0) {
         hdr.ipv4.src = src_ip;
         hdr.ipv4.dst = dst_ip;
@@ -56,8 +60,6 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
                 contrib_eth.read(eth, c);
                 bit<48> ip;
                 contrib_ip.read(ip, c);
-                bit<32> udp;
-                contrib_udp.read(udp, c);
                 bit<40> bth;
                 contrib_bth.read(bth, c);
 
@@ -74,9 +76,9 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
                 hdr.ipv4.ttl = ip[7:0];
                 hdr.ipv4.protocol = IPPROTO_UDP;
 
-                hdr.udp.sport = udp[31:16];
+                contrib_udp.read(hdr.udp.sport, c);
                 hdr.udp.dport = ROCE_UDP_PORT;
-                hdr.udp.csum = udp[15:0];
+                hdr.udp.csum = 0;              // as rxe sends it; the ICRC masks it
 
                 hdr.bth.opcode = meta.emit_opcode;
                 hdr.bth.se = bth[39:39];
@@ -111,7 +113,9 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
                 hdr.udp.len = UDP_LEN + BTH_LEN + ext + ((bit<16>)meta.emit_words << 2) + ICRC_LEN;
                 hdr.ipv4.total_len = IPV4_LEN + hdr.udp.len;
                 meta.fix_ipv4 = 1;
-                meta.fix_icrc = 1;
+                if (sm.egress_rid != NR_CONT_RID) {
+                    meta.fix_icrc = 1;     // a continuation is never sent: no ICRC needed
+                }
             } else {
                 mark_to_drop(sm);          // the ring was unregistered meanwhile
                 sent = false;
@@ -132,25 +136,7 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
         }
 
         if (meta.fix_icrc == 1) {
-            /* CRC-32 over 8 bytes of ones, the IPv4 header with TOS, TTL and checksum as
-             * ones, the UDP header with checksum as ones, the BTH with byte 4 as ones, the
-             * extension headers and the payload (no pad: ring packets have none). BMv2
-             * packs the fields back to back and skips those of invalid headers. */
-            bit<32> crc;
-            hash(crc, HashAlgorithm.crc32, 32w0, {
-                    64w0xFFFFFFFFFFFFFFFF,
-                    hdr.ipv4.version, hdr.ipv4.ihl, 8w0xFF, hdr.ipv4.total_len, hdr.ipv4.id,
-                    hdr.ipv4.flags, hdr.ipv4.frag, 8w0xFF, hdr.ipv4.protocol, 16w0xFFFF,
-                    hdr.ipv4.src, hdr.ipv4.dst,
-                    hdr.udp.sport, hdr.udp.dport, hdr.udp.len, 16w0xFFFF,
-                    hdr.bth.opcode, hdr.bth.se, hdr.bth.mig, hdr.bth.pad, hdr.bth.tver,
-                    hdr.bth.pkey, 8w0xFF, hdr.bth.dqpn, hdr.bth.ackreq, hdr.bth.resv7,
-                    hdr.bth.psn,
-                    hdr.reth.va, hdr.reth.rkey, hdr.reth.dma_len,
-                    hdr.immdt.imm
-                    NR_FOR_EACH_ELEM(NR_PL_FIELD)
-                }, 64w0x100000000);
-            hdr.icrc.v = crc[7:0] ++ crc[15:8] ++ crc[23:16] ++ crc[31:24];
+            icrc.apply(hdr, meta.emit == 1 ? meta.emit_words : meta.words, hdr.icrc.v);
         }
 
         if (sent) {

@@ -1,4 +1,4 @@
-/* Rule 6 of docs/pipeline.md, in-order emission, one slot per pass.
+/* Rule 8 of docs/pipeline.md, in-order emission, one slot per pass.
  *
  * If the ring's next_emit slot is complete (tag == next_emit, every rank's bit set, not
  * emitted yet) this pass emits it: marks it emitted, advances next_emit, turns the

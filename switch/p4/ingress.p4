@@ -1,5 +1,5 @@
-/* Ingress: port counters, the connection lookup (rule 1), aggregation (rules 2-5),
- * emission (rule 6) and L2 forwarding for everything else.
+/* Ingress: port counters, the connection lookup (rule 1), checks and aggregation (rules 2-7),
+ * emission (rule 8) and L2 forwarding for everything else.
  *
  * Tables (programmed by switch/bmv2.py):
  *   conn_table   <src_ip, dst_ip, dest_qp> -> set_conn(ring, rank, psn0, in_port, out_port)

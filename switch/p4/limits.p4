@@ -40,6 +40,9 @@
 #define NR_CTR_DROP_MISMATCH        10
 #define NR_CTR_DROP_DUPLICATE       11
 #define NR_CTR_DROP_STALE           12
+#define NR_CTR_DROP_BAD_IPCSUM      13
+#define NR_CTR_DROP_FRAGMENT        14
+#define NR_CTR_DROP_BAD_ICRC        15
 
 /* ---- derived sizes ------------------------------------------------------------------ */
 #define NR_RING_SLOTS       (NR_MAX_RINGS * NR_SLOTS)       // slots of all rings

@@ -3,7 +3,7 @@
  * It implements docs/pipeline.md like the software target (switch/pipeline.py); where
  * v1model forces a difference, switch/p4/README.md says so. Limits: limits.p4.
  *
- * Build: p4c --target bmv2 --arch v1model --p4runtime-files build/p4/netreduce.p4info.txt
+ * Build: p4c --target bmv2 --arch v1model --p4runtime-files build/p4/netreduce.p4info.txtpb
  *            -o build/p4 switch/p4/netreduce.p4        (python -m switch.p4program does it)
  */
 #include <core.p4>

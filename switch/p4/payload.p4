@@ -16,9 +16,6 @@
     M(48) M(49) M(50) M(51) M(52) M(53) M(54) M(55) \
     M(56) M(57) M(58) M(59) M(60) M(61) M(62) M(63)
 
-/* ", hdr.pl[i].v" for the ICRC field list (BMv2 skips the fields of invalid headers). */
-#define NR_PL_FIELD(i) , hdr.pl[i].v
-
 /* Payload words travel little-endian (the hosts' own int32, copied without a byte swap);
  * a P4 bit<32> field reads them big-endian, so each word is byte-reversed on its way into
  * a sum and on its way back out. The sums are kept as numbers. */

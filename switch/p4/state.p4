@@ -28,7 +28,7 @@ register<bit<40>>(NR_MAX_RINGS) ring_next;
  * rank's result in egress (everything else comes from the replica table or is constant). */
 register<bit<96>>(NR_CONTRIBS)  contrib_eth;   // dst MAC | src MAC
 register<bit<48>>(NR_CONTRIBS)  contrib_ip;    // TOS | identification | flags, fragment | TTL
-register<bit<32>>(NR_CONTRIBS)  contrib_udp;   // source port | checksum
+register<bit<16>>(NR_CONTRIBS)  contrib_udp;   // source port (a result's UDP checksum is 0)
 register<bit<40>>(NR_CONTRIBS)  contrib_bth;   // SE|M|Pad|TVer | P_Key | byte 4 | AckReq|resv7
 register<bit<128>>(NR_CONTRIBS) contrib_reth;  // VA | R_Key | DMA length (FIRST, ONLY)
 register<bit<32>>(NR_CONTRIBS)  contrib_imm;   // ImmDt (*_WITH_IMMEDIATE)

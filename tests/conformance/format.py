@@ -48,6 +48,9 @@ class Harness(Protocol):
     def send(self, in_port: int, frame: bytes) -> list[tuple[int, bytes]]:
         """Feed one frame; every frame the switch sent because of it, in emission order."""
 
+    def send_burst(self, frames: Frames) -> list[tuple[int, bytes]]:
+        """Feed (in_port, frame)s back to back; every frame the switch sent meanwhile."""
+
     def counters(self) -> dict[str, Any]:
         """{ring_id: {"counters": {name: int}, "connections": [{name: int} per rank]}}."""
 

@@ -9,7 +9,7 @@ from ring_setup.spec import RingSpec
 from switch.controller import SoftwareTarget
 from switch.pipeline import AggregationPipeline
 
-from conformance.format import ANY_PAYLOAD_LENGTH
+from conformance.format import ANY_PAYLOAD_LENGTH, Frames
 
 
 class SoftwareHarness:
@@ -37,6 +37,9 @@ class SoftwareHarness:
                 [p for p in self.ports if p != in_port]
             out += [(p, bytes(buf)) for p in ports]
         return out
+
+    def send_burst(self, frames: Frames) -> list[tuple[int, bytes]]:
+        return [out for in_port, frame in frames for out in self.send(in_port, frame)]
 
     def counters(self) -> dict[str, Any]:
         return {rid: {"counters": ring["counters"],

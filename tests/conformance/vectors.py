@@ -39,6 +39,35 @@ def port_of_ip(ip: str) -> int:
     return lab_port(int(ip.rsplit(".", 1)[1]) - 1)
 
 
+def flip(offset: int, mask: int = 0x01) -> Callable[[bytes], bytes]:
+    """A mangle: the frame with the byte at `offset` (negative: from the end) xor `mask`."""
+    def mangled(frame: bytes) -> bytes:
+        out = bytearray(frame)
+        out[offset] ^= mask
+        return bytes(out)
+    return mangled
+
+
+def resigned(**ip_fields: Any) -> Callable[[bytes], bytes]:
+    """A mangle: the frame with IPv4 fields changed and its checksum and ICRC recomputed
+    (a well-formed packet of another shape, e.g. a fragment)."""
+    def mangled(frame: bytes) -> bytes:
+        pkt = Ether(frame)
+        for name, value in ip_fields.items():
+            setattr(pkt[IP], name, value)
+        pkt[IP].chksum = None
+        pkt[BTH].icrc = None
+        return raw(pkt)
+    return mangled
+
+
+def udp_checksum(value: int) -> Callable[[bytes], bytes]:
+    """A mangle: the frame with UDP checksum `value` (the ICRC masks it: still valid)."""
+    def mangled(frame: bytes) -> bytes:
+        return frame[:40] + value.to_bytes(2, "big") + frame[42:]
+    return mangled
+
+
 class Scenario:
     """Builds one Vector step by step, keeping what each slot holds to predict results."""
 
@@ -244,6 +273,10 @@ def forwarding_untouched() -> Vector:
               lab_port(1), "ARP reply")
     s.forward(raw(Ether(src=c.src_mac, dst=c.dst_mac) / IP(src=c.src_ip, dst=c.dst_ip)
                   / TCP(sport=40000, dport=18515) / Raw(bytes(64))), lab_port(0), "TCP")
+    s.forward(raw(Ether(src=c.src_mac, dst=c.dst_mac) / IP(src=c.src_ip, dst=c.dst_ip,
+                                                           chksum=0xBAD)
+                  / TCP(sport=40001, dport=18515) / Raw(bytes(8))), lab_port(0),
+              "TCP with a bad IPv4 checksum: not the switch's to judge")
     other = make_ring(2, qpn_base=0x70).connections[0]
     s.forward(write_frame(other, 0, WRITE_ONLY, bytes(MTU)), lab_port(0), "a QP of no ring")
     stranger = make_ring(3, hosts=[2, 0, 1]).connections[0]
@@ -294,14 +327,91 @@ def ring3_short_last_packet() -> Vector:
     return s.vector()
 
 
+def ring2_verify_before_adding() -> Vector:
+    s = Scenario("ring2_verify_before_adding",
+                 "contributions with a corrupted payload, RETH or ICRC (drop_bad_icrc), a bad "
+                 "IPv4 checksum (drop_bad_ipcsum) or that are IPv4 fragments (drop_fragment) "
+                 "are dropped and never summed, before and after their slot was emitted",
+                 [(make_ring(2, msg_size=2 * MTU), 256)], hosts=2)
+    s.write(0, 0, WRITE_FIRST, mangle=flip(-5), outcome="drop_bad_icrc",
+            note="last payload byte flipped")
+    s.write(0, 0, WRITE_FIRST, mangle=flip(60, 0x80), outcome="drop_bad_icrc",
+            note="RETH VA bit flipped")
+    s.write(0, 0, WRITE_FIRST, mangle=flip(-1), outcome="drop_bad_icrc", note="ICRC flipped")
+    s.write(0, 0, WRITE_FIRST, mangle=flip(25), outcome="drop_bad_ipcsum",
+            note="IPv4 checksum flipped (the ICRC masks it: still valid)")
+    s.write(0, 0, WRITE_FIRST, mangle=flip(18), outcome="drop_bad_ipcsum",
+            note="IPv4 ID flipped, checksum left")
+    s.write(0, 0, WRITE_FIRST, mangle=resigned(flags="MF"), outcome="drop_fragment",
+            note="MF set, checksum and ICRC valid")
+    s.write(0, 0, WRITE_FIRST, mangle=resigned(flags=0, frag=32), outcome="drop_fragment",
+            note="fragment offset 32, checksum and ICRC valid")
+    s.write(0, 0, WRITE_FIRST)
+    s.write(1, 0, WRITE_FIRST, mangle=flip(100, 0x40), outcome="drop_bad_icrc",
+            note="rank 1's payload corrupted: not added, the slot stays incomplete")
+    s.write(1, 0, WRITE_FIRST, emits=[0])
+    s.write(1, 0, WRITE_FIRST, mangle=flip(-40), outcome="drop_bad_icrc",
+            note="a corrupted retransmission of an emitted slot is not served")
+    s.write(1, 0, WRITE_FIRST, mangle=resigned(flags="MF"), outcome="drop_fragment",
+            note="nor a fragment")
+    s.write(1, 0, WRITE_FIRST, outcome="retransmits_served", ip_id=9)
+    return s.vector()
+
+
+def ring2_udp_checksum_zero() -> Vector:
+    s = Scenario("ring2_udp_checksum_zero",
+                 "contributions with a UDP checksum set (rxe sends 0; the ICRC masks it): "
+                 "results and served retransmissions carry UDP checksum 0",
+                 [(make_ring(2, msg_size=MTU), 256)], hosts=2)
+    for k in range(2):
+        s.write(0, k, WRITE_ONLY, mangle=udp_checksum(0x1234 + k), ackreq=True)
+        s.write(1, k, WRITE_ONLY, mangle=udp_checksum(0xFFFF), ackreq=True, emits=[k])
+    s.write(0, 1, WRITE_ONLY, mangle=udp_checksum(0xBEEF), outcome="retransmits_served",
+            ackreq=True)
+    return s.vector()
+
+
+def ring2_every_opcode_short_payloads() -> Vector:
+    s = Scenario("ring2_every_opcode_short_payloads",
+                 "every RDMA WRITE opcode with payloads of 0 to 256 B (multiples of 4)",
+                 [(make_ring(2, msg_size=MTU), 256)], hosts=2, requires=[ANY_PAYLOAD_LENGTH])
+    ops = [WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM]
+    sizes = [0, 4, 8, 12, 28, 60, 64, 100, 124, 128, 252, 256]
+    for k, size in enumerate(sizes):
+        op = ops[k % len(ops)]
+        kw = {"imm": 0xA0 + k, "reth": (0x1000 * k, 3, size)}
+        s.write(0, k, op, size, **kw)
+        s.write(1, k, op, size, emits=[k], **kw)
+    return s.vector()
+
+
 SCENARIOS = (ring2_write_only_imm, ring3_first_middle_last, ring4_out_of_order_completion,
              ring3_duplicates_and_retransmissions, ring2_overrun_and_stale, ring2_psn_wrap,
              ring3_bad_packets, forwarding_untouched, two_rings_same_hosts, ring2_bad_lengths,
-             ring3_short_last_packet)
+             ring3_short_last_packet, ring2_verify_before_adding, ring2_udp_checksum_zero,
+             ring2_every_opcode_short_payloads)
 
 
 def all_vectors() -> list[Vector]:
     return [make() for make in SCENARIOS]
+
+
+def every_opcode_every_length() -> Vector:
+    """Not one of SCENARIOS (hundreds of steps): test_conformance feeds it in bursts."""
+    s = Scenario("every_opcode_every_length",
+                 "every RDMA WRITE opcode with every payload length 0 .. 256 B (multiples "
+                 "of 4), two ranks: each result's bytes, ICRC included",
+                 [(make_ring(2, msg_size=MTU), 256)], hosts=2, requires=[ANY_PAYLOAD_LENGTH])
+    ops = [WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM]
+    k = 0
+    for op in ops:
+        for size in range(0, MTU + 4, 4):
+            kw = {"imm": 0x5000 + k, "reth": (0x10000 + k, 0x77, size), "ackreq": k % 3 == 0,
+                  "ip_id": k}
+            s.write(0, k, op, size, **kw)
+            s.write(1, k, op, size, emits=[k], **kw)
+            k += 1
+    return s.vector()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.lab
 CONFIG = FlowConfig()                 # what netreduce.init uses by default
 BIG = 4 * 2**20                       # int32 elements: 16 MiB
 STRUCTURAL_DROPS = ("drop_wrong_port", "drop_bad_opcode", "drop_bad_length", "drop_overrun",
-                    "drop_mismatch")
+                    "drop_mismatch", "drop_bad_ipcsum", "drop_fragment", "drop_bad_icrc")
 
 
 def packets(count: int, config: FlowConfig = CONFIG) -> int:

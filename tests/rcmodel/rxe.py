@@ -448,7 +448,7 @@ class Device:
         fields = parse(frame)
         if fields is None or frame[:6] != bytes.fromhex(self.mac.replace(":", "")):
             return
-        key, udp_len, opcode, pad, psn = fields
+        key, udp_len, opcode, pad, psn, _frag = fields
         end = UDP_OFF + udp_len
         if len(frame) < end or frame[end - ICRC_LEN:end] != icrc(frame[:end - ICRC_LEN]):
             self.counters["model_dropped_icrc"] += 1
