@@ -30,10 +30,11 @@ pytestmark = pytest.mark.lab
 
 BMV2_PATH_MTU = 256                      # switch/p4/limits.p4: 64 int32 per packet
 # Element counts, each run as int32 and as float32. BMv2 sums about 200 contributions/s on
-# these machines (python -m switch.bench_targets; docs/benchmarks.md): a 1 MiB call (4096
-# packets per rank, 4 ranks) takes about 1.5 min, a 4 MiB call about 6 min, so the sizes
-# stop at 1 MiB (4 MiB: add 2**20 to "0%", +12 min).
-SIZES = {"0%": [1, 1000, 65536, 2**18],  # 1 element .. 1 MiB
+# these machines (python -m switch.bench_targets; docs/benchmarks.md), and in the lab rxe's
+# 67 ms retransmission timer fires long before BMv2 has drained 4 x 128 packets in flight:
+# retransmissions then take most of BMv2's time (a 256 KiB call stalled > 30 s). So the
+# sizes stop at 64 KiB (one to four 16 KiB messages).
+SIZES = {"0%": [1, 1000, 16384],         # 1 element .. 64 KiB
          "1%": [1, 16385]}               # odd: in place
 
 
