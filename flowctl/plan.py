@@ -24,14 +24,15 @@ class FlowConfig:
 
     Invariants: `mtu` is a RoCE path MTU; `msg_size` is a positive multiple of `mtu`;
     `window` >= 1; `recv_depth` >= 1 receives stay posted per receiving QP;
-    `stall_timeout` > 0 seconds without any completion is an error.
+    `collective_timeout` > 0 seconds without any completion, while every peer is alive, is
+    an error (a dead or failed peer is reported at once by the stream's liveness check).
     """
 
     mtu: int = 4096
     msg_size: int = 256 * 1024
     window: int = 2
     recv_depth: int = 1024
-    stall_timeout: float = 30.0
+    collective_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.mtu not in PATH_MTUS:
@@ -43,8 +44,9 @@ class FlowConfig:
             raise ValueError(f"flowctl: window {self.window} must be at least 1 message")
         if self.recv_depth < 1:
             raise ValueError(f"flowctl: recv_depth {self.recv_depth} must be at least 1")
-        if not self.stall_timeout > 0:
-            raise ValueError(f"flowctl: stall_timeout {self.stall_timeout} must be > 0 s")
+        if not self.collective_timeout > 0:
+            raise ValueError(f"flowctl: collective_timeout {self.collective_timeout} must be "
+                             f"> 0 s")
 
     @property
     def packets_per_message(self) -> int:

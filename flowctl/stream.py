@@ -11,9 +11,13 @@ Invariants of a `Stream`:
   current transfer still expects, so early arrivals of the next transfer stay queued;
 - between two `transfer` calls nothing is outstanding;
 - an idle stream sleeps in the kernel, never spins: after an empty poll it arms completion
-  events (`Link.arm`), polls once more, and only then waits for an event (`Link.wait`) or
-  the rest of the stall timeout. Spinning would take the CPU from the kernel's rxe, which
-  does the actual work on the same cores.
+  events (`Link.arm`), polls once more, and only then waits for an event (`Link.wait`) for
+  at most `LIVENESS_POLL` seconds. Spinning would take the CPU from the kernel's rxe, which
+  does the actual work on the same cores;
+- liveness is separate from progress: while idle, the stream calls its `liveness` check at
+  least every `LIVENESS_POLL` s (it raises when a peer died or aborted: the caller's error,
+  naming the peer, propagates as is), and only `config.collective_timeout` s without any
+  completion while the check passes is a `StallError`. A slow but live peer is waited for.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from flowctl.link import Completion, Link, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig, Message, MessagePlan
 from flowctl.window import CreditWindow, WindowError
 
+LIVENESS_POLL = 0.25     # seconds an idle stream sleeps before it checks its peers again
+
 
 class FlowError(RuntimeError):
     """A transfer failed: the message names rank, peer, message, QP states and counters."""
@@ -35,7 +41,8 @@ class CompletionError(FlowError):
 
 
 class StallError(FlowError):
-    """Nothing completed within the stall timeout while work was pending."""
+    """Nothing completed within the collective timeout while work was pending and every
+    peer was alive."""
 
 
 class SequenceError(FlowError):
@@ -56,15 +63,18 @@ class Outgoing:
 
 
 OnArrival = Callable[[Message], None]
+Liveness = Callable[[], None]        # raises when a peer is known to have failed
 
 
 class Stream:
     """A flow-controlled message stream over one `Link` (see the module's invariants)."""
 
-    def __init__(self, link: Link, config: FlowConfig, label: str) -> None:
+    def __init__(self, link: Link, config: FlowConfig, label: str,
+                 liveness: Liveness | None = None) -> None:
         self.link = link
         self.config = config
         self.label = label            # who we are in error messages, e.g. "rank 1, ring 'ring'"
+        self.liveness = liveness
         self.window = CreditWindow(config.window)
         self.next_send_index = 0
         self.next_recv_index = 0
@@ -111,15 +121,17 @@ class Stream:
                 last_progress = time.monotonic()
                 armed = False
                 continue
+            if self.liveness is not None:
+                self.liveness()
             idle_for = time.monotonic() - last_progress
-            if idle_for > self.config.stall_timeout:
+            if idle_for > self.config.collective_timeout:
                 pending_recv = inc[arrived] if arrived < len(inc) else None
                 raise StallError(self._stall_message(len(out) - posted, pending_recv))
             elif not armed:
                 self.link.arm()
                 armed = True
             else:
-                self.link.wait(self.config.stall_timeout - idle_for)
+                self.link.wait(min(LIVENESS_POLL, self.config.collective_timeout - idle_for))
                 armed = False
         self.next_send_index = out.end_index
         self.next_recv_index = inc.end_index
@@ -155,5 +167,6 @@ class Stream:
         if pending_recv is not None:
             waits.append(f"message {pending_recv.index} from rank {self.link.predecessor} "
                          f"not arrived")
-        return (f"flowctl: {self.label}: nothing moved for {self.config.stall_timeout:g}s: "
-                f"{'; '.join(waits)}; {self.link.diagnostics()}")
+        return (f"flowctl: {self.label}: nothing moved for {self.config.collective_timeout:g}s "
+                f"(the collective timeout; every peer alive): {'; '.join(waits)}; "
+                f"{self.link.diagnostics()}")

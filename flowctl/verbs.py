@@ -1,14 +1,16 @@
 """`Link` over pyverbs: RDMA WRITE WITH IMMEDIATE on a ring's RC QPs (runs only where rxe is).
 
 The immediate travels in network byte order (htonl(message index mod 2^32)), so captures
-and the switch see the index as a plain big-endian number.
+and the switch see the index as a plain big-endian number. Every pyverbs call is preceded by
+the device's `life.check` (ring_setup.verbs.DeviceLife): a closed CQ or QP raises, never
+reaches libibverbs (where it is a SIGSEGV).
 """
 from __future__ import annotations
 
 import os
 import select
 import socket
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 import pyverbs.enums as e
 from pyverbs.cq import CQ, CompChannel, cqe_status_to_str
@@ -22,6 +24,15 @@ from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import IMM_MODULUS
 
 
+class Life(Protocol):
+    """Whether the device is still open (ring_setup.verbs.DeviceLife)."""
+
+    name: str
+    closed: bool
+
+    def check(self, what: str) -> None: ...
+
+
 class EventCQ:
     """A CQ with a completion channel of its own, so its poller can sleep until the next
     completion (`fd` turns readable when the armed CQ raises its event).
@@ -31,18 +42,21 @@ class EventCQ:
     once, so destroying the CQ never blocks on unacknowledged events.
     """
 
-    def __init__(self, ctx: Context, cqe: int) -> None:
+    def __init__(self, ctx: Context, cqe: int, life: Life) -> None:
+        self.life = life
         self.channel, self.fd = _open_channel(ctx)
         self.cq = CQ(ctx, cqe, None, self.channel, 0)
         self.armed = False
 
     def arm(self) -> None:
         if not self.armed:
+            self.life.check("arming a CQ")
             self.cq.req_notify()
             self.armed = True
 
     def take_event(self) -> None:
         """Consume the raised event (call only when `fd` polled readable: it would block)."""
+        self.life.check("taking a CQ event")
         self.channel.get_cq_event(self.cq)
         self.cq.ack_events(1)
         self.armed = False
@@ -95,7 +109,7 @@ class VerbsLink:
     """
 
     def __init__(self, *, send_qp: QP, send_cq: EventCQ, recv_qp: QP, recv_cq: EventCQ,
-                 recv_sge: LocalBuffer, successor: int, predecessor: int, device: str,
+                 recv_sge: LocalBuffer, successor: int, predecessor: int, life: Life,
                  counters: Callable[[], Mapping[str, int]]) -> None:
         self.send_qp, self.send_cq = send_qp, send_cq
         self.recv_qp, self.recv_cq = recv_qp, recv_cq
@@ -106,10 +120,12 @@ class VerbsLink:
         self._recv_wr = RecvWR(wr_id=0, num_sge=1, sg=[SGE(recv_sge.addr, 0, recv_sge.lkey)])
         self._writes: dict[tuple[int, int, int, int, int], SendWR] = {}
         self.successor, self.predecessor = successor, predecessor
-        self.device = device
+        self.life = life
+        self.device = life.name
         self._counters = counters
 
     def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+        self.life.check(f"posting message {index} to rank {self.successor}")
         key = (src.addr, src.nbytes, src.lkey, dst.addr, dst.rkey)
         wr = self._writes.get(key)
         if wr is None:
@@ -124,14 +140,17 @@ class VerbsLink:
         self.send_qp.post_send(wr)
 
     def post_recvs(self, count: int) -> None:
+        self.life.check(f"posting receives from rank {self.predecessor}")
         for _ in range(count):
             self.recv_qp.post_recv(self._recv_wr)
 
     def poll_sends(self, max_count: int) -> list[Completion]:
+        self.life.check("polling send completions")
         _, wcs = self.send_cq.cq.poll(max_count)
         return [Completion(wc.wr_id, wc.status == e.IBV_WC_SUCCESS, _status(wc)) for wc in wcs]
 
     def poll_recvs(self, max_count: int) -> list[Completion]:
+        self.life.check("polling receive completions")
         _, wcs = self.recv_cq.cq.poll(max_count)
         return [Completion(socket.ntohl(wc.imm_data), wc.status == e.IBV_WC_SUCCESS, _status(wc))
                 for wc in wcs]
@@ -145,6 +164,8 @@ class VerbsLink:
             self._by_fd[fd].take_event()
 
     def diagnostics(self) -> str:
+        if self.life.closed:
+            return f"{self.device} is closed"
         counters = ", ".join(f"{k}={v}" for k, v in sorted(self._counters().items()))
         return (f"send QP {self.send_qp.qp_num} (to rank {self.successor}) "
                 f"{_qp_state(self.send_qp)}, recv QP {self.recv_qp.qp_num} (from rank "

@@ -15,7 +15,7 @@ from flowctl.plan import FlowConfig
 from flowctl.stream import FlowError
 from netreduce.algorithms.switch import AllreduceOverflow, NotQuantizable
 from netreduce.api import allreduce, finalize, get_communicator, init
-from netreduce.comm import Communicator, CommunicatorError
+from netreduce.comm import Communicator, CommunicatorError, PeerFailure, SwitchFailure
 from netreduce.meta import AllreduceMismatch, CallRejected
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
 from ring_setup.device import DeviceError
@@ -23,5 +23,6 @@ from ring_setup.rendezvous import RendezvousError, RendezvousTimeout
 
 __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicator",
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",
-           "RendezvousError", "RendezvousTimeout", "SwitchRegistrationError", "SwitchStatus",
+           "PeerFailure", "RendezvousError", "RendezvousTimeout", "SwitchFailure",
+           "SwitchRegistrationError", "SwitchStatus",
            "allreduce", "finalize", "get_communicator", "init"]

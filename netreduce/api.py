@@ -1,7 +1,15 @@
-"""The module-level API: one default communicator per process."""
+"""The module-level API: one default communicator per process.
+
+While it lives, SIGTERM (when the process had the default action for it) exits through
+`finalize()` like an exception does: the communicator tells the others and rank 0
+unregisters its ring at once, instead of the process vanishing with the ring registered.
+"""
 from __future__ import annotations
 
 import atexit
+import signal
+import sys
+import threading
 
 import numpy as np
 
@@ -10,13 +18,14 @@ from netreduce.comm import Communicator, CommunicatorError
 from ring_setup.rendezvous import DEFAULT_TIMEOUT
 
 _default: Communicator | None = None
+_sigterm_installed = False
 
 
 def init(rank: int | None = None, world_size: int | None = None,
          master_addr: str | None = None, master_port: int | None = None, *,
          device: str | None = None, local_addr: str | None = None, mtu: int | None = None,
          msg_size: int | None = None, window: int | None = None, recv_depth: int = 1024,
-         stall_timeout: float = 30.0, switch: str | None = None,
+         collective_timeout: float = 1800.0, switch: str | None = None,
          timeout: float = DEFAULT_TIMEOUT) -> Communicator:
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
@@ -29,18 +38,39 @@ def init(rank: int | None = None, world_size: int | None = None,
     256, and 16 KiB messages so that its 256 slots suffice), and the registration line says
     what was chosen; a knob given here that the target cannot take is an error naming both.
     `switch`: the switch controller's HOST:PORT (None: $NR_CONTROLLER, which the lab sets;
-    "": no switch)."""
+    "": no switch). `collective_timeout`: how long a call waits without any progress while
+    every peer is alive (default 30 min, as torch.distributed's default process-group
+    timeout); a dead or failed peer is reported within about a second whatever this is.
+    `timeout`: every wait for peers during setup."""
     global _default
     if _default is not None:
         raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "
                                 "first)")
     knobs = {k: v for k, v in (("mtu", mtu), ("msg_size", msg_size), ("window", window))
              if v is not None}
-    config = FlowConfig(**knobs, recv_depth=recv_depth, stall_timeout=stall_timeout)
+    config = FlowConfig(**knobs, recv_depth=recv_depth, collective_timeout=collective_timeout)
     _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
                                    local_addr=local_addr, config=config,
                                    pinned=frozenset(knobs), switch=switch, timeout=timeout)
+    _exit_on_sigterm()
     return _default
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM -> SystemExit(143) in the main thread (see the module doc), if the process
+    left SIGTERM at its default action."""
+    global _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)     # a second SIGTERM kills at once
+        print("netreduce: SIGTERM: finalizing", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _sigterm_installed = True
 
 
 def get_communicator() -> Communicator:

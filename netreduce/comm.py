@@ -8,6 +8,17 @@ else around "ring" (netreduce.meta). `inc_ring_spec()` describes "inc" for the s
 controller; when a switch address is given, rank 0 registers it at setup and unregisters
 it at close (`netreduce.registration`), and `switch` says on every rank alike whether it
 is registered.
+
+Failures (liveness is separate from progress): every rank watches the others through the
+rendezvous store (`Rendezvous.watch`), and every wait of a call checks it, so a peer that
+died, went silent or aborted is reported within about a second as `PeerFailure` naming it
+and the call; a live but slow peer is waited for up to `FlowConfig.collective_timeout`.
+A rank whose call fails otherwise aborts through the store, so the others learn it too.
+A switch that stops aggregating the registered ring (restarted: rank 0's lease renewal
+hears NOT_FOUND; or a call's seal or metadata came back unaggregated) is `SwitchFailure`
+naming the switch. After any of these the communicator is unusable and says so; rank 0
+unregisters the ring at once. The communicator never re-registers: `netreduce.finalize()`
+and `netreduce.init()` build a new one (and register it with the restarted switch).
 """
 from __future__ import annotations
 
@@ -20,16 +31,16 @@ from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
 from netreduce.algorithms import CallContext, choose
-from netreduce.meta import (CallMeta, CallRejected, MetaExchange, check_agreement,
-                            check_dtype, check_op, control_bytes)
-from netreduce.registration import (Controller, SwitchStatus, fit_inc_ring,
+from netreduce.meta import (CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
+                            check_agreement, check_dtype, check_op, control_bytes)
+from netreduce.registration import (Controller, LeaseKeeper, SwitchStatus, fit_inc_ring,
                                     register_inc_ring, switch_address, unregister)
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
 from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
                                   check_endpoints, neighbours, ring_spec)
-from ring_setup.rendezvous import (DEFAULT_TIMEOUT, Rendezvous, RendezvousConfig,
-                                   RendezvousError)
+from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, Rendezvous,
+                                   RendezvousConfig, RendezvousError)
 from ring_setup.spec import RingSpec
 
 RINGS = ("ring", "inc")
@@ -38,6 +49,20 @@ _FAILED_LEAVE_TIMEOUT = 5.0
 
 class CommunicatorError(RuntimeError):
     """The communicator cannot be used (closed, or broken by an earlier transfer error)."""
+
+
+class PeerFailure(CommunicatorError):
+    """A call failed because other ranks died, went silent or aborted (`ranks`, with the
+    reasons in the message); the communicator is unusable afterwards."""
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
+class SwitchFailure(CommunicatorError):
+    """The switch stopped aggregating the registered ring during a call (restarted, or
+    lost the ring); the message names the switch. The communicator is unusable afterwards."""
 
 
 class RingQPsLike(Protocol):
@@ -86,11 +111,15 @@ class Communicator:
                                   self.world_size, through_switch=switch.registered)
         self._workspace = Workspace(host.register)
         self._calls = 0
+        self._unregistered = False
         self._broken: BaseException | None = None
         self._closed = False
         self.switch = switch                  # is "inc" registered with a switch (all alike)
         self._controller = controller         # rank 0's controller client, if any
         self.last_algo: str | None = None    # the algorithm the last allreduce ran
+        self._lease: LeaseKeeper | None = None
+        if controller is not None and switch.registered and switch.lease_ms > 0:
+            self._lease = LeaseKeeper(controller, switch, rendezvous.abort)
 
     @classmethod
     def create(cls, rank: int | None = None, world_size: int | None = None,
@@ -167,10 +196,17 @@ class Communicator:
         for name, qps in rings.items():
             qps.connect(predecessor, successor)
             link = qps.link(control.local(), successor.rank, predecessor.rank)
-            streams[name] = Stream(link, configs[name], f"rank {rank}, ring {name!r}")
+            streams[name] = Stream(link, configs[name], f"rank {rank}, ring {name!r}",
+                                   liveness=rendezvous.check_peers)
         rendezvous.barrier("ready")
         switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, fit.config),
                                    controller, fit.choice)
+        try:
+            rendezvous.watch()
+        except BaseException:
+            if controller is not None and switch.ring_id is not None:
+                unregister(controller, switch.ring_id)
+            raise
         return cls(rendezvous=rendezvous, host=host, config=config, inc_config=fit.config,
                    endpoints=endpoints, streams=streams, control=control, switch=switch,
                    controller=controller)
@@ -207,11 +243,13 @@ class Communicator:
         if not target.flags.writeable:
             raise ValueError("allreduce: the result array is read-only")
 
+        seq = self._calls
+        what = f"allreduce call #{seq} ({dtype}[{array.size}] op={op} algo={algorithm.name})"
         try:
+            self._rendezvous.check_peers()
             workspace = self._workspace.ensure(
                 algorithm.workspace_bytes(array.size, dtype.itemsize, self.world_size))
             lo, hi = algorithm.local_range(array)
-            seq = self._calls
             mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
                             op=op, algo=algorithm.name, workspace=workspace.remote(),
                             lo=lo, hi=hi)
@@ -228,11 +266,41 @@ class Communicator:
             algorithm.run(call, array, target)
         except CallRejected:
             raise
+        except PeerFailed as exc:
+            raise self._break(PeerFailure(
+                f"netreduce: rank {self.rank}: {what} failed: {exc}; the communicator is "
+                f"unusable (netreduce.finalize(), then netreduce.init() a new one)",
+                exc.ranks)) from exc
+        except SwitchNotAggregating as exc:
+            error = self._break(SwitchFailure(
+                f"netreduce: rank {self.rank}: {what} failed: the switch at "
+                f"{self.switch.controller} stopped aggregating ring {self.switch.ring_id} "
+                f"(restarted?): {exc}; the communicator is unusable (netreduce.finalize(), "
+                f"then netreduce.init() registers a new ring)"))
+            self._rendezvous.abort(f"{what}: {error}")
+            raise error from exc
         except BaseException as exc:
-            self._broken = exc
-            raise
+            self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
+            raise self._break(exc)
         self.last_algo = algorithm.name
         return target
+
+    def _break(self, exc: BaseException) -> BaseException:
+        """Mark the communicator unusable by `exc`; rank 0 unregisters the ring at once
+        (nothing aggregates on it any more). Returns `exc`."""
+        self._broken = exc
+        self._release_ring()
+        return exc
+
+    def _release_ring(self) -> None:
+        """Stop renewing the lease and unregister the "inc" ring (rank 0; once)."""
+        if self._lease is not None:
+            self._lease.stop()
+            self._lease = None
+        if self._controller is not None and self.switch.ring_id is not None \
+                and not self._unregistered:
+            self._unregistered = True
+            unregister(self._controller, self.switch.ring_id)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -242,16 +310,18 @@ class Communicator:
                                     f"earlier error: {self._broken}")
 
     def close(self, timeout: float = 10.0) -> None:
-        """Leave the ring: wait (up to `timeout` s) for every rank to close too, so no peer
-        is still sending to our QPs; rank 0 then unregisters the "inc" ring from the switch;
-        then destroy QPs, memory and the device context."""
+        """Leave the ring: wait (up to `timeout` s; 5 s once broken) for every rank to close
+        too, so no peer is still sending to our QPs; rank 0 then stops renewing the lease and
+        unregisters the "inc" ring from the switch; then destroy QPs, memory and the device
+        context."""
         if self._closed:
             return
         self._closed = True
+        if self._broken is not None:       # the others know: no long wait for a dead peer
+            timeout = min(timeout, _FAILED_LEAVE_TIMEOUT)
         self._rendezvous.close(timeout)
         if self._controller is not None:
-            if self.switch.ring_id is not None:
-                unregister(self._controller, self.switch.ring_id)
+            self._release_ring()
             self._controller.close()
         self._workspace.close()
         self._control.close()

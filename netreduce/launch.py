@@ -65,7 +65,8 @@ def rank_env(rank: int, world_size: int, master_addr: str, port: int, local: boo
     return {**base, "RANK": str(rank), "WORLD_SIZE": str(world_size),
             "LOCAL_RANK": str(rank if local else 0),
             "LOCAL_WORLD_SIZE": str(world_size if local else 1),
-            "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1"}     # a crash in a C extension prints its Python stack
 
 
 def _pump(proc: subprocess.Popen[bytes], result: RankResult, out: TextIO,

@@ -43,6 +43,12 @@ class CallRejected(Exception):
     usable. Every subclass keeps that invariant."""
 
 
+class SwitchNotAggregating(SequenceError):
+    """What came back through the switch is not the sum of every rank's contribution: the
+    switch forwarded a registered ring's packets unaggregated (it restarted or lost the
+    ring). The message names the call; the communicator adds which switch."""
+
+
 class AllreduceMismatch(CallRejected, RuntimeError):
     """The ranks called allreduce with different arguments (raised on every rank alike)."""
 
@@ -155,6 +161,10 @@ class MetaExchange:
             try:
                 record = CallMeta.unpack(view[at:at + RECORD_STRIDE].tobytes())
             except ValueError as exc:
+                if self.through_switch:
+                    raise SwitchNotAggregating(
+                        f"allreduce: rank {r}: call #{seq}: the metadata bank that came back "
+                        f"through the switch lacks the record of rank {q} ({exc})") from exc
                 raise SequenceError(f"allreduce: rank {r}: call #{seq}: the record of rank {q} "
                                     f"is unreadable: {exc}") from exc
             if record.rank != q:

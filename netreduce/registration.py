@@ -17,6 +17,12 @@ Invariants:
   silent fallback to the ring.
 - A registered ring is unregistered by rank 0 once every rank has left (`unregister`), and
   also when the outcome could not be shared.
+- A registration is a lease (switch/api/control.proto): when the controller grants one
+  (`lease_ms` in its reply), rank 0's `LeaseKeeper` renews it every third of the lease on a
+  daemon thread while the communicator lives. A renewal the switch answers NOT_FOUND (it
+  restarted, or the lease lapsed) or that fails for a whole lease means the switch no
+  longer aggregates the ring: the keeper calls `on_lost` with a message naming the switch
+  (the communicator aborts with it). A controller that grants no lease is never renewed.
 - The address comes from rank 0's `switch` argument: None -> $NR_CONTROLLER (unset or
   empty: no switch), "" -> no switch. A single rank registers nothing (the switch needs 2+).
 """
@@ -24,8 +30,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from flowctl.plan import RXE_MAX_INFLIGHT, FlowConfig
 from ring_setup.rendezvous import Rendezvous
@@ -47,6 +55,7 @@ class Controller(Protocol):
 
     def ping(self) -> dict[str, Any]: ...
     def register_ring(self, spec: RingSpec) -> dict[str, Any]: ...
+    def renew_lease(self, ring_id: str) -> dict[str, Any]: ...
     def unregister_ring(self, ring_id: str) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
@@ -58,6 +67,7 @@ class SwitchStatus:
     controller: str | None = None   # the controller's address; None: no switch asked for
     ring_id: str | None = None      # the registered ring; None: not registered
     slots: int = 0                  # the ring's aggregator slots N (when registered)
+    lease_ms: int = 0               # the lease granted (0: none, nothing to renew)
     note: str = "no address given (netreduce.init(switch=HOST:PORT) or $NR_CONTROLLER)"
     choice: str = ""                # what init chose for the "inc" ring, and why
 
@@ -208,7 +218,8 @@ def _register(spec: RingSpec, controller: Controller | None) -> dict[str, Any]:
         return {"error": f"netreduce: the switch controller at {controller.addr} did not "
                          f"register the 'inc' ring {spec.ring_id} ({spec.world_size} ranks, "
                          f"{spec.window_packets} packets in flight per connection): {exc}"}
-    return {"controller": controller.addr, "ring_id": reply["ring_id"], "slots": reply["slots"]}
+    return {"controller": controller.addr, "ring_id": reply["ring_id"], "slots": reply["slots"],
+            "lease_ms": int(reply.get("lease_ms") or 0)}
 
 
 def unregister(controller: Controller | None, ring_id: str) -> None:
@@ -220,3 +231,46 @@ def unregister(controller: Controller | None, ring_id: str) -> None:
     except Exception as exc:        # noqa: BLE001 - nothing to raise to at close
         print(f"netreduce: warning: could not unregister ring {ring_id} from the switch "
               f"controller at {controller.addr}: {exc}", file=sys.stderr, flush=True)
+
+
+def _switch_lost_ring(exc: Exception) -> bool:
+    """Whether a controller error says the ring is unknown (gRPC NOT_FOUND, whatever the
+    client's exception type carries it as: a `code` attribute or its message)."""
+    return "NOT_FOUND" in f"{getattr(exc, 'code', '')} {exc}"
+
+
+class LeaseKeeper:
+    """Renews ring `status.ring_id`'s lease every third of `status.lease_ms` (see the module
+    doc) until `stop()`; reports the switch's loss of the ring once through `on_lost`."""
+
+    def __init__(self, controller: Controller, status: SwitchStatus,
+                 on_lost: Callable[[str], None]) -> None:
+        assert status.ring_id is not None and status.lease_ms > 0
+        self._controller, self._status, self._on_lost = controller, status, on_lost
+        self._stop = threading.Event()
+        self.renewals = 0
+        self._thread = threading.Thread(target=self._run, name="nr-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        ring, lease = self._status.ring_id, self._status.lease_ms / 1000
+        assert ring is not None
+        renewed = time.monotonic()
+        while not self._stop.wait(lease / 3):
+            try:
+                granted = self._controller.renew_lease(ring).get("lease_ms") or 0
+            except Exception as exc:        # noqa: BLE001 - every failure is judged below
+                if _switch_lost_ring(exc) or time.monotonic() - renewed > lease:
+                    self._on_lost(f"the switch at {self._status.controller} no longer "
+                                  f"aggregates ring {ring} (restarted, or its lease lapsed): "
+                                  f"RenewLease: {exc}")
+                    return
+                continue
+            renewed = time.monotonic()
+            self.renewals += 1
+            lease = (granted or self._status.lease_ms) / 1000
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)

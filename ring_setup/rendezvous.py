@@ -3,13 +3,26 @@
 Rank 0 serves the store from daemon threads at MASTER_ADDR:MASTER_PORT; every rank
 (rank 0 included) is a client. Ranks publish JSON values under "<name>/<rank>" and wait
 for everyone's; a wait that runs out names the ranks that never showed up. The store stays
-up after setup for small control exchanges; the data path never uses it.
+up after setup for small control exchanges and for liveness; the data path never uses it.
+
+Liveness (separate from progress): once joined, every rank keeps a watch connection
+(`Rendezvous.watch()`), a long poll the store answers at once when some rank failed, else
+after `WATCH_INTERVAL`. The store marks rank r failed, with the reason, when
+- r aborts (`abort`: its communicator failed; any thread may call it),
+- a connection of r closes before every rank has left: r's process died (the kernel closes
+  its sockets at once, SIGKILL included), or r finalized alone,
+- r's watch has been silent for `SILENCE_TIMEOUT` (its host hung or is unreachable).
+Every rank's watch then learns it within a round trip (`Rendezvous.check_peers()` raises
+`PeerFailed` naming the ranks); a watch that loses the store itself reports rank 0, whose
+process serves it. A failure is final: the store keeps it until it stops.
 
 Wire protocol: one JSON object per line each way, one request at a time per connection.
   hello {rank, world_size}           -> ok | error (world size disagreement, bad rank)
   set   {key, value, exclusive}      -> ok | error (exclusive key already set)
   get   {keys, timeout}              -> ok + values | missing keys | aborted ranks
   abort {rank, reason}               -> ok   (every pending and later get fails with it)
+  watch {rank, timeout}              -> ok + failed ranks and reasons ({} when none within
+                                        timeout); marks the rank alive
   leave {rank, timeout}              -> ok + missing ranks; once all ranks have left the
                                         server stops accepting before it answers anyone, so a
                                         rank that quickly rejoins reaches the next store.
@@ -26,6 +39,8 @@ from typing import Any, Mapping
 
 DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 30.0
+WATCH_INTERVAL = 1.0     # a watch request returns after this long when nothing failed
+SILENCE_TIMEOUT = 15.0   # a rank whose watch is silent this long is declared failed
 _MARGIN = 5.0            # extra socket timeout over a server-side wait
 
 
@@ -35,6 +50,18 @@ class RendezvousError(RuntimeError):
 
 class RendezvousTimeout(RendezvousError):
     """Some rank never showed up; the message names it."""
+
+
+class PeerFailed(RendezvousError):
+    """Some rank died, went silent or aborted (`failures`: rank -> reason)."""
+
+    def __init__(self, failures: Mapping[int, str]) -> None:
+        self.failures = dict(sorted(failures.items()))
+        super().__init__("; ".join(f"rank {r}: {why}" for r, why in self.failures.items()))
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.failures)
 
 
 def ranks_phrase(ranks: list[int]) -> str:
@@ -95,8 +122,10 @@ class StoreServer:
         self.world_size = world_size
         self._cond = threading.Condition()
         self._data: dict[str, Any] = {}
-        self._aborted: dict[int, str] = {}
+        self._aborted: dict[int, str] = {}      # failed ranks (see the module doc)
         self._left: set[int] = set()
+        self._seen: dict[int, float] = {}       # rank -> end of its last watch (monotonic)
+        self._watching: set[int] = set()        # ranks with a watch request in progress
         self._conns: set[socket.socket] = set()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -147,16 +176,45 @@ class StoreServer:
         self._acceptor.join(timeout=grace)
 
     def _serve(self, conn: socket.socket) -> None:
+        rank: int | None = None          # whose connection this is, once it said hello
         try:
             with conn, conn.makefile("rb") as reader:
                 for line in reader:
-                    conn.sendall(json.dumps(self._handle(json.loads(line))).encode() + b"\n")
+                    req = json.loads(line)
+                    reply = self._handle(req)
+                    if req.get("op") == "hello" and reply["ok"]:
+                        rank = int(req["rank"])
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
         except (OSError, ValueError):
             pass
         finally:
             with self._cond:
                 self._conns.discard(conn)
+                if rank is not None:
+                    self._connection_closed(rank)
                 self._cond.notify_all()
+
+    def _connection_closed(self, rank: int) -> None:
+        """A connection of `rank` closed (caller holds the condition): a failure unless
+        every rank has left, or some failure is known already (the ranks that learn of it
+        exit: consequences, not culprits)."""
+        if len(self._left) == self.world_size or self._aborted:
+            return
+        if rank in self._left:
+            why = "it finalized and left while other ranks had not (its QPs are gone)"
+        else:
+            why = ("its process died or closed its connection to the store without "
+                   "finalizing")
+        self._aborted[rank] = why
+
+    def _check_silence(self) -> None:
+        """Declare failed every watching rank silent for SILENCE_TIMEOUT (holds the lock)."""
+        now = time.monotonic()
+        for r, seen in self._seen.items():
+            if r not in self._aborted and r not in self._left and r not in self._watching \
+                    and now - seen > SILENCE_TIMEOUT:
+                self._aborted[r] = (f"silent for {now - seen:.0f}s (no liveness message: its "
+                                    f"host hung or is unreachable)")
 
     def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -185,9 +243,17 @@ class StoreServer:
                     return {"ok": False, "missing": missing}
                 return {"ok": True, "values": {k: self._data[k] for k in keys}}
             if op == "abort":
-                self._aborted[int(req["rank"])] = str(req["reason"])
+                self._aborted.setdefault(int(req["rank"]), str(req["reason"]))
                 self._cond.notify_all()
                 return {"ok": True}
+            if op == "watch":
+                rank = int(req["rank"])
+                self._watching.add(rank)
+                self._check_silence()
+                self._cond.wait_for(lambda: bool(self._aborted), timeout=req["timeout"])
+                self._watching.discard(rank)
+                self._seen[rank] = time.monotonic()
+                return {"ok": True, "failed": {str(r): m for r, m in self._aborted.items()}}
             if op == "leave":
                 self._left.add(int(req["rank"]))
                 self._cond.notify_all()
@@ -248,18 +314,34 @@ class StoreClient:
             raise RendezvousError(f"rendezvous: the store at {self._where} closed the connection")
         return json.loads(line)
 
+    def interrupt(self) -> None:
+        """Make a request in progress (in another thread) fail at once."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def close(self) -> None:
         self._reader.close()
         self._sock.close()
 
 
 class Rendezvous:
-    """This rank's handle on the store (and, on rank 0, the store itself)."""
+    """This rank's handle on the store (and, on rank 0, the store itself).
+
+    Invariant: once `watch()` ran, `check_peers()` raises `PeerFailed` from the moment this
+    rank learned of a failure (its own `abort` included) until the end; `close()` stops
+    the watch after this rank has left, so a rank that finalizes is never taken for dead."""
 
     def __init__(self, config: RendezvousConfig) -> None:
         self.config = config
         self._server: StoreServer | None = None
         self._client: StoreClient | None = None
+        self._failures: dict[int, str] = {}
+        self._failed = threading.Event()
+        self._closing = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._watch_client: StoreClient | None = None
 
     @property
     def rank(self) -> int:
@@ -306,13 +388,60 @@ class Rendezvous:
         self.all_gather(name, True, waiting_for=f"reached {name!r}")
 
     def abort(self, reason: str) -> None:
-        """Tell every rank waiting in the store that this rank failed (best effort)."""
+        """Tell every rank that this rank failed (best effort, from any thread: over a
+        connection of its own, so a wait in progress on this rank does not delay it)."""
+        self._note({self.rank: reason})
         if self._client is None:
             return
+        quick = RendezvousConfig(self.rank, self.world_size, self.config.master_addr,
+                                 self.config.master_port, timeout=2.0)
         try:
-            self._client.request({"op": "abort", "rank": self.rank, "reason": reason}, wait=0)
+            client = StoreClient.connect(quick)
+            try:
+                client.request({"op": "abort", "rank": self.rank, "reason": reason}, wait=0)
+            finally:
+                client.close()
         except RendezvousError:
             pass
+
+    def watch(self) -> None:
+        """Start watching the other ranks' liveness (a daemon thread, see the module doc)."""
+        if self._watcher is None:
+            client = self._watch_client = StoreClient.connect(self.config)
+            self._watcher = threading.Thread(target=self._watch, args=(client,),
+                                             name=f"nr-watch-{self.rank}", daemon=True)
+            self._watcher.start()
+
+    def _watch(self, client: StoreClient) -> None:
+        """Ask until a failure is known, then keep the connection open (closing it would
+        tell the store this rank died) until `close()`."""
+        try:
+            while not self._closing.is_set() and not self._failed.is_set():
+                try:
+                    reply = client.request({"op": "watch", "rank": self.rank,
+                                            "timeout": WATCH_INTERVAL}, wait=WATCH_INTERVAL)
+                except RendezvousError as exc:
+                    if not self._closing.is_set():
+                        self._note({0: f"the store it serves at {self.config.where} is gone "
+                                       f"(rank 0's process died or its host is unreachable: "
+                                       f"{exc})"})
+                    break
+                failed = {int(r): why for r, why in reply.get("failed", {}).items()}
+                if failed:
+                    self._note(failed)
+            self._closing.wait()
+        finally:
+            client.close()
+
+    def _note(self, failures: Mapping[int, str]) -> None:
+        for r, why in failures.items():
+            self._failures.setdefault(r, why)
+        self._failed.set()
+
+    def check_peers(self) -> None:
+        """Raise `PeerFailed` if some rank (this one included) is known to have failed."""
+        if self._failed.is_set():
+            raise PeerFailed(dict(self._failures))
 
     def close(self, timeout: float = 10.0) -> list[int]:
         """Leave: wait up to `timeout` s for every rank to leave too, then disconnect (rank 0
@@ -324,8 +453,15 @@ class Rendezvous:
                                                 "timeout": timeout}, wait=timeout)["missing"]
             except RendezvousError:
                 missing = []
+            self._closing.set()
             self._client.close()
             self._client = None
+        self._closing.set()
+        if self._watch_client is not None:
+            self._watch_client.interrupt()
+        if self._watcher is not None:
+            self._watcher.join(timeout=WATCH_INTERVAL + _MARGIN)
+            self._watcher = None
         self._stop_server()
         return missing
 

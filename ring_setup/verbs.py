@@ -4,19 +4,27 @@ Modelled on rdma-core's pyverbs tests (tests/base.py): resources are built in ex
 state steps. `RingQPs.__init__` creates both QPs and walks them RESET -> INIT (receives can
 be posted from then on); `RingQPs.connect` walks them INIT -> RTR -> RTS once the peers'
 QPNs, PSNs and GIDs are known. Runs only where rxe exists (inside the lab).
+
+Never a SIGSEGV: pyverbs passes the NULL handle of a closed CQ, QP, PD or context straight
+to libibverbs (poll, query, post, qp_num, query_port, PD(ctx): each measured to kill the
+process with SIGSEGV in the lab, rdma-core 44). So every object here shares its device's
+`DeviceLife` and checks it before each pyverbs call: after `RdmaHost.close()` they raise
+`DeviceClosed` naming the device and the call instead. The context is opened with a short
+retry while libibverbs does not list a device that sysfs already shows.
 """
 from __future__ import annotations
 
 import ctypes
 import random
+import time
 
 import numpy as np
 import pyverbs.enums as e
 from pyverbs.addr import GID, AHAttr, GlobalRoute
-from pyverbs.device import Context
+from pyverbs.device import Context, get_device_list
 from pyverbs.mr import MR
 from pyverbs.pd import PD
-from pyverbs.pyverbs_error import PyverbsError
+from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
 from flowctl.link import LocalBuffer, RemoteBuffer
@@ -35,13 +43,53 @@ RNR_RETRY = 7
 MIN_RNR_TIMER = 12
 MAX_RD_ATOMIC = 1
 HOP_LIMIT = 64
+OPEN_RETRY = 10.0     # seconds a device sysfs shows may take to appear in libibverbs' list
+
+
+class DeviceClosed(DeviceError):
+    """A verbs object was used after its device was closed (pyverbs would crash)."""
+
+
+class DeviceLife:
+    """Whether device `name` is still open; every object opened on it checks before each
+    pyverbs call. Invariant: once `closed`, never open again."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.closed = False
+
+    def check(self, what: str) -> None:
+        if self.closed:
+            raise DeviceClosed(f"{what}: device {self.name} is closed (its QPs, CQs and "
+                               f"memory are gone)")
+
+
+def open_context(name: str, retry: float = OPEN_RETRY) -> Context:
+    """Open device `name`, retrying for `retry` s while libibverbs does not list it yet
+    (a device just created or still settling), then a `DeviceError` naming what it lists."""
+    deadline = time.monotonic() + retry
+    while True:
+        try:
+            return Context(name=name)
+        except PyverbsRDMAError as exc:
+            if time.monotonic() >= deadline:
+                try:
+                    listed = ", ".join(d.name.decode() for d in get_device_list()) or "none"
+                except PyverbsError as list_exc:
+                    listed = f"unknown ({list_exc})"
+                raise DeviceError(f"cannot open RDMA device {name} for {retry:g}s: {exc} "
+                                  f"(libibverbs lists: {listed}; /dev/infiniband and the rxe "
+                                  f"provider must see it from this namespace)") from exc
+            time.sleep(0.2)
 
 
 class RegisteredBuffer:
     """A memory region registered LOCAL_WRITE | REMOTE_WRITE (its buffer is allocated by
     pyverbs). Invariant: `view()` arrays are valid only until `close()`."""
 
-    def __init__(self, pd: PD, nbytes: int) -> None:
+    def __init__(self, pd: PD, nbytes: int, life: DeviceLife) -> None:
+        self._life = life
+        life.check(f"registering {nbytes} bytes")
         try:
             self._mr = MR(pd, nbytes, ACCESS)
         except PyverbsError as exc:
@@ -59,10 +107,12 @@ class RegisteredBuffer:
 
     def view(self) -> np.ndarray:
         """The whole region as uint8, without copying."""
+        self._life.check("viewing registered memory")
         return np.ctypeslib.as_array((ctypes.c_ubyte * self.nbytes).from_address(self.addr))
 
     def close(self) -> None:
-        self._mr.close()
+        if not self._life.closed:
+            self._mr.close()
 
 
 class RdmaHost:
@@ -74,7 +124,8 @@ class RdmaHost:
         self.ip = ip
         self.mac = netdev_mac(gid.netdev)
         self.roce_gid: RoceGid = gid
-        self.ctx = Context(name=gid.device)
+        self.life = DeviceLife(gid.device)
+        self.ctx = open_context(gid.device)
         try:
             port = self.ctx.query_port(gid.port)
             if port.state != e.IBV_PORT_ACTIVE:
@@ -87,7 +138,7 @@ class RdmaHost:
                     f"{netdev_mtu(gid.netdev)}; RoCE MTU 4096 needs a netdev MTU >= 4176)")
             self.pd = PD(self.ctx)
         except BaseException:
-            self.ctx.close()
+            self.close()
             raise
 
     @property
@@ -99,17 +150,25 @@ class RdmaHost:
         return self.roce_gid.gid
 
     def register(self, nbytes: int) -> RegisteredBuffer:
-        return RegisteredBuffer(self.pd, nbytes)
+        return RegisteredBuffer(self.pd, nbytes, self.life)
 
     def create_ring(self, name: str, config: FlowConfig) -> "RingQPs":
+        self.life.check(f"creating ring {name!r}")
         return RingQPs(self, name, config)
 
     def counters(self) -> dict[str, int]:
         return hw_counters(self.device, self.roce_gid.port)
 
     def close(self) -> None:
-        """Destroys everything opened on the device (QPs, CQs, MRs, PD) with the context."""
-        self.ctx.close()
+        """Destroys everything opened on the device (QPs, CQs, MRs, PD) with the context;
+        from then on every object opened on it raises `DeviceClosed`. Idempotent."""
+        if self.life.closed:
+            return
+        self.life.closed = True
+        try:
+            self.ctx.close()
+        except PyverbsError as exc:
+            raise DeviceError(f"closing device {self.device}: {exc}") from exc
 
 
 class RingQPs:
@@ -120,8 +179,8 @@ class RingQPs:
 
     def __init__(self, host: RdmaHost, name: str, config: FlowConfig) -> None:
         self.host, self.name, self.config = host, name, config
-        self.send_cq = EventCQ(host.ctx, config.window)
-        self.recv_cq = EventCQ(host.ctx, config.recv_depth)
+        self.send_cq = EventCQ(host.ctx, config.window, host.life)
+        self.recv_cq = EventCQ(host.ctx, config.recv_depth, host.life)
         self.send_qp = self._create_qp(self.send_cq, QPCap(max_send_wr=config.window,
                                                            max_recv_wr=1))
         self.recv_qp = self._create_qp(self.recv_cq, QPCap(max_send_wr=1,
@@ -138,12 +197,14 @@ class RingQPs:
         return qp
 
     def local(self) -> RingEndpoint:
+        self.host.life.check(f"ring {self.name!r}: reading QP numbers")
         return RingEndpoint(send=QPEndpoint(self.send_qp.qp_num, self.send_psn),
                             recv=QPEndpoint(self.recv_qp.qp_num, self.recv_psn))
 
     def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None:
         """INIT -> RTR -> RTS for both QPs: send_qp to the successor's recv QP, recv_qp to
         the predecessor's send QP."""
+        self.host.life.check(f"ring {self.name!r}: connecting")
         peer_recv = successor.rings[self.name].recv
         self._to_rts(self.send_qp, successor.gid, peer_recv.qpn, rq_psn=peer_recv.psn,
                      sq_psn=self.send_psn)
@@ -173,5 +234,5 @@ class RingQPs:
     def link(self, recv_sge: LocalBuffer, successor: int, predecessor: int) -> VerbsLink:
         return VerbsLink(send_qp=self.send_qp, send_cq=self.send_cq, recv_qp=self.recv_qp,
                          recv_cq=self.recv_cq, recv_sge=recv_sge, successor=successor,
-                         predecessor=predecessor, device=self.host.device,
+                         predecessor=predecessor, life=self.host.life,
                          counters=self.host.counters)

@@ -227,24 +227,61 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
 } > "$LABDIR/env"
 printf '%q ' "$@" > "$LABDIR/cmd.sh"; echo >> "$LABDIR/cmd.sh"
 
+BOOT_LOGS=30           # guest kernel logs kept in .lab/boots/
+ALARMS='BUG:|Oops|Kernel panic|Call Trace|WARNING:|Out of memory|oom-kill|segfault|general protection'
+console_alarms() {  # the guest kernel log's oops/panic/OOM/segfault lines, if any
+  grep -qE "$ALARMS" "$1" 2>/dev/null || return 0
+  say "guest kernel log $1: oops/panic/OOM/segfault lines:"
+  grep -E "$ALARMS" "$1" | tail -n 40 | sed 's/^/[guest-kernel] /' >&2
+}
+kernel_log_opts() {  # qemu options: a virtio console whose output goes to file $1
+  echo "-device virtio-serial-pci,id=nrkcon -chardev file,id=nrkcon0,path=$1 -device virtconsole,chardev=nrkcon0,bus=nrkcon.0"
+}
+console_tail() {  # ... and its last lines (for a boot that gave no exit code)
+  [ -s "$1" ] || { say "the guest kernel log $1 is empty"; return 0; }
+  say "guest kernel log, last 40 lines ($1):"
+  tail -n 40 "$1" | sed 's/^/[guest-kernel] /' >&2
+}
 rc=0
 if [ $mode = native ]; then
   (set +u; . "$LABDIR/env"; cd "$ROOT"; exec bash "$LABDIR/cmd.sh") || rc=$?
 else
-  t0=$(date +%s)
-  # qemu opens its console as /proc/self/fd/1 and /2 with O_TRUNC: a log file the caller
-  # redirected to would be truncated mid-run. So vng only ever sees pipes.
-  { PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
-      --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
-      --qemu-opts="$qemu_opts" \
-      --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
-  say "VM ran $(( $(date +%s) - t0 )) s"
-  if [ -f "$LABDIR/rc" ]; then
-    rc=$(cat "$LABDIR/rc")
-  else
-    say "the VM gave no exit code: the guest never ran the command (see the VM output above)"
-    [ "$rc" != 0 ] || rc=1
-  fi
+  # Every boot keeps its guest kernel log in .lab/boots/ (the last BOOT_LOGS): a second
+  # kernel console, hvc0 on a virtio console of its own, at loglevel 7, written by qemu on
+  # the host, so it survives an oops or a panic (vng sends ttyS0 to /dev/null, and the one
+  # 8250 console cannot serve two UARTs). A boot
+  # that died before the guest started the command (no .lab/started) is booted once more,
+  # loudly; one that died while the command ran is not (the command may have had effects).
+  mkdir -p "$LABDIR/boots"
+  for attempt in 1 2; do
+    rm -f "$LABDIR/rc" "$LABDIR/started"
+    console=$LABDIR/boots/$(date -u +%Y%m%dT%H%M%SZ)-$$-$attempt.console.log
+    t0=$(date +%s)
+    # qemu opens its console as /proc/self/fd/1 and /2 with O_TRUNC: a log file the caller
+    # redirected to would be truncated mid-run. So vng only ever sees pipes.
+    { PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
+        --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
+        --qemu-opts="$qemu_opts $(kernel_log_opts "$console")" --append "console=hvc0 loglevel=7" \
+        --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
+    say "VM ran $(( $(date +%s) - t0 )) s; guest kernel log: ${console#"$ROOT"/}"
+    if [ -f "$LABDIR/rc" ]; then
+      rc=$(cat "$LABDIR/rc")
+      console_alarms "$console"
+      break
+    fi
+    console_alarms "$console"; console_tail "$console"
+    if [ -f "$LABDIR/started" ]; then
+      say "the VM ended while the command ran and gave no exit code (guest kernel log above)"
+      rc=1; break
+    fi
+    if [ $attempt = 1 ]; then
+      say "RETRYING: the VM ended before the guest started the command (guest kernel log above); booting once more"
+    else
+      say "the VM ended twice before the guest started the command: giving up"
+      rc=1
+    fi
+  done
+  { ls -1t "$LABDIR"/boots/*.console.log 2>/dev/null | tail -n +$((BOOT_LOGS + 1)) | xargs -r rm -f; } || true
 fi
 say "command exited $rc"
 exit "$rc"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # lab_guest.sh HOSTS MTU — run by scripts/lab.sh inside the lab VM (as root): brings the hosts
-# up on the virtio NICs (matched by MAC), runs the command lab.sh wrote, records its exit code.
+# up on the virtio NICs (matched by MAC; setup_rxe.sh returns once every rxe device opens
+# through libibverbs from its namespace), marks .lab/started, runs the command lab.sh wrote,
+# records its exit code in .lab/rc. lab.sh boots again when a VM ends without .lab/started.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LABDIR=$ROOT/.lab
@@ -21,5 +23,6 @@ set +u
 . "$LABDIR/env"
 set -u
 cd "$ROOT"
+: > "$LABDIR/started"
 bash "$LABDIR/cmd.sh"
 rc=$?

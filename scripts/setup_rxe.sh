@@ -12,7 +12,8 @@
 #     namespace NS (default nrlab) as switch port I+1, or, with --nic I=IFNAME|MAC, that NIC
 #     moved into hI (e.g. a VM's virtio NIC whose other end is a switch port; by MAC, it is
 #     looked up in the root namespace, waiting a few seconds for one that is coming back).
-#     Idempotent: what exists already is kept and checked.
+#     Idempotent: what exists already is kept and checked. Returns once every rxeI opens
+#     through libibverbs from hI with its port ACTIVE (up to 30 s, else an error naming them).
 # down: removes the hosts' rxe devices and namespaces (veth peers go with them).
 # status: hosts, addresses, rxe devices, RoCEv2 GIDs, switch ports.
 set -euo pipefail
@@ -105,6 +106,38 @@ rocev2_ipv4_gid() {  # dev: the first RoCE v2 GID that maps an IPv4 address
   return 0
 }
 
+USABLE_WAIT=30   # seconds `up` waits for every rxe device to be usable in its namespace
+
+wait_usable() {  # hosts: until libibverbs in hI opens rxeI and its port is ACTIVE, for every I
+  # The verbs view (netlink device list, /dev/infiniband/uverbsN, the provider) is not the
+  # sysfs one `status` prints: wait for udev to finish with the new devices, then open each
+  # device from its own namespace exactly as a rank would, so the first rank never races them.
+  local n=$1 i t0=$SECONDS pending settled rounds=0 late=""
+  command -v udevadm >/dev/null && udevadm settle --timeout="$USABLE_WAIT" 2>/dev/null || true
+  settled=$((SECONDS - t0))
+  while :; do
+    rounds=$((rounds + 1))
+    pending=()
+    for ((i = 0; i < n; i++)); do
+      in_ns "h$i" ibv_devinfo -d "rxe$i" 2>/dev/null | grep -q 'state:.*PORT_ACTIVE' || pending+=("rxe$i")
+    done
+    [ ${#pending[@]} = 0 ] && break
+    [ $rounds = 1 ] && late="${pending[*]}"
+    if [ $((SECONDS - t0)) -ge "$USABLE_WAIT" ]; then
+      echo "setup_rxe.sh: ${pending[*]} not usable from their namespaces after ${USABLE_WAIT}s:" >&2
+      for ((i = 0; i < n; i++)); do
+        echo "  h$i: ibv_devices: $(in_ns "h$i" ibv_devices 2>&1 | tail -n +3 | awk '{print $1}' | tr '\n' ' ')" >&2
+      done
+      echo "  rdma link: $(rdma link show 2>&1 | tr '\n' ';')" >&2
+      echo "  /dev/infiniband: $(ls /dev/infiniband 2>&1 | tr '\n' ' ')" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+  echo "setup_rxe.sh: rxe0..rxe$((n - 1)) usable from their namespaces after $((SECONDS - t0)) s" \
+    "(udev settled in ${settled} s; ${late:-every device} ${late:+not usable at first, }usable after $rounds round(s))"
+}
+
 hosts_present() { ip netns list | awk '{print $1}' | grep -E '^h[0-9]+$' | sed 's/^h//' | sort -n; }
 
 cmd_up() {
@@ -113,6 +146,7 @@ cmd_up() {
   [ "$mtu" -ge 1500 ] || die "--mtu must be >= 1500"
   check_kernel
   for ((i = 0; i < hosts; i++)); do host_up "$i"; done
+  wait_usable "$hosts"
   cmd_status
 }
 

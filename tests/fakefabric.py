@@ -253,20 +253,32 @@ SOFTWARE_LIMITS = {"path_mtus": [256, 512, 1024, 2048, 4096], "max_slots": 1024,
                    "default_lease_ms": 0}
 
 
+class FakeControllerError(RuntimeError):
+    """Like the controller client's error: a gRPC status `code` name and a message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
 class FakeController:
     """switch.controller.ControllerClient for a fake fabric: `refuse` makes registration
-    fail with that message; Ping answers `target` and `limits` (None: a controller that
-    publishes none; an exception: raised); `registered` / `unregistered` record the calls."""
+    fail with that message; `lease_ms` > 0 grants leases (renewals counted in `renewed`);
+    `restart()` forgets every ring like a restarted switch; Ping answers `target` and
+    `limits` (None: a controller that publishes none; an exception: raised);
+    `registered` / `unregistered` record the calls."""
 
     addr = "fake-controller:1"
 
-    def __init__(self, fabric: FakeFabric, refuse: str | None = None, target: str = "software",
+    def __init__(self, fabric: FakeFabric, refuse: str | None = None, lease_ms: int = 0,
+                 target: str = "software",
                  limits: dict | Exception | None = SOFTWARE_LIMITS) -> None:
-        self.fabric, self.refuse = fabric, refuse
+        self.fabric, self.refuse, self.lease_ms = fabric, refuse, lease_ms
         self.target, self.limits = target, limits
         self.pings = 0
         self.registered: list[RingSpec] = []
         self.unregistered: list[str] = []
+        self.renewed: list[str] = []
         self.closed = False
 
     def ping(self) -> dict:
@@ -282,10 +294,24 @@ class FakeController:
         with self.fabric.lock:
             self.fabric.switch.register(spec)
         self.registered.append(spec)
-        return {"ring_id": spec.ring_id, "slots": 256, "ports": {}}
+        return {"ring_id": spec.ring_id, "slots": 256, "ports": {}, "lease_ms": self.lease_ms}
+
+    def renew_lease(self, ring_id: str) -> dict:
+        with self.fabric.lock:
+            if ring_id not in self.fabric.switch.world:
+                raise FakeControllerError("NOT_FOUND", f"no ring {ring_id!r}")
+        self.renewed.append(ring_id)
+        return {"ring_id": ring_id, "lease_ms": self.lease_ms}
+
+    def restart(self) -> None:
+        with self.fabric.lock:
+            for ring_id in list(self.fabric.switch.world):
+                self.fabric.switch.unregister(ring_id)
 
     def unregister_ring(self, ring_id: str) -> dict:
         with self.fabric.lock:
+            if ring_id not in self.fabric.switch.world:
+                raise FakeControllerError("NOT_FOUND", f"no ring {ring_id!r}")
             self.fabric.switch.unregister(ring_id)
         self.unregistered.append(ring_id)
         return {"ring_id": ring_id}

@@ -17,7 +17,7 @@ from netreduce.meta import AllreduceMismatch
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from ring_setup.spec import RingSpec
 
-CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, stall_timeout=5.0)
+CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=5.0)
 
 
 def free_port() -> int:
@@ -229,7 +229,7 @@ def test_inc_ring_spec_describes_the_inc_qps_alike_everywhere() -> None:
 
 def test_a_stall_breaks_the_communicator_with_a_clear_error() -> None:
     fabric = FakeFabric()
-    cfg = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, stall_timeout=0.5)
+    cfg = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=0.5)
 
     def body(comm: Communicator, host: FakeHost) -> Any:
         comm.allreduce(np.ones(10, dtype=np.int32))

@@ -9,6 +9,7 @@ import pytest
 from fakefabric import FakeFabric, FakeHost, FakeLink
 from flowctl import (CompletionError, CreditWindow, FlowConfig, Message, MessagePlan, Outgoing,
                      SequenceError, StallError, Stream, WindowError)
+from flowctl.stream import LIVENESS_POLL
 from ring_setup.spec import RingSpec
 
 
@@ -67,7 +68,7 @@ def test_config_knobs_match_the_ring_spec() -> None:
     ({"msg_size": 0}, "positive multiple"),
     ({"window": 0}, "window 0"),
     ({"recv_depth": 0}, "recv_depth"),
-    ({"stall_timeout": 0}, "stall_timeout"),
+    ({"collective_timeout": 0}, "collective_timeout"),
 ])
 def test_config_rejects_bad_knobs(kwargs: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
@@ -106,7 +107,7 @@ def test_window_rejects_out_of_order_and_unknown_completions() -> None:
 
 # --- the stream over an in-process link -----------------------------------------------------
 
-CFG = FlowConfig(mtu=256, msg_size=1024, window=3, recv_depth=8, stall_timeout=0.5)
+CFG = FlowConfig(mtu=256, msg_size=1024, window=3, recv_depth=8, collective_timeout=0.5)
 
 
 def loopback(cfg: FlowConfig = CFG, fabric: FakeFabric | None = None
@@ -175,16 +176,17 @@ def test_stall_is_reported_after_the_timeout() -> None:
     t0 = time.monotonic()
     with pytest.raises(StallError) as err:
         stream.transfer(Outgoing(buf.local(), buf.remote()), recv_nbytes=8192)
-    assert CFG.stall_timeout <= time.monotonic() - t0 < CFG.stall_timeout + 2
+    assert CFG.collective_timeout <= time.monotonic() - t0 < CFG.collective_timeout + 2
     msg = str(err.value)
     assert "nothing moved for 0.5s" in msg
     assert "3 message(s) to rank 0 unacknowledged (oldest: message 0, 5 more not yet posted)" in msg
     assert "message 0 from rank 0 not arrived" in msg
 
 
-def test_an_idle_stream_arms_then_sleeps_until_the_stall_timeout() -> None:
-    """Every sleep follows an arm and a poll after it, and asks for the rest of the stall
-    timeout (never a fixed short nap: a spinning rank starves the kernel's rxe)."""
+def test_an_idle_stream_arms_then_sleeps_until_the_collective_timeout() -> None:
+    """Every sleep follows an arm and a poll after it, and sleeps in the kernel for the
+    liveness period or the rest of the collective timeout, whichever is shorter (never a
+    spin: a spinning rank starves the kernel's rxe)."""
     fabric = FakeFabric()
     fabric.frozen = True
     stream, link, host = loopback(fabric=fabric)
@@ -192,7 +194,7 @@ def test_an_idle_stream_arms_then_sleeps_until_the_stall_timeout() -> None:
     with pytest.raises(StallError):
         stream.transfer(Outgoing(buf.local(), buf.remote()), recv_nbytes=1024)
     assert link.waits and link.armed in (len(link.waits), len(link.waits) + 1)
-    assert all(0 < t <= CFG.stall_timeout for t in link.waits)
+    assert all(0 < t <= min(LIVENESS_POLL, CFG.collective_timeout) for t in link.waits)
     assert link.waits == sorted(link.waits, reverse=True)
 
 

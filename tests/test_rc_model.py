@@ -20,7 +20,7 @@ from ring_setup.endpoints import ring_spec
 from ring_setup.spec import Connection
 from switch.packets import BTH_OFF, PSN_MASK, conn_key, parse
 
-CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, stall_timeout=2.0)
+CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=2.0)
 LAB_CALLS = Path(__file__).parent / "rcmodel" / "lab_calls.json"
 
 
@@ -96,8 +96,9 @@ def test_lossless_switch_call_counts_every_packet_once(n: int) -> None:
     world = World(n, CFG)
     assert all(np.array_equal(r, want(n, count)) for r in allreduce(world, count, "switch"))
     meta = n * RECORD_STRIDE
-    requests = packets(meta) + packets(4 * count)
-    acks = messages(meta) + messages(4 * count)
+    data = 4 * (count + n)                                  # the data, then the n-word seal
+    requests = packets(meta) + packets(data)
+    acks = messages(meta) + messages(data)
     for dev in world.rxe_counters():
         assert dev == {"sent_pkts": requests + acks, "rcvd_pkts": requests + acks,
                        "ack_deferred": acks, "rdma_recvs": acks}
@@ -133,10 +134,10 @@ def test_several_calls_under_loss_duplication_and_reordering_everywhere(algo: st
 
 def test_ackreq_on_the_last_packet_and_after_65_unacknowledged_ones() -> None:
     """rxe_req.c init_req_packet: `noack_pkts++ > RXE_MAX_PKT_PER_ACK` (64)."""
-    cfg = FlowConfig(mtu=256, msg_size=256 * 256, window=1, recv_depth=8, stall_timeout=2.0)
+    cfg = FlowConfig(mtu=256, msg_size=256 * 256, window=1, recv_depth=8, collective_timeout=2.0)
     capture = Capture()
     world = World(2, cfg, slots=512, faults=Faults(drop=capture))
-    count = 200 * 256 // 4                                      # one message, 200 packets
+    count = 200 * 256 // 4 - 2                 # one message, 200 packets with the 2-word seal
     assert all(np.array_equal(r, want(2, count)) for r in allreduce(world, count, "switch"))
     c = world.spec.connections[0]
     sent = [((psn_of(f) - c.psn0) & PSN_MASK, bool(f[BTH_OFF + 8] & 0x80))
@@ -150,7 +151,7 @@ def test_no_more_than_129_psns_are_ever_unacknowledged() -> None:
     """rxe_req.c: the requester stops when psn_compare(psn, comp.psn + 128) > 0. With
     every ACK of rank 0's data lost, rank 0 sends PSNs 1..129 and then only retries them;
     the stall is the documented StallError on every rank."""
-    cfg = FlowConfig(mtu=256, msg_size=256 * 256, window=1, recv_depth=8, stall_timeout=1.0)
+    cfg = FlowConfig(mtu=256, msg_size=256 * 256, window=1, recv_depth=8, collective_timeout=1.0)
     holder: dict[str, World] = {}
 
     def lose_rank0_data_acks(kind: str, frame: bytes) -> bool:
@@ -229,7 +230,7 @@ def test_retries_running_out_complete_with_retry_exc_err() -> None:
 
 
 # --- B1 end to end: window 4 x 64 packets, 129 PSNs in flight --------------------------
-B1_CFG = FlowConfig(mtu=256, msg_size=64 * 256, window=4, recv_depth=16, stall_timeout=1.0)
+B1_CFG = FlowConfig(mtu=256, msg_size=64 * 256, window=4, recv_depth=16, collective_timeout=1.0)
 B1_COUNT = 512 * 64                       # 512 data packets per rank
 
 

@@ -3,7 +3,7 @@ results, ACKs), an allreduce either gives every rank the exact sum or fails with
 documented error; never a wrong result, never a hang. Runs on the RC model
 (tests/rcmodel): real Communicators and Streams, the real switch pipeline, model rxe.
 
-Documented errors: `StallError` (no completion for `stall_timeout`: the loss outran
+Documented errors: `StallError` (no completion for `collective_timeout`: the loss outran
 recovery) and `CompletionError` for "transport retry counter exceeded" (retry_cnt < 7
 ran out), both FlowErrors, and on a later call a CommunicatorError naming the first.
 A hang is `SimulationLimit` (bounded simulated time and events), which fails the test.
@@ -39,7 +39,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     return {
         "n": n,
         "config": FlowConfig(mtu=mtu, msg_size=msg_size, window=window, recv_depth=32,
-                             stall_timeout=draw(st.sampled_from([0.5, 5.0]))),
+                             collective_timeout=draw(st.sampled_from([0.5, 5.0]))),
         "faults": Faults({kind: draw(rates) for kind in KINDS}, seed=draw(st.integers(0, 2**32))),
         "retry_cnt": draw(st.sampled_from([RETRY_FOREVER, RETRY_FOREVER, 2])),
         "timeout": draw(st.sampled_from([8, 14])),            # 1 ms or 67 ms

@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 import pytest
 
-from ring_setup.rendezvous import (Rendezvous, RendezvousConfig, RendezvousError,
+import ring_setup.rendezvous as rendezvous
+from ring_setup.rendezvous import (PeerFailed, Rendezvous, RendezvousConfig, RendezvousError,
                                    RendezvousTimeout, StoreClient)
 
 
@@ -94,7 +95,7 @@ def test_two_processes_claiming_one_rank_are_refused() -> None:
     second._client = StoreClient.connect(second.config)   # a second "rank 0", as a client only
     try:
         def first_waits() -> None:
-            with contextlib.suppress(RendezvousTimeout):     # rank 1 never comes
+            with contextlib.suppress(RendezvousError):   # rank 1 never comes; "rank 0" leaves
                 first.all_gather("endpoint", "a")
         threading.Thread(target=first_waits, daemon=True).start()
         time.sleep(0.2)
@@ -151,3 +152,103 @@ def test_config_from_environment_and_arguments() -> None:
         RendezvousConfig.resolve(rank=4, env=env)
     with pytest.raises(RendezvousError, match="bad setting"):
         RendezvousConfig.resolve(env={**env, "MASTER_PORT": "http"})
+
+
+def joined_and_watching(world: int, port: int) -> list[Rendezvous]:
+    """`world` ranks (threads) joined to one store, each watching the others."""
+    ranks = [Rendezvous(config(r, world, port)) for r in range(world)]
+    ranks[0].join()
+    for r in ranks[1:]:
+        r.join()
+    for r in ranks:
+        r.watch()
+    return ranks
+
+
+def first_failure(rdzv: Rendezvous, within: float) -> tuple[PeerFailed, float]:
+    """Poll `check_peers` like a waiting stream does; the failure and how long it took."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within:
+        try:
+            rdzv.check_peers()
+        except PeerFailed as exc:
+            return exc, time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rdzv.rank} learned of no failure within {within}s")
+
+
+def kill(rdzv: Rendezvous) -> None:
+    """What the kernel does to a SIGKILLed rank: its sockets close, nothing is said."""
+    for client in (rdzv._client, rdzv._watch_client):
+        assert client is not None
+        client.interrupt()
+    rdzv._closing.set()
+
+
+def test_a_rank_whose_process_dies_is_named_by_every_other_within_a_second() -> None:
+    ranks = joined_and_watching(4, free_port())
+    try:
+        kill(ranks[2])
+        for r in (0, 1, 3):
+            exc, took = first_failure(ranks[r], within=5)
+            assert exc.ranks == [2] and took < 2.0, (exc, took)
+            assert "rank 2: its process died or closed its connection to the store" in str(exc)
+    finally:
+        for r in ranks:
+            r.close(timeout=0.1)
+
+
+def test_an_abort_reaches_every_rank_with_its_reason() -> None:
+    ranks = joined_and_watching(3, free_port())
+    try:
+        ranks[1].abort("allreduce call #4: CompletionError: RETRY_EXC_ERR")
+        for r in range(3):
+            exc, _ = first_failure(ranks[r], within=5)
+            assert exc.failures == {1: "allreduce call #4: CompletionError: RETRY_EXC_ERR"}
+    finally:
+        for r in ranks:
+            r.close(timeout=0.1)
+
+
+def test_rank_0_gone_means_the_store_is_gone() -> None:
+    ranks = joined_and_watching(3, free_port())
+    try:
+        assert ranks[0]._server is not None
+        ranks[0]._server.stop(grace=0)
+        for r in (1, 2):
+            exc, _ = first_failure(ranks[r], within=5)
+            assert exc.ranks == [0] and "the store it serves at 127.0.0.1" in str(exc), exc
+    finally:
+        for r in ranks:
+            r.close(timeout=0.1)
+
+
+def test_a_silent_rank_is_declared_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rendezvous, "SILENCE_TIMEOUT", 1.0)
+    port = free_port()
+    ranks = [Rendezvous(config(r, 3, port)) for r in range(2)]
+    for r in ranks:
+        r.join().watch()
+    hung = StoreClient.connect(config(2, 3, port))     # watched once, then never again
+    hung.request({"op": "watch", "rank": 2, "timeout": 0}, wait=0)
+    try:
+        exc, took = first_failure(ranks[0], within=6)
+        assert exc.ranks == [2] and "silent for" in str(exc) and took < 4, (exc, took)
+    finally:
+        hung.close()
+        for r in ranks:
+            r.close(timeout=0.1)
+
+
+def test_ranks_that_finalize_together_report_nothing() -> None:
+    port = free_port()
+
+    def body(r: Rendezvous) -> Any:
+        r.watch()
+        r.barrier("work")
+        time.sleep(2 * rendezvous.WATCH_INTERVAL)
+        r.check_peers()
+        return "ok"
+
+    out = run_ranks([0, 1, 2], 3, port, body)
+    assert out == {0: "ok", 1: "ok", 2: "ok"}, out

@@ -14,7 +14,7 @@ from flowctl.plan import MessagePlan
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
 from netreduce.algorithms.switch import (INT32_MAX, float32_error_bound,
-                                         quantization_exponent)
+                                         quantization_exponent, wire_bytes)
 from test_comm import CFG, rank_data, run_ranks
 
 
@@ -52,7 +52,7 @@ def test_switch_allreduce_int32_exact_float32_within_the_bound(n: int) -> None:
     (spec,) = controller.registered
     assert controller.unregistered == [spec.ring_id] and controller.closed
     calls = 2 * len(counts)                       # each: one metadata message, then the data
-    assert fabric.switch.messages[spec.ring_id] == calls + 2 * sum(messages(4 * c)
+    assert fabric.switch.messages[spec.ring_id] == calls + 2 * sum(messages(wire_bytes(c, n))
                                                                    for c in counts)
     for count in counts:
         ints = np.sum([rank_data(r, count, "int32") for r in range(n)], axis=0, dtype=np.int32)

@@ -10,7 +10,12 @@ one metadata message on "inc" on every rank (netreduce.meta), and a call refused
 posts no data on any rank, so the message sequences never diverge.
 
 Wire format: little-endian int32 ('<i4', the hosts' own order), which the switch adds with
-int32 wrap-around.
+int32 wrap-around, then a seal of n int32 words (rank r sends 1 at word r, 0 elsewhere) in
+the same message sequence. The seal that comes back must be n ones: the switch summed
+every rank's last packet. A switch that restarted during the call (it forwards the ring's
+packets unaggregated until the ring is registered again) hands each rank its
+predecessor's seal instead, and the call raises `SwitchNotAggregating` rather than return
+a partial sum (a switch lost before the call is caught by its metadata exchange).
 - int32 travels as it is and is exact. Overflow is refused, not wrapped: every rank
   publishes its data's min and max in the call's metadata, and when the sum of the per-rank
   maxima exceeds 2^31-1 or the sum of the minima is below -2^31, `check` raises
@@ -46,7 +51,7 @@ import numpy as np
 
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
-from netreduce.meta import CallRejected
+from netreduce.meta import CallRejected, SwitchNotAggregating
 from ring_setup.rendezvous import ranks_phrase
 
 WIRE = np.dtype("<i4")
@@ -87,6 +92,11 @@ def float32_error_bound(world_size: int, exponent: int, exact: np.ndarray) -> np
     return rounding * (1 + 2.0**-24) + 2.0**-24 * np.abs(exact) + 2.0**-150
 
 
+def wire_bytes(count: int, world_size: int) -> int:
+    """Bytes each rank sends (and receives) in one call: the data, then the seal."""
+    return (count + world_size) * WIRE.itemsize
+
+
 def recv_offset(nbytes: int) -> int:
     """Where the sum lands in the workspace: after the send data, 64-byte aligned."""
     return -(-nbytes // ALIGN) * ALIGN
@@ -110,7 +120,7 @@ class SwitchAllreduce:
                              f"use algo='ring'")
 
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
-        return 2 * recv_offset(count * itemsize)
+        return 2 * recv_offset(wire_bytes(count, world_size))
 
     def local_range(self, array: np.ndarray) -> tuple[float, float]:
         if array.size == 0:
@@ -148,23 +158,33 @@ class SwitchAllreduce:
         return quantization_exponent(call.world_size, absmax)
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
-        nbytes = call.count * WIRE.itemsize
+        nbytes = wire_bytes(call.count, call.world_size)
         at = recv_offset(nbytes)
         whole = call.workspace.view()
         wire = whole[:nbytes].view(WIRE)
         summed = whole[at:at + nbytes].view(WIRE)
+        data, seal = wire[:call.count], wire[call.count:]
+        seal[:] = 0
+        seal[call.rank] = 1
+        summed[call.count:] = 0
         if call.dtype == np.int32:
-            np.copyto(wire.reshape(src.shape), src)
+            np.copyto(data.reshape(src.shape), src)
         else:
             e = self._exponent(call)
             flat = src.reshape(-1)
             for lo in range(0, call.count, _CHUNK):     # x * 2^e is exact in float32
                 q = np.ldexp(flat[lo:lo + _CHUNK], e)
-                wire[lo:lo + _CHUNK] = np.rint(q, out=q)
+                data[lo:lo + _CHUNK] = np.rint(q, out=q)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes)
-        np.copyto(dst, summed.reshape(dst.shape), casting="unsafe")
+        sealed = summed[call.count:]
+        if not np.all(sealed == 1):
+            raise SwitchNotAggregating(
+                f"allreduce call #{call.seq}: rank {call.rank}: the seal that came back is "
+                f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "
+                f"rank's last packet (the result is not used)")
+        np.copyto(dst, summed[:call.count].reshape(dst.shape), casting="unsafe")
         if call.dtype == np.float32:
             np.ldexp(dst, -e, out=dst)
 

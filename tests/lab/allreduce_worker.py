@@ -5,7 +5,11 @@
     allreduce_worker.py hold --until FILE
     allreduce_worker.py mismatch {count|dtype}
     allreduce_worker.py missing-rank --timeout S
-    allreduce_worker.py stall --stall S
+    allreduce_worker.py stall --collective-timeout S
+    allreduce_worker.py die --victim R        (rank R SIGKILLs itself mid-call)
+    allreduce_worker.py late --late S         (the last rank joins a call S seconds late)
+    allreduce_worker.py rank0-killed --until FILE   (rank 0 SIGKILLs itself, ring registered)
+    allreduce_worker.py switch-restart --until FILE (calls until the switch restarts)
     allreduce_worker.py inc-spec
 
 Prints "OK ..." lines the tests look for; a failed check exits non-zero with the reason.
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -70,7 +76,7 @@ def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int, algo
 
 def switch_ring_counters(comm: netreduce.Communicator) -> dict:
     """The switch's counters of this communicator's registered "inc" ring."""
-    from switch.controller import ControllerClient
+    from switch.api.client import ControllerClient
     assert comm.switch.controller is not None and comm.switch.ring_id is not None
     with ControllerClient(comm.switch.controller) as client:
         return client.counters()["rings"][comm.switch.ring_id]["counters"]
@@ -136,23 +142,90 @@ def mismatch(comm: netreduce.Communicator, what: str) -> None:
 
 
 def stall(comm: netreduce.Communicator, seconds: float) -> None:
-    """The last rank never calls allreduce: the others must fail with a stall report."""
+    """The last rank never calls allreduce (alive, watching): the others must fail with
+    the collective timeout's report."""
     if comm.rank == comm.world_size - 1:
         time.sleep(seconds + 5)
         print("OK idle", flush=True)
         return
     try:
         comm.allreduce(np.ones(1000, dtype=np.int32))
-    except netreduce.FlowError as exc:
-        print(f"ERROR {exc}", flush=True)
+    except (netreduce.FlowError, netreduce.PeerFailure) as exc:
+        print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
     else:
         sys.exit("FAIL: allreduce completed although a rank never called it")
+
+
+def die(comm: netreduce.Communicator, victim: int) -> None:
+    """Rank `victim` SIGKILLs itself 1 s into a 16 MiB switch call; every other rank must
+    raise PeerFailure naming it (printed with the time from the kill to the error)."""
+    x = rank_data(comm.rank, 1 << 22, "int32")
+    comm.allreduce(x.copy(), algo="switch")                 # warm: workspace registered
+    comm._rendezvous.barrier("before-kill")
+    t_kill = time.time() + 1.0
+    if comm.rank == victim:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    try:
+        comm.allreduce(x, algo="switch")
+    except netreduce.PeerFailure as exc:
+        print(f"ERROR {time.time() - t_kill:.2f} {exc}", flush=True)
+        netreduce.finalize()             # unusable, but closes (rank 0 unregistered already)
+        sys.exit(0)
+    sys.exit("FAIL: the call completed although a rank was killed during it")
+
+
+def late(comm: netreduce.Communicator, seconds: float) -> None:
+    """The last rank sleeps `seconds` (longer than the old 30 s stall timeout) before the
+    call: the others wait for it, and the sum is right."""
+    if comm.rank == comm.world_size - 1:
+        time.sleep(seconds)
+    t0 = time.monotonic()
+    reduce_and_check(comm, 1000, "int32", "switch", False)
+    print(f"OK late waited {time.monotonic() - t0:.1f} s", flush=True)
+
+
+def rank0_killed(comm: netreduce.Communicator, until: str) -> None:
+    """Rank 0 prints its ring and its lease, then SIGKILLs itself (nothing unregisters);
+    the others wait until `until` exists (the test saw the lease expire)."""
+    reduce_and_check(comm, 1000, "int32", "switch", False)
+    if comm.rank == 0:
+        print(f"REGISTERED {comm.switch.ring_id} lease_ms={comm.switch.lease_ms}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    end = time.monotonic() + 600
+    while not os.path.exists(until) and time.monotonic() < end:
+        time.sleep(0.2)
+    print("OK survivor", flush=True)
+    netreduce.finalize()
+    sys.exit(0)
+
+
+def switch_restart(comm: netreduce.Communicator, until: str) -> None:
+    """Calls of 1 MiB over the switch until one fails (the test restarts the switch once
+    the first call is done, then creates `until`); prints how long after `until` appeared
+    the error came and the error."""
+    print(f"REGISTERED {comm.switch.ring_id}", flush=True)
+    x = rank_data(comm.rank, 1 << 18, "int32")
+    calls = 0
+    while True:
+        try:
+            comm.allreduce(x.copy(), algo="switch")
+        except (netreduce.SwitchFailure, netreduce.PeerFailure) as exc:
+            seen = os.path.getmtime(until) if os.path.exists(until) else time.time()
+            print(f"ERROR {time.time() - seen:.2f} after {calls} calls: {exc}", flush=True)
+            netreduce.finalize()
+            sys.exit(0)
+        calls += 1
+        if calls == 1:
+            print("FIRST CALL DONE", flush=True)
+        if calls > 10000:
+            sys.exit("FAIL: no call failed although the switch restarted")
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["correctness", "switch", "hold", "mismatch",
-                                    "missing-rank", "stall", "inc-spec"])
+                                    "missing-rank", "stall", "inc-spec", "die", "late",
+                                    "rank0-killed", "switch-restart"])
     p.add_argument("what", nargs="?", default="count")
     p.add_argument("--sizes", default="1,1000,256,4194304")
     p.add_argument("--timed", type=int, default=4194304)
@@ -161,7 +234,11 @@ def main() -> None:
                    help="switch: then time int32[N] over the switch and the ring (0: no)")
     p.add_argument("--until", help="hold: the file whose existence ends the hold")
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--stall", type=float, default=30.0, help="stall timeout, seconds")
+    p.add_argument("--collective-timeout", type=float, default=1800.0,
+                   help="collective timeout, seconds")
+    p.add_argument("--victim", type=int, default=2, help="die: the rank that is killed")
+    p.add_argument("--late", type=float, default=40.0, help="late: seconds the last rank "
+                   "sleeps before its call")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
@@ -176,21 +253,22 @@ def main() -> None:
             return
         sys.exit("FAIL: init succeeded without the last rank")
 
-    comm = netreduce.init(timeout=args.timeout, stall_timeout=args.stall)
+    comm = netreduce.init(timeout=args.timeout, collective_timeout=args.collective_timeout)
     print(f"joined {comm!r} ip={comm.inc_ring_spec().connections[rank].src_ip}", flush=True)
     sizes = [int(s) for s in args.sizes.split(",")]
-    if args.mode == "correctness":
-        correctness(comm, sizes, args.timed, args.algo)
-    elif args.mode == "switch":
-        in_network(comm, sizes, args.timed, args.compare)
-    elif args.mode == "hold":
-        hold(comm, args.until, 600)
-    elif args.mode == "mismatch":
-        mismatch(comm, args.what)
-    elif args.mode == "stall":
-        stall(comm, args.stall)
-    else:
-        print(f"SPEC {comm.inc_ring_spec().to_json()}", flush=True)
+    modes = {
+        "correctness": lambda: correctness(comm, sizes, args.timed, args.algo),
+        "switch": lambda: in_network(comm, sizes, args.timed, args.compare),
+        "hold": lambda: hold(comm, args.until, 600),
+        "mismatch": lambda: mismatch(comm, args.what),
+        "stall": lambda: stall(comm, args.collective_timeout),
+        "die": lambda: die(comm, args.victim),
+        "late": lambda: late(comm, args.late),
+        "rank0-killed": lambda: rank0_killed(comm, args.until),
+        "switch-restart": lambda: switch_restart(comm, args.until),
+        "inc-spec": lambda: print(f"SPEC {comm.inc_ring_spec().to_json()}", flush=True),
+    }
+    modes[args.mode]()
     netreduce.finalize()
 
 

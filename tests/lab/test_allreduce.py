@@ -4,18 +4,22 @@ Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
+import os
 import re
 import sys
+import threading
 from pathlib import Path
-from typing import TextIO
+from typing import Iterator, TextIO
 
 import pytest
 
 from netreduce.launch import LaunchResult, launch
 from ring_setup.spec import RingSpec
-from tests.lab.labhosts import HOSTS, host_ip
+from tests.lab.labhosts import HOSTS, ROOT, host_ip
 
 pytestmark = pytest.mark.lab
 
@@ -29,8 +33,44 @@ def run_worker(n: int, *args: str, timeout: float = 1800,
     (default: stdout)."""
     if n > HOSTS:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
+    # The worker runs as a script: without this its `import netreduce` would find whatever
+    # the venv has installed (another checkout's code), not this tree's.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return launch([sys.executable, str(WORKER), *args], n, port=next(_ports), timeout=timeout,
-                  grace=30, out=out)
+                  grace=30, out=out, env=env)
+
+
+class Watch(io.StringIO):
+    """Output sink that sets `seen` once a line containing `marker` was written."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.seen = marker, threading.Event()
+
+    def write(self, s: str) -> int:
+        if self.marker in s:
+            self.seen.set()
+        return super().write(s)
+
+
+@contextlib.contextmanager
+def in_background(n: int, *args: str, until: Path, marker: str
+                  ) -> Iterator[tuple[Watch, list[LaunchResult]]]:
+    """Run allreduce_worker.py ARGS --until UNTIL as n ranks in a thread; enter once a rank
+    printed `marker` (the Watch holds the output so far); on exit create `until` (the
+    worker's cue to finish) and wait for the job, whose result is then in the list."""
+    watch = Watch(marker)
+    outcome: list[LaunchResult] = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        run_worker(n, *args, "--until", str(until), timeout=600, out=watch)))
+    worker.start()
+    try:
+        assert watch.seen.wait(300), watch.getvalue()
+        yield watch, outcome
+    finally:
+        until.touch()
+        worker.join(timeout=300)
 
 
 def lines(result: LaunchResult, rank: int, prefix: str) -> list[str]:
@@ -81,15 +121,25 @@ def test_a_rank_that_never_joins_is_named_by_the_others() -> None:
 
 
 def test_a_stall_names_rank_peer_message_qp_states_and_counters() -> None:
-    result = run_worker(3, "stall", "--stall", "5", timeout=600)
+    """Rank 2 is alive but never calls: after the collective timeout (5 s here) a waiting
+    rank reports the stall; the first to do so aborts the communicator, so the other one
+    reports either its own stall or that rank's."""
+    result = run_worker(3, "stall", "--collective-timeout", "5", timeout=600)
     assert result.ok, f"exit {result.exit_code}"
+    stalled = []
     for r in (0, 1):
         (err,) = lines(result, r, "ERROR ")
+        if "PeerFailure" in err:
+            assert re.search(rf"rank {1 - r}: .*nothing moved for 5s", err), err
+            continue
+        stalled.append(r)
         # the lab's switch registers "inc", so the metadata exchange (where it stalls) is there
-        assert f"flowctl: rank {r}, ring 'inc': nothing moved for 5s" in err, err
+        assert (f"flowctl: rank {r}, ring 'inc': nothing moved for 5s (the collective timeout; "
+                f"every peer alive)") in err, err
         assert re.search(r"message \d+ from rank \d not arrived", err), err
         assert re.search(rf"send QP \d+ \(to rank {r + 1}\) RTS, recv QP \d+ \(from rank "
                          rf"{(r - 1) % 3}\) RTS; rxe{r} counters: .*sent_pkts=\d+", err), err
+    assert stalled
     assert lines(result, 2, "OK idle")
 
 

@@ -7,11 +7,9 @@ Inside the lab:
 """
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -22,7 +20,7 @@ from flowctl.plan import FlowConfig, MessagePlan
 from netreduce.launch import LaunchResult
 from netreduce.meta import RECORD_STRIDE
 from tests.lab.labhosts import HOSTS, ROOT, run_in_host, switch_counters
-from tests.lab.test_allreduce import lines, run_worker
+from tests.lab.test_allreduce import in_background, lines, run_worker
 
 pytestmark = pytest.mark.lab
 
@@ -42,13 +40,18 @@ def meta_packets(n: int, config: FlowConfig = CONFIG) -> int:
     return packets(n * RECORD_STRIDE // 4, config)
 
 
+def data_packets(count: int, n: int, config: FlowConfig = CONFIG) -> int:
+    """Packets of one call's data: `count` int32 words, then the seal of n words."""
+    return packets(count + n, config)
+
+
 def expected_packets(sizes: list[int], n: int, config: FlowConfig = CONFIG) -> int:
     """What allreduce_worker.py `switch` sends per connection: int32 and float32 at every
     size, the refused call (its metadata only), one 5-element call; each call's metadata
     first."""
     calls = 2 * len(sizes) + 2
-    return (calls * meta_packets(n, config) + 2 * sum(packets(c, config) for c in sizes)
-            + packets(5, config))
+    return (calls * meta_packets(n, config) + 2 * sum(data_packets(c, n, config) for c in sizes)
+            + data_packets(5, n, config))
 
 
 def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
@@ -149,38 +152,16 @@ def show_run(capsys: pytest.CaptureFixture[str], label: str, result: LaunchResul
             print(f"[{label}] {t}")
 
 
-class _Watch(io.StringIO):
-    """Output sink that sets `seen` once a line containing `marker` was written."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.marker, self.seen = marker, threading.Event()
-
-    def write(self, s: str) -> int:
-        if self.marker in s:
-            self.seen.set()
-        return super().write(s)
-
-
 def test_ib_write_bw_passes_unchanged_while_a_ring_is_registered(tmp_path: Path) -> None:
     """perftest between h0 and h1 while the 'inc' ring of ranks on h0 and h1 is registered:
     it completes, and none of the ring's counters moved (its QPs are not the ring's)."""
-    until = tmp_path / "done"
-    watch = _Watch("REGISTERED ")
-    outcome: list[LaunchResult] = []
-    worker = threading.Thread(target=lambda: outcome.append(
-        run_worker(2, "hold", "--until", str(until), timeout=600, out=watch)))
-    worker.start()
-    try:
-        assert watch.seen.wait(300), watch.getvalue()
+    with in_background(2, "hold", until=tmp_path / "done", marker="REGISTERED ") as (watch,
+                                                                                    outcome):
         (ring_id,) = re.findall(r"REGISTERED (\S+)", watch.getvalue())
         before = switch_counters()["rings"][ring_id]
         perf = subprocess.run([str(ROOT / "scripts" / "ib_write_bw_pair.sh"), "0", "1", "65536",
                                "300"], capture_output=True, text=True, timeout=300)
         after = switch_counters()["rings"][ring_id]
-    finally:
-        until.touch()
-        worker.join(timeout=300)
     assert perf.returncode == 0, perf.stdout + perf.stderr
     assert re.search(r"ib_write_bw h0->h1: [\d.]+ Gbit/s", perf.stdout), perf.stdout
     assert after == before

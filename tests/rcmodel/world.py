@@ -27,6 +27,7 @@ from flowctl.stream import Stream
 from netreduce.comm import RINGS, Communicator
 from netreduce.meta import control_bytes
 from netreduce.registration import SwitchStatus
+from ring_setup.rendezvous import PeerFailed
 from rcmodel.fabric import Fabric, Faults
 from rcmodel.rxe import QP, Device, Peer, QPAttr
 from rcmodel.sim import Simulation, Turns
@@ -86,6 +87,34 @@ class ModelHost:
         return self.device.register(nbytes)
 
 
+
+class ModelRendezvous:
+    """The rendezvous as the communicator uses it after setup: liveness only.
+
+    Every rank shares one `failures` map, as the real store's watch does: a rank that aborts
+    (its call failed) is seen at once by every other rank's `check_peers`, so the others
+    fail fast with `PeerFailure` naming it (ring_setup/rendezvous.py). No process dies in
+    the model, so nothing else ever lands in it.
+    """
+
+    def __init__(self, rank: int, world_size: int, failures: dict[int, str]) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._failures = failures
+
+    def abort(self, reason: str) -> None:
+        self._failures.setdefault(self.rank, reason)
+
+    def check_peers(self) -> None:
+        if self._failures:
+            raise PeerFailed(self._failures)
+
+    def watch(self) -> None:
+        """The model needs no watcher: `failures` is shared."""
+
+    def close(self, timeout: float = 10.0) -> list[int]:
+        return []
+
 class World:
     """n ranks, the switch and the links between them (see the module doc).
 
@@ -141,12 +170,15 @@ class World:
                                                     enumerate(self.devices)}, self.slots)
             status = SwitchStatus("model", self.spec.ring_id, self.slots)
         self.comms = []
+        failures: dict[int, str] = {}           # what the store would tell every rank
         for r, dev in enumerate(self.devices):
+            rendezvous = ModelRendezvous(r, n, failures)
             streams = {ring: Stream(ModelLink(self.turns, r, *qps[r, ring], (r + 1) % n,
-                                              (r - 1) % n), config, f"rank {r}, ring {ring!r}")
+                                              (r - 1) % n), config, f"rank {r}, ring {ring!r}",
+                                    liveness=rendezvous.check_peers)
                        for ring in RINGS}
             self.comms.append(Communicator(
-                rendezvous=SimpleNamespace(rank=r, world_size=n), host=ModelHost(dev),
+                rendezvous=rendezvous, host=ModelHost(dev),
                 config=config, endpoints=self.endpoints, streams=streams,
                 control=controls[r], switch=status, controller=None))
 

@@ -1,0 +1,199 @@
+"""The lab's fault suite: lossy, duplicating, reordering links both ways under the switch;
+a rank SIGKILLed mid-call; a rank late by more than the old 30 s stall timeout; rank 0
+killed with its ring registered (the lease frees it); the switch restarted mid-job; and a
+closed device that must never crash Python. Figures are printed (README "Reliability").
+
+Inside the lab:
+    scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_faults.py
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.lab.labhosts import CONTROLLER, HOSTS, run_in_host, switch_counters, wait_for
+from tests.lab.test_allreduce import in_background, lines, run_worker
+from tests.lab.test_switch_allreduce import check_switch_run
+
+pytestmark = pytest.mark.lab
+
+NETEM = ["loss", "1%", "duplicate", "1%", "delay", "1ms", "reorder", "75%", "50%"]
+TARGET = 5.0              # seconds from a death to every other rank's error
+
+
+def figure(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    with capsys.disabled():
+        print(f"\n[faults] {text}")
+
+
+@pytest.fixture
+def netem_both_ways() -> Iterator[None]:
+    """netem (1% loss, 1% duplication, reordering: 75% of frames go at once, the rest
+    1 ms later, behind frames sent after them) on every host's lab link in both directions: egress on nr0, ingress through an
+    ifb device nr0 redirects to. Removed afterwards whatever happens."""
+    try:
+        for i in range(HOSTS):
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", *NETEM)
+            run_in_host(i, "ip", "link", "add", "nrifb0", "type", "ifb")
+            run_in_host(i, "ip", "link", "set", "nrifb0", "mtu", "9000", "up")
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "handle", "ffff:", "ingress")
+            run_in_host(i, "tc", "filter", "add", "dev", "nr0", "parent", "ffff:", "matchall",
+                        "action", "mirred", "egress", "redirect", "dev", "nrifb0")
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nrifb0", "root", "netem", *NETEM)
+        yield
+    finally:
+        for i in range(HOSTS):
+            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "root", check=False)
+            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "ingress", check=False)
+            run_in_host(i, "ip", "link", "del", "nrifb0", check=False)
+
+
+def netem_drops(i: int) -> dict[str, int]:
+    """Frames netem dropped on host i's link, per direction ("sent ... (dropped N, ...)")."""
+    out = {}
+    for direction, dev in (("out", "nr0"), ("in", "nrifb0")):
+        stats = run_in_host(i, "tc", "-s", "qdisc", "show", "dev", dev).stdout
+        out[direction] = sum(int(d) for d in re.findall(r"dropped (\d+)", stats))
+    return out
+
+
+def test_loss_duplication_and_reordering_both_ways_give_exact_sums(
+        netem_both_ways: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """4 ranks, int32 and float32 of 256 Ki + 1 elements (in place) over the switch: exact
+    (int32) / within the bound (float32); every contribution counted once; the switch saw
+    the duplicates and retransmissions."""
+    count = 2**18 + 1
+    t0 = time.monotonic()
+    result = run_worker(4, "switch", "--sizes", str(count), "--timed", str(count), timeout=900)
+    took = time.monotonic() - t0
+    counters = check_switch_run(result, 4, [count])
+    assert counters["drop_duplicate"] + counters["retransmits_served"] \
+        + counters["drop_stale"] > 0, counters
+    drops = [netem_drops(i) for i in range(4)]
+    assert all(d["out"] > 0 and d["in"] > 0 for d in drops), drops
+    figure(capsys, f"netem {' '.join(NETEM)} both ways, 4 ranks, int32+float32[{count}]: "
+                   f"exact, job {took:.0f} s; netem drops per host {drops}; ring counters "
+                   f"{json.dumps(counters)}")
+
+
+def test_a_rank_killed_mid_call_is_named_by_every_other_within_the_target(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_worker(4, "die", "--victim", "2", timeout=600)
+    assert result.ranks[2].returncode == -9, result.ranks[2].output
+    took = []
+    for r in (0, 1, 3):
+        (err,) = lines(result, r, "ERROR ")
+        seconds, message = err.split(" ", 1)
+        took.append(float(seconds))
+        assert float(seconds) < TARGET, err
+        assert re.search(rf"netreduce: rank {r}: allreduce call #1 \(int32\[4194304\] op=sum "
+                         rf"algo=switch\) failed: rank 2: its process died", message), message
+        assert "the communicator is unusable" in message, message
+    figure(capsys, f"rank 2 SIGKILLed 1 s into a 16 MiB switch call: ranks 0, 1, 3 raised "
+                   f"PeerFailure naming it after {', '.join(f'{t:.2f}' for t in took)} s")
+
+
+def test_a_rank_later_than_the_old_stall_timeout_is_waited_for(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_worker(3, "late", "--late", "35", timeout=600)
+    assert result.ok, f"exit {result.exit_code}"
+    waits = [float(lines(result, r, "OK late waited ")[0].split()[0]) for r in range(3)]
+    assert min(waits[:2]) > 30, waits
+    figure(capsys, f"rank 2 joined a call 35 s late: no error, exact sum; ranks waited "
+                   f"{', '.join(f'{w:.1f}' for w in waits)} s")
+
+
+def ring_ids() -> set[str]:
+    return set(switch_counters()["rings"])
+
+
+def leases_expired() -> int:
+    return int(switch_counters().get("switch", {}).get("leases_expired", 0))
+
+
+def test_rank_0_killed_lets_the_lease_expire_and_frees_the_ring(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Needs the controller's leases (switch side: branch control)."""
+    before = leases_expired()
+    with in_background(3, "rank0-killed", until=tmp_path / "done",
+                       marker="REGISTERED ") as (watch, outcome):
+        (ring_id, lease_ms), = re.findall(r"REGISTERED (\S+) lease_ms=(\d+)", watch.getvalue())
+        assert int(lease_ms) > 0, f"the controller at {CONTROLLER} granted no lease"
+        killed = time.monotonic()
+        assert ring_id in ring_ids()
+        wait_for(lambda: ring_id not in ring_ids(), 3 * int(lease_ms) / 1000 + 30,
+                 f"ring {ring_id} freed after rank 0 died")
+        freed = time.monotonic() - killed
+        expired = leases_expired()
+    assert expired == before + 1, (before, expired)
+    (result,) = outcome
+    assert result.ranks[0].returncode == -9
+    assert all(lines(result, r, "OK survivor") for r in (1, 2)), watch.getvalue()
+    figure(capsys, f"rank 0 SIGKILLed with ring {ring_id} registered (lease {lease_ms} ms): "
+                   f"freed after {freed:.1f} s, leases_expired {before} -> {expired}")
+
+
+def test_a_switch_restarted_mid_job_fails_the_call_naming_it_then_a_new_job_works(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Needs the lab's switch supervisor (tests/lab/labswitch.py, branch bmv2lab)."""
+    from tests.lab.labswitch import restart_switch
+    with in_background(3, "switch-restart", until=tmp_path / "restarted",
+                       marker="FIRST CALL DONE") as (watch, outcome):
+        restart_switch()
+    (result,) = outcome
+    assert result.ok, watch.getvalue()
+    took = []
+    for r in range(3):
+        (err,) = lines(result, r, "ERROR ")
+        took.append(float(err.split(" ", 1)[0]))
+        assert f"the switch at {CONTROLLER}" in err, err
+    again = run_worker(3, "switch", "--sizes", "1000", "--timed", "0", timeout=600)
+    check_switch_run(again, 3, [1000])
+    figure(capsys, f"switch restarted mid-job: every rank's call failed naming the switch "
+                   f"{', '.join(f'{t:.1f}' for t in took)} s after the restart; a new job then "
+                   f"passed")
+
+
+CLOSED_DEVICE = """
+import sys
+import numpy as np
+from flowctl.plan import FlowConfig
+from ring_setup.device import DeviceError
+from ring_setup.verbs import DeviceClosed, RdmaHost, open_context
+try:
+    open_context("nosuch0", retry=0.5)
+except DeviceError as exc:
+    print("MISSING", exc)
+cfg = FlowConfig()
+host = RdmaHost("10.77.0.1", None, cfg)
+buf = host.register(4096)
+qps = host.create_ring("inc", cfg)
+link = qps.link(buf.local(), 0, 0)
+host.close()
+host.close()
+for name, call in [("poll", lambda: link.poll_sends(1)), ("recvs", lambda: link.post_recvs(1)),
+                   ("arm", link.arm), ("local", qps.local), ("view", buf.view),
+                   ("register", lambda: host.register(64)),
+                   ("write", lambda: link.post_write(0, buf.local(), buf.remote()))]:
+    try:
+        call()
+    except DeviceClosed as exc:
+        print("RAISED", name, exc)
+print("DIAG", link.diagnostics())
+"""
+
+
+def test_a_closed_device_raises_and_never_crashes_python() -> None:
+    p = run_in_host(0, sys.executable, "-X", "faulthandler", "-c", CLOSED_DEVICE, check=False)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    out = p.stdout.splitlines()
+    assert any(line.startswith("MISSING cannot open RDMA device nosuch0") for line in out), out
+    raised = [line.split()[1] for line in out if line.startswith("RAISED ")]
+    assert raised == ["poll", "recvs", "arm", "local", "view", "register", "write"], out
+    assert "DIAG rxe0 is closed" in out, out

@@ -1,0 +1,210 @@
+"""Faults on the in-process fabric (ranks are threads, the rendezvous is real TCP): dead,
+failing and slow peers, leases, a switch that restarts; and the pyverbs guard."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fakefabric import FakeController, FakeFabric, FakeHost
+from flowctl import CompletionError, FlowConfig
+from netreduce import Communicator, CommunicatorError, PeerFailure, SwitchFailure
+from netreduce.registration import LeaseKeeper, SwitchStatus
+from test_comm import run_ranks
+
+CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)
+
+
+def die(comm: Communicator) -> None:
+    """What SIGKILL does to a rank, as far as its peers can tell: its store connections
+    close, its QPs stop answering."""
+    rdzv = comm._rendezvous
+    for client in (rdzv._client, rdzv._watch_client):
+        assert client is not None
+        client.interrupt()
+    rdzv._closing.set()
+
+
+def test_a_dead_rank_is_named_by_every_other_within_seconds_and_breaks_the_communicator() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        comm.allreduce(np.ones(100, dtype=np.int32))
+        if comm.rank == 2:
+            die(comm)
+            return "died"
+        t0 = time.monotonic()
+        with pytest.raises(PeerFailure) as failure:
+            comm.allreduce(np.ones(100, dtype=np.int32))
+        took = time.monotonic() - t0
+        with pytest.raises(CommunicatorError) as again:
+            comm.allreduce(np.ones(100, dtype=np.int32))
+        return failure.value, took, again.value
+
+    out = run_ranks(4, body, cfg=CFG)
+    assert out[2] == "died"
+    for r in (0, 1, 3):
+        exc, took, again = out[r]
+        assert exc.ranks == [2] and took < 3, (exc, took)
+        assert (f"netreduce: rank {r}: allreduce call #1 (int32[100] op=sum algo=ring) failed: "
+                f"rank 2: its process died") in str(exc)
+        assert "the communicator is unusable" in str(exc)
+        assert "unusable after an earlier error" in str(again)
+
+
+def test_a_rank_whose_call_fails_tells_the_others_why() -> None:
+    """A completion error on some ranks' QPs (the fabric fails one message index): those
+    ranks raise it, every other rank raises PeerFailure naming one of them and its error."""
+    fabric = FakeFabric()
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        comm.allreduce(np.ones(10, dtype=np.int32))
+        fabric.fail_index = comm._streams["ring"].next_send_index + 1
+        try:
+            comm.allreduce(np.ones(10, dtype=np.int32))
+        except Exception as exc:            # noqa: BLE001 - the test inspects it
+            return exc
+        return "no error"
+
+    out = run_ranks(4, body, cfg=CFG, fabric=fabric)
+    culprits = [r for r, e in enumerate(out) if isinstance(e, CompletionError)]
+    assert culprits and all(isinstance(e, (CompletionError, PeerFailure)) for e in out), out
+    for r, e in enumerate(out):
+        if isinstance(e, PeerFailure):
+            assert set(e.ranks) <= set(culprits), (e, culprits)
+            assert "failed: CompletionError: flowctl: rank" in str(e), e
+
+
+def test_a_live_rank_that_is_late_is_waited_for() -> None:
+    cfg = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=4.0)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        if comm.rank == 1:
+            time.sleep(2.5)                    # alive (watching), just late
+        x = np.full(10, comm.rank + 1, dtype=np.int32)
+        comm.allreduce(x)
+        return x.tolist()
+
+    assert run_ranks(3, body, cfg=cfg) == [[6] * 10] * 3
+
+
+def test_rank_0_renews_the_lease_while_the_communicator_lives_then_unregisters() -> None:
+    fabric = FakeFabric()
+    controller = FakeController(fabric, lease_ms=300)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x = np.ones(10, dtype=np.int32)
+        comm.allreduce(x)
+        time.sleep(1.0)
+        comm.allreduce(x)
+        return x.tolist()
+
+    assert run_ranks(2, body, cfg=CFG, fabric=fabric, controller=controller) == [[4] * 10] * 2
+    (spec,) = controller.registered
+    assert len(controller.renewed) >= 5 and set(controller.renewed) == {spec.ring_id}
+    assert controller.unregistered == [spec.ring_id]
+
+
+@pytest.mark.parametrize("lease_ms", [0, 300])
+def test_a_restarted_switch_fails_the_call_naming_it_then_a_new_communicator_works(
+        lease_ms: int) -> None:
+    """lease_ms=0: the next call's metadata comes back unaggregated; 300: rank 0's lease
+    renewal hears NOT_FOUND first. Either way every rank's error names the switch."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric, lease_ms=lease_ms)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x = np.ones(10, dtype=np.int32)
+        comm.allreduce(x)
+        assert comm.last_algo == "switch"
+        if comm.rank == 0:
+            controller.restart()
+        time.sleep(0.5)
+        try:
+            comm.allreduce(np.ones(10, dtype=np.int32))
+        except (SwitchFailure, PeerFailure) as exc:
+            return exc
+        return "no error"
+
+    for r, exc in enumerate(run_ranks(3, body, cfg=CFG, fabric=fabric, controller=controller)):
+        assert isinstance(exc, (SwitchFailure, PeerFailure)), exc
+        assert "the switch at fake-controller:1" in str(exc), exc
+    again = run_ranks(3, lambda comm, host: comm.allreduce(np.ones(4, dtype=np.int32)).tolist(),
+                      cfg=CFG, fabric=fabric, controller=controller)
+    assert again == [[3] * 4] * 3
+    assert len(controller.registered) == 2
+
+
+def test_the_seal_catches_a_switch_that_stopped_aggregating_mid_call() -> None:
+    """The data came back but the seal is the predecessor's alone (what a restarted switch
+    forwards): SwitchNotAggregating, and the output is left untouched."""
+    from netreduce.algorithms.base import CallContext
+    from netreduce.algorithms.switch import SWITCH, wire_bytes
+    from netreduce.meta import SwitchNotAggregating
+    from netreduce.workspace import Workspace
+
+    fabric = FakeFabric()
+    host = FakeHost(fabric, 1)
+    count, n = 5, 3
+    workspace = Workspace(host.register).ensure(SWITCH.workspace_bytes(count, 4, n))
+
+    class RawStream:
+        def transfer(self, send: Any, recv_nbytes: int) -> None:
+            got = workspace.view()[SWITCH_RECV(count, n):].view("<i4")
+            got[:count] = 7
+            got[count:count + n] = [1, 0, 0]       # rank 0's seal only
+
+    def SWITCH_RECV(c: int, k: int) -> int:
+        from netreduce.algorithms.switch import recv_offset
+        return recv_offset(wire_bytes(c, k))
+
+    call = CallContext(rank=1, world_size=n, seq=4, count=count, dtype=np.dtype(np.int32),
+                       op=np.add, ranges=((0, 1),) * n, workspace=workspace,
+                       peer_workspace=workspace.remote(), streams={"inc": RawStream()})
+    out = np.zeros(count, dtype=np.int32)
+    with pytest.raises(SwitchNotAggregating, match=r"call #4: rank 1: the seal that came back "
+                                                   r"is \[1, 0, 0\], not 3 ones"):
+        SWITCH.run(call, np.ones(count, dtype=np.int32), out)
+    assert not out.any()
+
+
+def test_a_device_closed_raises_instead_of_crashing() -> None:
+    from ring_setup.verbs import DeviceClosed, DeviceLife
+
+    life = DeviceLife("rxe3")
+    life.check("polling")
+    life.closed = True
+    with pytest.raises(DeviceClosed, match="polling send completions: device rxe3 is closed"):
+        life.check("polling send completions")
+
+
+def test_sigterm_exits_through_the_atexit_finalize() -> None:
+    code = ("import atexit, os, signal, time\n"
+            "import netreduce.api as api\n"
+            "atexit.register(lambda: print('FINALIZED', flush=True))\n"
+            "api._exit_on_sigterm()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(10)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 143, (p.stdout, p.stderr)
+    assert "FINALIZED" in p.stdout and "netreduce: SIGTERM: finalizing" in p.stderr
+
+
+def test_a_lease_that_cannot_be_renewed_for_a_whole_lease_is_reported_lost() -> None:
+    class Unreachable:
+        addr = "10.0.0.9:50051"
+
+        def renew_lease(self, ring_id: str) -> dict:
+            raise RuntimeError("UNAVAILABLE: connection refused")
+
+    lost: list[str] = []
+    status = SwitchStatus(controller="10.0.0.9:50051", ring_id="r1", slots=256, lease_ms=300)
+    keeper = LeaseKeeper(Unreachable(), status, lost.append)   # type: ignore[arg-type]
+    time.sleep(1.0)
+    keeper.stop()
+    assert lost == ["the switch at 10.0.0.9:50051 no longer aggregates ring r1 (restarted, or "
+                    "its lease lapsed): RenewLease: UNAVAILABLE: connection refused"]
