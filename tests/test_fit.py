@@ -77,7 +77,7 @@ def test_a_controller_without_limits_gets_the_ring_as_asked() -> None:
     assert fit.config == DEFAULTS and fit.choice == "old publishes no limits: path MTU 4096 as asked"
 
 
-CFG = FlowConfig(mtu=1024, msg_size=4096, window=2, recv_depth=64, stall_timeout=5.0)
+CFG = FlowConfig(mtu=1024, msg_size=4096, window=2, recv_depth=64, collective_timeout=5.0)
 
 
 def connect(n: int, controller_args: dict[str, Any], pinned: frozenset[str] = NONE,
