@@ -12,6 +12,10 @@ from typing import Iterator, Sequence, overload
 
 PATH_MTUS = (256, 512, 1024, 2048, 4096)
 IMM_MODULUS = 1 << 32   # the immediate carries the message index modulo 2^32
+# rxe_req.c (rxe_requester) stalls only when psn_compare(psn, comp.psn +
+# RXE_MAX_UNACKED_PSNS) > 0, RXE_MAX_UNACKED_PSNS = 128: PSNs comp.psn .. comp.psn + 128,
+# i.e. 129 of them, may be unacknowledged at once per QP.
+RXE_MAX_INFLIGHT = 129
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from flowctl.stream import Stream
 from netreduce.algorithms import CallContext, choose
 from netreduce.meta import (CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
                             check_agreement, check_dtype, check_op, control_bytes)
-from netreduce.registration import (Controller, LeaseKeeper, SwitchStatus,
+from netreduce.registration import (Controller, LeaseKeeper, SwitchStatus, fit_inc_ring,
                                     register_inc_ring, switch_address, unregister)
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
@@ -95,10 +95,12 @@ class Communicator:
     def __init__(self, *, rendezvous: Rendezvous, host: Host, config: FlowConfig,
                  endpoints: list[HostEndpoint], streams: dict[str, Stream],
                  control: RegisteredMemory, switch: SwitchStatus,
-                 controller: Controller | None) -> None:
+                 controller: Controller | None,
+                 inc_config: FlowConfig | None = None) -> None:
         self._rendezvous = rendezvous
         self._host = host
-        self.config = config
+        self.config = config                  # the "ring" ring's knobs: what the user asked
+        self.inc_config = inc_config or config  # the "inc" ring's: fitted to the switch
         self._endpoints = endpoints
         self.rank = rendezvous.rank
         self.world_size = rendezvous.world_size
@@ -123,15 +125,17 @@ class Communicator:
     def create(cls, rank: int | None = None, world_size: int | None = None,
                master_addr: str | None = None, master_port: int | None = None, *,
                device: str | None = None, local_addr: str | None = None,
-               config: FlowConfig = FlowConfig(), switch: str | None = None,
+               config: FlowConfig = FlowConfig(), pinned: frozenset[str] = frozenset(),
+               switch: str | None = None,
                timeout: float = DEFAULT_TIMEOUT) -> "Communicator":
         """Rendezvous with the other ranks (arguments, else RANK, WORLD_SIZE, MASTER_ADDR,
         MASTER_PORT), open this rank's rxe device (`device`, else the one holding
         `local_addr` as a RoCEv2 GID; `local_addr` defaults to the address this host
         reaches MASTER_ADDR from) and connect both rings. `switch` is the switch
         controller's HOST:PORT (None: $NR_CONTROLLER; "" or unset: no switch; rank 0's
-        decides): the "inc" ring is registered with it, and a refusal is an error naming
-        the controller. Rank 0 prints one line on stderr saying whether a switch is used.
+        decides): the "inc" ring is fitted to its target (the knobs named in `pinned` were
+        set by the user and are never changed) and registered with it; a refusal is an
+        error naming the controller. Rank 0 prints one line on stderr saying whether a switch is used.
         A rank that fails on its own tells the others through the rendezvous; `timeout`
         bounds every wait for peers; the controller gets min(10 s, timeout / 2) per call,
         so that a silent controller is reported before the other ranks stop waiting."""
@@ -147,7 +151,7 @@ class Communicator:
                 from switch.api.client import ControllerClient  # grpc: only where it is used
                 controller = ControllerClient(addr, timeout=min(10.0, timeout / 2))
             host = RdmaHost(ip, device, config)
-            comm = cls.connect(rendezvous, host, config, controller)
+            comm = cls.connect(rendezvous, host, config, controller, pinned)
         except BaseException as exc:
             if not isinstance(exc, RendezvousError):    # the others could not know: tell them
                 rendezvous.abort(f"{type(exc).__name__}: {exc}")
@@ -164,16 +168,21 @@ class Communicator:
 
     @classmethod
     def connect(cls, rendezvous: Rendezvous, host: Host, config: FlowConfig,
-                controller: Controller | None = None) -> "Communicator":
-        """Build both QP rings with the other ranks: create the QPs (INIT), exchange
+                controller: Controller | None = None,
+                pinned: frozenset[str] = frozenset()) -> "Communicator":
+        """Build both QP rings with the other ranks: rank 0 fits the "inc" ring's knobs to
+        `controller`'s target (`netreduce.registration.fit_inc_ring`; "ring" keeps
+        `config`); create the QPs (INIT), exchange
         endpoints through the rendezvous, connect (RTR, RTS), post receives, and wait until
         every rank is ready so that nobody sends to a QP that is not yet in RTR. Then rank
         0 registers the "inc" ring with `controller` (if any; other ranks' is not used) and
         every rank learns the outcome (`netreduce.registration.register_inc_ring`). The
         communicator owns `controller` from then on."""
         rank = rendezvous.rank
+        fit = fit_inc_ring(rendezvous, config, pinned, controller)
+        configs = {"ring": config, "inc": fit.config}
         control = host.register(control_bytes(rendezvous.world_size))
-        rings = {name: host.create_ring(name, config) for name in RINGS}
+        rings = {name: host.create_ring(name, configs[name]) for name in RINGS}
         me = HostEndpoint(rank=rank, ip=host.ip, mac=host.mac, gid=host.gid,
                           device=host.device, mtu=config.mtu,
                           msg_size=config.msg_size, window=config.window,
@@ -187,18 +196,20 @@ class Communicator:
         for name, qps in rings.items():
             qps.connect(predecessor, successor)
             link = qps.link(control.local(), successor.rank, predecessor.rank)
-            streams[name] = Stream(link, config, f"rank {rank}, ring {name!r}",
+            streams[name] = Stream(link, configs[name], f"rank {rank}, ring {name!r}",
                                    liveness=rendezvous.check_peers)
         rendezvous.barrier("ready")
-        switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, config), controller)
+        switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, fit.config),
+                                   controller, fit.choice)
         try:
             rendezvous.watch()
         except BaseException:
             if controller is not None and switch.ring_id is not None:
                 unregister(controller, switch.ring_id)
             raise
-        return cls(rendezvous=rendezvous, host=host, config=config, endpoints=endpoints,
-                   streams=streams, control=control, switch=switch, controller=controller)
+        return cls(rendezvous=rendezvous, host=host, config=config, inc_config=fit.config,
+                   endpoints=endpoints, streams=streams, control=control, switch=switch,
+                   controller=controller)
 
     @property
     def device(self) -> str:
@@ -206,7 +217,7 @@ class Communicator:
 
     def inc_ring_spec(self) -> RingSpec:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""
-        return _inc_ring_spec(self._endpoints, self.config)
+        return _inc_ring_spec(self._endpoints, self.inc_config)
 
     def allreduce(self, array: np.ndarray, op: str = "sum", algo: str = "auto",
                   out: np.ndarray | None = None) -> np.ndarray:
@@ -326,6 +337,8 @@ class Communicator:
         return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
                 f"device={self.device!r}, mtu={self.config.mtu}, "
                 f"msg_size={self.config.msg_size}, window={self.config.window}, "
+                f"inc mtu={self.inc_config.mtu}, msg_size={self.inc_config.msg_size}, "
+                f"window={self.inc_config.window}, "
                 f"switch={self.switch.ring_id!r})")
 
 

@@ -1,13 +1,20 @@
 """Registering a communicator's "inc" ring with the switch controller, so that all ranks
-agree whether allreduce may aggregate in the network.
+agree whether allreduce may aggregate in the network, and fitting that ring to the switch's
+target first.
 
 Invariants:
 - Only rank 0 talks to the controller (`switch.api.client.ControllerClient` or anything
-  with the same `register_ring` / `unregister_ring`); it registers after every rank's QPs
-  are connected and before anything is posted on "inc", and publishes the outcome through
-  the rendezvous store. Every rank returns the same `SwitchStatus` or raises the same
-  `SwitchRegistrationError`: a switch that was asked for and refused is an error naming the
-  controller and its answer, never a silent fallback to the ring.
+  with the same `ping` / `register_ring` / `unregister_ring`). Before any QP exists it asks
+  the controller what its target aggregates (`target_limits`) and fits the "inc" ring's
+  flow-control knobs to it (`fit_config`): a knob the user did not set is lowered to what
+  the target takes (path MTU, then message size and window so that the slots suffice); a
+  knob the user set that the target cannot take is an error naming both. Every rank gets
+  the same fitted config (or the same error) through the rendezvous (`fit_inc_ring`).
+- After every rank's QPs are connected and before anything is posted on "inc", rank 0
+  registers the ring and publishes the outcome through the rendezvous store. Every rank
+  returns the same `SwitchStatus` or raises the same `SwitchRegistrationError`: a switch
+  that was asked for and refused is an error naming the controller and its answer, never a
+  silent fallback to the ring.
 - A registered ring is unregistered by rank 0 once every rank has left (`unregister`), and
   also when the outcome could not be shared.
 - A registration is a lease (switch/api/control.proto): when the controller grants one
@@ -25,13 +32,15 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
+from flowctl.plan import RXE_MAX_INFLIGHT, FlowConfig
 from ring_setup.rendezvous import Rendezvous
 from ring_setup.spec import RingSpec
 
 SWITCH_ENV = "NR_CONTROLLER"
+FITTED_KNOBS = ("mtu", "msg_size", "window")
 
 
 class SwitchRegistrationError(RuntimeError):
@@ -44,6 +53,7 @@ class Controller(Protocol):
 
     addr: str
 
+    def ping(self) -> dict[str, Any]: ...
     def register_ring(self, spec: RingSpec) -> dict[str, Any]: ...
     def renew_lease(self, ring_id: str) -> dict[str, Any]: ...
     def unregister_ring(self, ring_id: str) -> dict[str, Any]: ...
@@ -59,6 +69,7 @@ class SwitchStatus:
     slots: int = 0                  # the ring's aggregator slots N (when registered)
     lease_ms: int = 0               # the lease granted (0: none, nothing to renew)
     note: str = "no address given (netreduce.init(switch=HOST:PORT) or $NR_CONTROLLER)"
+    choice: str = ""                # what init chose for the "inc" ring, and why
 
     @property
     def registered(self) -> bool:
@@ -67,8 +78,8 @@ class SwitchStatus:
     def describe(self) -> str:
         if self.registered:
             return (f"'inc' ring {self.ring_id} registered with the switch at "
-                    f"{self.controller} ({self.slots} slots): algo='auto' aggregates in the "
-                    f"network")
+                    f"{self.controller} ({self.slots} slots{'; ' if self.choice else ''}"
+                    f"{self.choice}): algo='auto' aggregates in the network")
         return f"no switch: {self.note}; algo='auto' runs the host ring"
 
 
@@ -79,13 +90,110 @@ def switch_address(switch: str | None) -> str | None:
     return switch or None
 
 
+@dataclass(frozen=True)
+class RingFit:
+    """The "inc" ring's flow-control knobs fitted to the switch (alike on every rank)."""
+
+    config: FlowConfig
+    choice: str = ""                # what was chosen and why ("" without a switch)
+
+
+def target_limits(controller: Controller) -> tuple[str, dict[str, Any] | None]:
+    """(target name, its limits as the fields of TargetLimits in switch/api/control.proto,
+    or None when the controller publishes none), from the controller's Ping."""
+    reply = controller.ping()
+    return reply["target"], reply.get("limits")
+
+
+def fit_config(config: FlowConfig, pinned: frozenset[str], world_size: int, target: str,
+               limits: dict[str, Any] | None) -> RingFit:
+    """`config` fitted to `limits`: the largest path MTU the target takes that is not above
+    `config.mtu`; then, if 2 x packets in flight (capped at rxe's 128) exceed the target's
+    slots, a smaller message, then a smaller window. Knobs in `pinned` (set by the user)
+    are never changed: one the target cannot take is a ValueError naming both."""
+    if limits is None:
+        return RingFit(config, f"{target} publishes no limits: path MTU {config.mtu} as asked")
+    mtus = sorted(limits["path_mtus"])
+    if world_size > limits["max_ranks"]:
+        raise ValueError(f"{world_size} ranks; the {target} target aggregates at most "
+                         f"{limits['max_ranks']}")
+    why = []
+    mtu = config.mtu
+    if mtu not in mtus:
+        lower = [m for m in mtus if m < mtu]
+        if "mtu" in pinned or not lower:
+            asked = f"netreduce.init(mtu={mtu})" if "mtu" in pinned else f"path MTU {mtu}"
+            raise ValueError(f"{asked}: the {target} target aggregates path MTU "
+                             f"{' or '.join(map(str, mtus))} only")
+        mtu = lower[-1]
+        why.append(f"path MTU {mtu} (the largest it aggregates; {config.mtu} by default)")
+    else:
+        why.append(f"path MTU {mtu}")
+    msg_size, window = config.msg_size, config.window
+    most = limits["max_slots"] // 2           # packets in flight per connection the slots hold
+
+    def in_flight() -> int:
+        return min(window * (msg_size // mtu), RXE_MAX_INFLIGHT)
+
+    if in_flight() > most and "msg_size" not in pinned:
+        msg_size = max(1, most // window) * mtu
+        why.append(f"message {msg_size} B (its slots hold {most} packets in flight; "
+                   f"{config.msg_size} by default)")
+    if in_flight() > most and "window" not in pinned:
+        window = max(1, most // (msg_size // mtu))
+        why.append(f"window {window} (its slots hold {most} packets in flight; "
+                   f"{config.window} by default)")
+    if in_flight() > most:
+        raise ValueError(f"{in_flight()} packets in flight per connection (window {window} x "
+                         f"{msg_size // mtu} packets of {mtu} B); the {target} target's "
+                         f"{limits['max_slots']} slots hold {most}")
+    return RingFit(replace(config, mtu=mtu, msg_size=msg_size, window=window),
+                   f"{target} target: " + ", ".join(why))
+
+
+def fit_inc_ring(rendezvous: Rendezvous, config: FlowConfig, pinned: frozenset[str],
+                 controller: Controller | None) -> RingFit:
+    """Collective: rank 0 fits `config` to its controller's target (others pass anything,
+    it is not used); every rank returns the same RingFit or raises the same
+    SwitchRegistrationError. Without a controller or alone: `config` unchanged."""
+    outcome: dict[str, Any] | None = None
+    if rendezvous.rank == 0:
+        outcome = _fit(config, pinned, rendezvous.world_size, controller)
+    shared = rendezvous.all_gather("fit", outcome,
+                                   waiting_for="learned the ring's fit to the switch")[0]
+    if "error" in shared:
+        raise SwitchRegistrationError(shared["error"])
+    return RingFit(replace(config, **{k: shared[k] for k in FITTED_KNOBS}), shared["choice"])
+
+
+def _fit(config: FlowConfig, pinned: frozenset[str], world_size: int,
+         controller: Controller | None) -> dict[str, Any]:
+    keep = {k: getattr(config, k) for k in FITTED_KNOBS}
+    if controller is None or world_size < 2:
+        return {**keep, "choice": ""}
+    try:
+        target, limits = target_limits(controller)
+    except Exception as exc:        # noqa: BLE001 - every failure is reported to all ranks
+        return {"error": f"netreduce: the switch controller at {controller.addr} did not say "
+                         f"what it aggregates (Ping): {exc}"}
+    try:
+        fit = fit_config(config, pinned, world_size, target, limits)
+    except ValueError as exc:
+        return {"error": f"netreduce: the 'inc' ring cannot go through the switch at "
+                         f"{controller.addr}: {exc}"}
+    return {**{k: getattr(fit.config, k) for k in FITTED_KNOBS}, "choice": fit.choice}
+
+
 def register_inc_ring(rendezvous: Rendezvous, spec: RingSpec,
-                      controller: Controller | None) -> SwitchStatus:
+                      controller: Controller | None, choice: str = "") -> SwitchStatus:
     """Collective: rank 0 registers `spec` with `controller` (others pass anything, it is
-    not used) and every rank learns the outcome (see the module doc)."""
+    not used) and every rank learns the outcome (see the module doc); `choice` (what
+    fitting chose) goes into the status of a registered ring."""
     outcome: dict[str, Any] | None = None
     if rendezvous.rank == 0:
         outcome = _register(spec, controller)
+        if "ring_id" in outcome:
+            outcome["choice"] = choice
     try:
         shared = rendezvous.all_gather("switch", outcome,
                                        waiting_for="learned whether the switch is used")[0]

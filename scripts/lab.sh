@@ -14,10 +14,14 @@
 #    a tap in nrlab, where the switch runs natively (emulation slows Python ~10x: the switch,
 #    the hot spot, stays outside). CMD runs inside the VM as root, in its root namespace, with
 #    the repo shared read-write at the same path, PATH starting with the venv, and
-#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR set.
+#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCHES (the kinds CMD may restart the
+#    switch as: soft, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH) set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs are serialised
-# machine-wide with a lock (/run/lock/netreduce-lab.lock). --switch bridge joins the same ports with a kernel bridge instead of the
+# machine-wide with a lock (/run/lock/netreduce-lab.lock). CMD may restart the switch as soft
+# or bmv2 (same ports and controller address, fresh state) through $NR_LAB_DIR/switch.request
+# (tests/lab/labswitch.py: use_switch, restart_switch).
+# --switch bridge joins the same ports with a kernel bridge instead of the
 # switch process (a reference for what forwarding costs; no controller, no aggregation);
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
 # and BMv2 on PATH; rings through it must use RoCE path MTU 256).
@@ -72,16 +76,14 @@ LOCK=/run/lock/netreduce-lab.lock
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
-rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,cmd.sh,env,controller.token}
+rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token}
 (umask 077; echo "lab $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" > "$LABDIR/controller.token")  # this run's controller secret
 
-switch_pid=""
+supervisor_pid=""
 cleanup() {
   set +e
-  if [ -n "$switch_pid" ] && kill -0 "$switch_pid" 2>/dev/null; then
-    kill -TERM "$switch_pid"; for _ in $(seq 50); do kill -0 "$switch_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$switch_pid" 2>/dev/null
-  fi
+  if [ -n "$supervisor_pid" ]; then kill -TERM "$supervisor_pid" 2>/dev/null; wait "$supervisor_pid" 2>/dev/null; fi
+  declare -F switch_stop >/dev/null && switch_stop
   if [ -s "$LABDIR/switch.log" ]; then say "switch log and counters:"; sed 's/^/[switch] /' "$LABDIR/switch.log" >&2; fi
   [ $mode = native ] && "$ROOT/scripts/setup_rxe.sh" down --switch-ns "$SWNS" >/dev/null 2>&1
   ip netns del "$SWNS" 2>/dev/null
@@ -123,18 +125,77 @@ else
 fi
 ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 
-start_switch() {  # python module + its extra args; waits for its ready file
-  ip netns exec "$SWNS" "$PY" -m "$@" "${ports[@]}" --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
+# --- the switch and its supervisor ----------------------------------------------------------
+# The switch (soft: python -m switch; bmv2: python -m switch.bmv2_lab) runs in a session of its
+# own (its pid is its process group: stopping it also ends simple_switch_grpc); its pid is in
+# $LABDIR/switch.pid, its kind in $LABDIR/switch.kind. The supervisor lets the hosts' side
+# restart it (tests/lab/labswitch.py): the guest writes "ID KIND" to $LABDIR/switch.request;
+# the supervisor stops the switch, starts KIND on the same ports with the same controller
+# address and token (fresh state) and, once it is ready, answers "ID ok KIND PID" in
+# $LABDIR/switch.reply, or "ID error WHY" (both files are replaced by a rename).
+SWITCH_START_TIMEOUT=120    # s; the first bmv2 start compiles switch/p4
+# Every host's MAC is configured: the software switch maps ring ports statically, BMv2 learns none.
+for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done
+switch_error=""
+switch_start() {  # KIND: start it and wait until it is ready; else 1 with $switch_error set
+  local kind=$1 module extra=() pid
+  case $kind in
+    soft) module=switch ;;
+    bmv2) module=switch.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
+    *) switch_error="unknown switch kind '$kind' (soft or bmv2)"; return 1 ;;
+  esac
+  rm -f "$LABDIR/switch.ready"
+  echo "---- $(date -u +%T) starting the $kind switch" >> "$LABDIR/switch.log"
+  setsid ip netns exec "$SWNS" "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
+    --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
     --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
-    >"$LABDIR/switch.log" 2>&1 &
-  switch_pid=$!
-  for _ in $(seq 600); do
-    [ -f "$LABDIR/switch.ready" ] && break
-    kill -0 "$switch_pid" 2>/dev/null || { cat "$LABDIR/switch.log" >&2; switch_pid=""; die "the switch ($1) exited at start"; }
+    >>"$LABDIR/switch.log" 2>&1 &
+  pid=$!
+  echo "$pid" > "$LABDIR/switch.pid"
+  echo "$kind" > "$LABDIR/switch.kind"
+  for _ in $(seq $((SWITCH_START_TIMEOUT * 10))); do
+    if [ -f "$LABDIR/switch.ready" ]; then say "switch $kind up (pid $pid): ${ports[*]}"; return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      switch_error="the $kind switch exited at start: $(tail -3 "$LABDIR/switch.log" | tr '\n' ' ')"
+      rm -f "$LABDIR/switch.pid"; return 1
+    fi
     sleep 0.1
   done
-  [ -f "$LABDIR/switch.ready" ] || die "the switch ($1) did not become ready in 60 s"
-  say "switch $1 up (pid $switch_pid): ${ports[*]}"
+  switch_stop
+  switch_error="the $kind switch did not become ready in $SWITCH_START_TIMEOUT s (see $LABDIR/switch.log)"
+  return 1
+}
+switch_stop() {  # TERM (it prints and writes its counters), up to 10 s, then KILL its group
+  local pid
+  pid=$(cat "$LABDIR/switch.pid" 2>/dev/null) || return 0
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$LABDIR/switch.pid"
+}
+switch_supervise() {  # serves $LABDIR/switch.request until TERM
+  trap - EXIT
+  trap 'exit 0' TERM INT
+  local id kind reply
+  while :; do
+    if [ -f "$LABDIR/switch.request" ]; then
+      read -r id kind < "$LABDIR/switch.request" || true
+      rm -f "$LABDIR/switch.request"
+      say "switch: restart as '$kind' asked by the hosts' side (request $id)"
+      if [ "$switch" = bridge ]; then
+        reply="$id error the lab runs --switch bridge: no switch process to restart"
+      else
+        switch_stop
+        if switch_start "$kind"; then reply="$id ok $kind $(cat "$LABDIR/switch.pid")"
+        else reply="$id error $switch_error"; fi
+      fi
+      echo "$reply" > "$LABDIR/switch.reply.tmp"
+      mv -f "$LABDIR/switch.reply.tmp" "$LABDIR/switch.reply"
+    fi
+    sleep 0.2
+  done
 }
 case $switch in
   bridge)
@@ -144,19 +205,21 @@ case $switch in
       [ "${ports[$((i - 1))]}" = --port ] || continue
       ip -n "$SWNS" link set "${ports[$i]#*=}" master nrbr
     done
+    echo bridge > "$LABDIR/switch.kind"
     say "kernel bridge nrbr up: ${ports[*]}" ;;
-  soft) for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done; start_switch switch ;;  # ring ports: static map only
-  bmv2)
-    # BMv2 learns no MACs: every host's MAC is configured (rings need RoCE path MTU 256).
-    for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done
-    start_switch switch.bmv2_lab --bmv2-log "$LABDIR/bmv2.log" ;;
+  *) switch_start "$switch" || die "$switch_error" ;;
 esac
+switch_supervise &
+supervisor_pid=$!
+switch_kinds=soft                 # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
+if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then switch_kinds+=" bmv2"; fi
 
 # --- the command ---------------------------------------------------------------------------
 {
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
   printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q\n' \
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token"
+  printf 'export NR_LAB_SWITCHES=%q\n' "$switch_kinds"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# test.sh — every test: unit tests on this machine, then all lab tests inside ONE lab boot
-# (scripts/lab.sh: 4 Soft-RoCE hosts behind the software switch). Extra arguments go to both
-# pytest runs (e.g. -k name, -x). Exit code: non-zero when any test failed or none ran.
+# test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
+# switch/p4 compiled by p4c and the conformance vectors run on BMv2, none skipped; then all
+# lab tests inside ONE lab boot (scripts/lab.sh: 4 Soft-RoCE hosts behind the software switch;
+# tests/lab/test_bmv2_allreduce.py restarts it as BMv2 and back). Extra arguments go to the
+# unit and lab pytest runs (e.g. -k name, -x). Exit code: non-zero when any test failed or
+# none ran.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=$ROOT/.venv/bin/python
@@ -9,5 +12,21 @@ PY=$ROOT/.venv/bin/python
 cd "$ROOT"
 echo "==> [test] unit tests (this machine)"
 "$PY" -m pytest -q -m "not lab" tests "$@"
+
+if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } >/dev/null; then
+  echo "==> [test] p4c compiles switch/p4 (fresh build)"
+  build=$(mktemp -d); trap 'rm -rf "$build"' EXIT
+  "$PY" -m switch.p4program --out "$build" >/dev/null
+  echo "==> [test] conformance vectors on BMv2 (scripts/conformance.sh --target bmv2; no skips)"
+  out=$build/conformance.out
+  "$ROOT/scripts/conformance.sh" --target bmv2 2>&1 | tee "$out"    # pipefail: its exit code
+  if grep -Eq '[0-9]+ skipped' "$out"; then
+    echo "test.sh: conformance vectors were skipped on BMv2 (see SKIPPED above): none may be" >&2
+    exit 1
+  fi
+else
+  echo "==> [test] p4c / BMv2 not installed: switch/p4 compile and BMv2 conformance not run (scripts/install.sh --p4 ...; CI never passes without them)"
+fi
+
 echo "==> [test] lab tests (inside the lab, one boot)"
 "$ROOT/scripts/lab.sh" --hosts 4 -- python -m pytest -q -rs -m lab tests/lab "$@"

@@ -29,19 +29,21 @@ def lab_ring(ranks: int, mtu: int) -> RingSpec:
     return RingSpec("bench", ranks, mtu, 64 * mtu, 2, conns)
 
 
-def frames(spec: RingSpec, packets: int) -> list[tuple[int, bytes]]:
-    """(in_port, frame) for packet k of every rank, k-major: 64-packet WRITE messages."""
+def frames(spec: RingSpec, packets: int, payload: int | None = None
+           ) -> list[tuple[int, bytes]]:
+    """(in_port, frame) for packet k of every rank, k-major: 64-packet WRITE messages of
+    `payload` bytes per packet (default: the path MTU)."""
     rng = np.random.default_rng(7)
     out = []
     for k in range(packets):
         pos = k % 64
         op = Op.WRITE_FIRST if pos == 0 else Op.WRITE_LAST if pos == 63 else Op.WRITE_MIDDLE
         for c in spec.connections:
-            payload = rng.integers(-2**31, 2**31, spec.mtu // 4, dtype=np.int32)
+            words = rng.integers(-2**31, 2**31, (payload or spec.mtu) // 4, dtype=np.int32)
             out.append((c.rank + 1, build_frame(
                 dst_mac=c.dst_mac, src_mac=c.src_mac, src_ip=c.src_ip, dst_ip=c.dst_ip,
                 dest_qp=c.dst_qpn, psn=c.psn0 + k, opcode=op, ackreq=pos == 63,
-                payload=payload.astype("<i4").tobytes(),
+                payload=words.astype("<i4").tobytes(),
                 reth_fields=(0x7F0000000000, 0x1234, spec.msg_size) if pos == 0 else None)))
     return out
 

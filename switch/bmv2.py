@@ -171,6 +171,11 @@ class Bmv2Target(Target):
         """The static MAC table (MAC -> port)."""
         return dict(self._macs)
 
+    def limits(self) -> dict[str, Any]:
+        """limits.p4's: path MTU 256 only (64 int32 per packet), its slots, ranks, rings."""
+        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots,
+                "max_ranks": self.c.max_ranks, "max_rings": self.c.max_rings}
+
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
         check_ring(spec, slots)
         check_bmv2_ring(spec, slots, self.c)

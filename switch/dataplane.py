@@ -283,6 +283,7 @@ class DataPlane:
 def format_port_table(counters: dict[str, dict[str, int | str]]) -> str:
     """Per-port counters as an aligned text table (what the switch prints on exit)."""
     cols = ["ifname", *[f.name for f in dataclasses.fields(PortCounters)]]
-    rows = [["port", *cols]] + [[n, *(str(v[k]) for k in cols)] for n, v in counters.items()]
+    rows = [["port", *cols]] + [[n, *(str(v.get(k, "-")) for k in cols)]  # "-": not kept (BMv2)
+                                for n, v in counters.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from flowctl.plan import RXE_MAX_INFLIGHT
 from ring_setup.spec import Connection, RingSpec
 from switch.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, PSN_MASK, UDP_CSUM_OFF,
                             UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after,
@@ -30,10 +31,6 @@ if TYPE_CHECKING:
 DEFAULT_SLOTS = 256
 MAX_SLOTS = 1024
 MAX_RANKS = 32                   # bitmap width
-# rxe_req.c (rxe_requester) stalls only when psn_compare(psn, comp.psn +
-# RXE_MAX_UNACKED_PSNS) > 0, RXE_MAX_UNACKED_PSNS = 128: PSNs comp.psn .. comp.psn + 128,
-# i.e. 129 of them, may be unacknowledged at once per QP.
-RXE_MAX_INFLIGHT = 129
 PATH_MTUS = (256, 512, 1024, 2048, 4096)
 DROPS = ("drop_wrong_port", "drop_bad_ipcsum", "drop_fragment", "drop_bad_opcode",
          "drop_bad_length", "drop_bad_icrc", "drop_overrun", "drop_mismatch", "drop_duplicate",

@@ -248,6 +248,11 @@ class FakeSwitch:
         return True
 
 
+SOFTWARE_LIMITS = {"path_mtus": [256, 512, 1024, 2048, 4096], "max_slots": 1024,
+                   "max_ranks": 32, "max_rings": 0, "free_rings": 0, "max_slot_memory": 0,
+                   "default_lease_ms": 0}
+
+
 class FakeControllerError(RuntimeError):
     """Like the controller client's error: a gRPC status `code` name and a message."""
 
@@ -259,17 +264,29 @@ class FakeControllerError(RuntimeError):
 class FakeController:
     """switch.controller.ControllerClient for a fake fabric: `refuse` makes registration
     fail with that message; `lease_ms` > 0 grants leases (renewals counted in `renewed`);
-    `restart()` forgets every ring like a restarted switch; `registered` / `unregistered`
-    record the calls."""
+    `restart()` forgets every ring like a restarted switch; Ping answers `target` and
+    `limits` (None: a controller that publishes none; an exception: raised);
+    `registered` / `unregistered` record the calls."""
 
     addr = "fake-controller:1"
 
-    def __init__(self, fabric: FakeFabric, refuse: str | None = None, lease_ms: int = 0) -> None:
+    def __init__(self, fabric: FakeFabric, refuse: str | None = None, lease_ms: int = 0,
+                 target: str = "software",
+                 limits: dict | Exception | None = SOFTWARE_LIMITS) -> None:
         self.fabric, self.refuse, self.lease_ms = fabric, refuse, lease_ms
+        self.target, self.limits = target, limits
+        self.pings = 0
         self.registered: list[RingSpec] = []
         self.unregistered: list[str] = []
         self.renewed: list[str] = []
         self.closed = False
+
+    def ping(self) -> dict:
+        self.pings += 1
+        if isinstance(self.limits, Exception):
+            raise self.limits
+        return {"target": self.target} if self.limits is None else \
+            {"target": self.target, "limits": self.limits}
 
     def register_ring(self, spec: RingSpec) -> dict:
         if self.refuse is not None:

@@ -17,6 +17,7 @@ from switch import bmv2_lab, p4program
 from switch.bmv2 import (Bmv2Target, McGroup, ShellSession, TableEntry, ThriftRegisters,
                          plan_ring)
 from switch.controller import ControllerClient, SoftwareTarget, serve
+from switch.dataplane import format_port_table
 from switch.p4program import build_paths, contract
 from switch.pipeline import CONN_COUNTERS, RING_COUNTERS, AggregationPipeline
 
@@ -195,6 +196,20 @@ def test_counters_are_relative_to_registration(target: Bmv2Target,
                                  "flooded": 0, "tx_errors": 0}
 
 
+def test_limits_are_the_programs(target: Bmv2Target) -> None:
+    """limits.p4's numbers: path MTU 256 only (64 int32 per packet), its slots, ranks, rings."""
+    assert target.limits() == {"path_mtus": [4 * C.max_elems], "max_slots": C.slots,
+                               "max_ranks": C.max_ranks, "max_rings": C.max_rings} \
+        == {"path_mtus": [256], "max_slots": 256, "max_ranks": 32, "max_rings": 4}
+
+
+def test_bmv2_port_counters_format_without_rx_dropped(target: Bmv2Target) -> None:
+    """BMv2 keeps no rx_dropped: the table shows "-" there (was KeyError 'rx_dropped')."""
+    table = format_port_table(target.counters()["ports"]).splitlines()
+    assert table[0].split()[-1] == "rx_dropped" and len(table) == 1 + len(PORTS)
+    assert all(row.split()[-1] == "-" for row in table[1:])
+
+
 def test_counters_have_the_software_targets_shape(target: Bmv2Target) -> None:
     software = SoftwareTarget(AggregationPipeline(), mac_ports(4).get)
     for t in (target, software):
@@ -226,8 +241,10 @@ def test_the_controller_serves_a_bmv2_target(target: Bmv2Target, session: FakeSe
     server, port = serve(target, "127.0.0.1:0")
     try:
         with ControllerClient(f"127.0.0.1:{port}", timeout=5) as client:
-            assert client.ping()["target"] == "bmv2"
+            limits = client.ping()["limits"]
+            assert (client.ping()["target"], limits["path_mtus"]) == ("bmv2", [256])
             assert client.register_ring(make_ring(2))["slots"] == 256
+            assert client.ping()["limits"]["free_rings"] == limits["free_rings"] - 1
             assert client.counters()["rings"]["ring"]["world_size"] == 2
             client.unregister_ring("ring")
     finally:

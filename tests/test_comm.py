@@ -28,9 +28,11 @@ def free_port() -> int:
 
 def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowConfig = CFG,
               fabric: FakeFabric | None = None,
-              controller: FakeController | None = None) -> list[Any]:
-    """Connect n ranks over one fake fabric (rank 0 registering the "inc" ring with
-    `controller`, if given), run `body` on each; results or exceptions."""
+              controller: FakeController | None = None,
+              pinned: frozenset[str] = frozenset()) -> list[Any]:
+    """Connect n ranks over one fake fabric (rank 0 fitting the "inc" ring to `controller`,
+    if given, leaving the knobs in `pinned` alone, and registering it), run `body` on each;
+    results or exceptions."""
     fabric = fabric or FakeFabric()
     port = free_port()
     out: list[Any] = [None] * n
@@ -39,7 +41,8 @@ def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowCo
         host = FakeHost(fabric, rank)
         rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10)).join()
         try:
-            comm = Communicator.connect(rdzv, host, cfg, controller if rank == 0 else None)
+            comm = Communicator.connect(rdzv, host, cfg, controller if rank == 0 else None,
+                                        pinned)
         except Exception as exc:        # noqa: BLE001 - the test inspects it
             out[rank] = exc
             rdzv.close(timeout=1)

@@ -240,8 +240,8 @@ def test_without_a_switch_or_alone_auto_runs_the_ring() -> None:
                                       "host ring")
     ((status, _), _), _, _ = with_switch(2, body)
     assert status.describe().startswith("'inc' ring nr-10.99.0.1-") and status.describe() \
-        .endswith(" registered with the switch at fake-controller:1 (256 slots): algo='auto' "
-                  "aggregates in the network")
+        .endswith(" registered with the switch at fake-controller:1 (256 slots; software "
+                  "target: path MTU 256): algo='auto' aggregates in the network")
 
 
 def test_outputs_in_place_strided_or_overlapping_the_input_all_get_the_sum() -> None:

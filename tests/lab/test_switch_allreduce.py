@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -29,33 +30,35 @@ STRUCTURAL_DROPS = ("drop_wrong_port", "drop_bad_opcode", "drop_bad_length", "dr
                     "drop_mismatch", "drop_bad_ipcsum", "drop_fragment", "drop_bad_icrc")
 
 
-def packets(count: int) -> int:
+def packets(count: int, config: FlowConfig = CONFIG) -> int:
     """RoCE packets of one switch allreduce of `count` 4-byte elements, per connection."""
-    return sum(-(-m.length // CONFIG.mtu) for m in MessagePlan(4 * count, CONFIG.msg_size))
+    return sum(-(-m.length // config.mtu) for m in MessagePlan(4 * count, config.msg_size))
 
 
-def meta_packets(n: int) -> int:
+def meta_packets(n: int, config: FlowConfig = CONFIG) -> int:
     """Packets of one call's metadata exchange through the switch (a bank of n records)."""
-    return packets(n * RECORD_STRIDE // 4)
+    return packets(n * RECORD_STRIDE // 4, config)
 
 
-def data_packets(count: int, n: int) -> int:
+def data_packets(count: int, n: int, config: FlowConfig = CONFIG) -> int:
     """Packets of one call's data: `count` int32 words, then the seal of n words."""
-    return packets(count + n)
+    return packets(count + n, config)
 
 
-def expected_packets(sizes: list[int], n: int) -> int:
+def expected_packets(sizes: list[int], n: int, config: FlowConfig = CONFIG) -> int:
     """What allreduce_worker.py `switch` sends per connection: int32 and float32 at every
     size, the refused call (its metadata only), one 5-element call; each call's metadata
     first."""
     calls = 2 * len(sizes) + 2
-    return calls * meta_packets(n) + 2 * sum(data_packets(c, n) for c in sizes) \
-        + data_packets(5, n)
+    return (calls * meta_packets(n, config) + 2 * sum(data_packets(c, n, config) for c in sizes)
+            + data_packets(5, n, config))
 
 
-def check_switch_run(result: LaunchResult, n: int, sizes: list[int]) -> dict[str, int]:
+def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
+                     config: FlowConfig = CONFIG) -> dict[str, int]:
     """Every rank passed; the overflow refusal read alike everywhere; the ring's counters
-    show exactly n contributions per packet, every slot emitted, no structural drop."""
+    (the "inc" ring's knobs: `config`) show exactly n contributions per packet, every slot
+    emitted, no structural drop."""
     assert result.ok, f"exit {result.exit_code}"
     errors = set()
     for r in range(n):
@@ -66,9 +69,10 @@ def check_switch_run(result: LaunchResult, n: int, sizes: list[int]) -> dict[str
     assert "the int32 sum may overflow" in err and "conservative" in err, err
     (raw,) = lines(result, 0, "SWITCH_RING ")
     counters = json.loads(raw)
-    p = expected_packets(sizes, n)
+    p = expected_packets(sizes, n, config)
     # the other ranks may already have sent the next call's metadata, rank 0 not
-    assert n * p <= counters["aggregated"] <= n * p + (n - 1) * meta_packets(n), (counters, p)
+    assert n * p <= counters["aggregated"] <= n * p + (n - 1) * meta_packets(n, config), \
+        (counters, p)
     assert counters["completed"] == p, (counters, p)
     assert counters["results_sent"] == n * p, (counters, p)
     for drop in STRUCTURAL_DROPS:
@@ -97,10 +101,21 @@ def test_in_network_allreduce_matches_numpy(n: int, capsys: pytest.CaptureFixtur
 
 @pytest.fixture
 def lossy_hosts() -> Iterator[None]:
-    """1% loss (tc netem) on every host's lab link, removed afterwards whatever happens."""
+    """1% loss on every host's lab link (see `host_loss`)."""
+    with host_loss("1%"):
+        yield
+
+
+@contextmanager
+def host_loss(loss: str) -> Iterator[None]:
+    """`loss` (tc netem, e.g. "1%") on every host's lab link, removed afterwards whatever
+    happens; "0%" changes nothing."""
+    if loss == "0%":
+        yield
+        return
     try:
         for i in range(HOSTS):
-            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", "1%")
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", loss)
         yield
     finally:
         for i in range(HOSTS):
@@ -117,12 +132,24 @@ def test_in_network_allreduce_survives_one_percent_loss(lossy_hosts: None,
     result = run_worker(4, "switch", "--sizes", str(sizes[0]), "--timed", str(sizes[0]),
                         timeout=900)
     counters = check_switch_run(result, 4, sizes)
+    check_retransmissions_seen(counters)
+    show_run(capsys, "switch allreduce, 1% loss", result, counters)
+
+
+def check_retransmissions_seen(counters: dict[str, int]) -> None:
+    """The switch saw retransmissions: served from emitted slots, or dropped as
+    duplicates/stale."""
     assert counters["retransmits_served"] + counters["drop_duplicate"] \
         + counters["drop_stale"] > 0, counters
+
+
+def show_run(capsys: pytest.CaptureFixture[str], label: str, result: LaunchResult,
+             counters: dict[str, int]) -> None:
+    """The ring's counters and rank 0's TIME lines, printed past pytest's capture."""
     with capsys.disabled():
-        print(f"\n[switch allreduce, 1% loss] counters {counters}")
+        print(f"\n[{label}] counters {counters}")
         for t in lines(result, 0, "TIME "):
-            print(f"[switch allreduce, 1% loss] {t}")
+            print(f"[{label}] {t}")
 
 
 def test_ib_write_bw_passes_unchanged_while_a_ring_is_registered(tmp_path: Path) -> None:

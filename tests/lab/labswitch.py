@@ -1,0 +1,136 @@
+"""Which switch the lab runs, asked from the hosts' side: `use_switch`, `restart_switch`.
+
+scripts/lab.sh runs the switch outside the hosts (in namespace nrlab, on the machine) and a
+supervisor beside it that restarts it on request: this module writes "ID KIND" to
+$NR_LAB_DIR/switch.request and waits for "ID ok KIND PID" / "ID error WHY" in
+$NR_LAB_DIR/switch.reply (the directory is shared with the VM). A restart keeps the ports
+and the controller's address and starts from fresh state: no ring registered, counters at
+zero, the software switch's MAC table empty.
+
+Invariant: `restart_switch` returns only once the new switch's controller answers Ping from
+host h0 over the lab network (through the switch itself), and within `timeout` seconds;
+anything else is a `LabSwitchError` saying what was asked, what happened and where to look.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.lab.labhosts import CONTROLLER, in_host
+
+KINDS = ("soft", "bmv2")
+RESTART_TIMEOUT = 180.0      # s: stop, (first bmv2 start: compile switch/p4), start, Ping
+POLL = 0.2
+
+
+class LabSwitchError(RuntimeError):
+    """The lab's switch could not be restarted as asked."""
+
+
+@dataclass(frozen=True)
+class LabSwitch:
+    kind: str            # "soft" or "bmv2"
+    pid: int             # the switch process on the machine (its own process group)
+    target: str          # what its controller's Ping says ("software" or "bmv2")
+    seconds: float       # how long the restart took, Ping included
+
+
+def lab_dir() -> Path:
+    d = os.environ.get("NR_LAB_DIR")
+    if not d:
+        raise LabSwitchError("NR_LAB_DIR is not set: switch restarts work only inside "
+                             "scripts/lab.sh")
+    return Path(d)
+
+
+def available_switches() -> tuple[str, ...]:
+    """The kinds scripts/lab.sh can start here (bmv2 only where p4c and BMv2 are installed)."""
+    return tuple(os.environ.get("NR_LAB_SWITCHES", "soft").split())
+
+
+def current_switch() -> str:
+    """The kind of switch running now ("soft", "bmv2" or "bridge")."""
+    path = lab_dir() / "switch.kind"
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise LabSwitchError(f"cannot read {path} (written by scripts/lab.sh): {e}") from None
+
+
+def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) -> LabSwitch:
+    """Stop the lab's switch and start `kind` (None: the kind running now) on the same
+    ports, with the same controller address and fresh state; return once it answers."""
+    kind = kind or current_switch()
+    if kind not in KINDS:
+        raise LabSwitchError(f"restart_switch({kind!r}): the lab's switch is one of {KINDS}")
+    if kind not in available_switches():
+        raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh can start only "
+                             f"{available_switches()} here (bmv2 needs p4c and "
+                             f"simple_switch_grpc on its PATH: scripts/install.sh)")
+    d = lab_dir()
+    rid = uuid.uuid4().hex[:12]
+    t0 = time.monotonic()
+    tmp = d / f"switch.request.{rid}"
+    tmp.write_text(f"{rid} {kind}\n")
+    tmp.rename(d / "switch.request")
+    reply = _wait_reply(d / "switch.reply", rid, kind, t0 + timeout)
+    status, _, rest = reply.partition(" ")
+    if status != "ok":
+        raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh says: {rest}")
+    _, _, pid = rest.partition(" ")
+    target = _ping(kind, t0 + timeout)
+    return LabSwitch(kind, int(pid), target, time.monotonic() - t0)
+
+
+def use_switch(kind: str, timeout: float = RESTART_TIMEOUT) -> LabSwitch | None:
+    """Make `kind` the lab's switch: restarted only when another kind runs (None then)."""
+    if current_switch() == kind:
+        return None
+    return restart_switch(kind, timeout)
+
+
+def _wait_reply(path: Path, rid: str, kind: str, deadline: float) -> str:
+    """The text after "ID " of the supervisor's answer to request `rid`."""
+    while time.monotonic() < deadline:
+        try:
+            line = path.read_text().strip()
+        except FileNotFoundError:
+            line = ""
+        if line.startswith(rid + " "):
+            return line[len(rid) + 1:]
+        time.sleep(POLL)
+    if (path.parent / "switch.request").exists():
+        why = "the request was never picked up: is the supervisor running?"
+    else:
+        why = "the request was taken, no answer yet"
+    raise LabSwitchError(f"restart_switch({kind!r}): no answer from scripts/lab.sh's switch "
+                         f"supervisor in time ({why}; the switch's log is "
+                         f"{path.parent / 'switch.log'})")
+
+
+def _ping(kind: str, deadline: float) -> str:
+    """The target name the restarted controller's Ping gives, asked from h0."""
+    last = ""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LabSwitchError(f"restart_switch({kind!r}): the {kind} switch is up but its "
+                                 f"controller at {CONTROLLER} does not answer Ping from h0: "
+                                 f"{last}")
+        cmd = in_host(0, sys.executable, "-m", "switch.ctl", "--addr", CONTROLLER,
+                      "--timeout", "5", "ping")
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=min(left, 30))
+        except subprocess.TimeoutExpired:
+            last = "switch.ctl ping did not return in time"
+            continue
+        if p.returncode == 0:
+            return json.loads(p.stdout)["target"]
+        last = (p.stderr or p.stdout).strip()
+        time.sleep(POLL)

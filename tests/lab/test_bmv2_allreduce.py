@@ -1,0 +1,98 @@
+"""In-network allreduce through BMv2 running switch/p4, in the same lab boot as the other lab
+tests: the module switches the lab's switch to BMv2 (tests/lab/labswitch.py) and back to the
+software switch afterwards. The user program is unchanged (allreduce_worker.py calls
+`netreduce.init()` with defaults): init asks the controller for BMv2's limits and fits the
+"inc" ring to path MTU 256 (and 16 KiB messages) by itself. The ring's switch counters prove BMv2 summed.
+
+Inside the lab (any --switch; needs p4c and BMv2 on the machine):
+    scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_bmv2_allreduce.py
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from typing import Iterator
+
+import pytest
+
+from conftest import IN_LAB, UNDER_CI
+from flowctl.plan import FlowConfig
+from tests.lab.labhosts import run_in_host, switch_counters
+from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, restart_switch,
+                                 use_switch)
+from tests.lab.test_allreduce import lines, run_worker
+from tests.lab.test_switch_allreduce import (check_retransmissions_seen, check_switch_run,
+                                             host_loss, show_run)
+
+pytestmark = pytest.mark.lab
+
+BMV2_PATH_MTU = 256                      # switch/p4/limits.p4: 64 int32 per packet
+# Element counts, each run as int32 and as float32. BMv2 sums about 200 contributions/s on
+# these machines (python -m switch.bench_targets; docs/benchmarks.md), and in the lab rxe's
+# 67 ms retransmission timer fires long before BMv2 has drained 4 x 128 packets in flight:
+# retransmissions then take most of BMv2's time (a 256 KiB call stalled > 30 s). So the
+# sizes stop at 64 KiB (one to four 16 KiB messages).
+SIZES = {"0%": [1, 1000, 16384],         # 1 element .. 64 KiB
+         "1%": [1, 16385]}               # odd: in place
+
+
+@pytest.fixture(scope="module")
+def bmv2() -> Iterator[LabSwitch | None]:
+    """BMv2 as the lab's switch for this module (fresh), the lab's own kind afterwards.
+    Outside the lab it does nothing (conftest's guard then skips, or fails under CI)."""
+    if not IN_LAB:
+        yield None
+        return
+    if "bmv2" not in available_switches():
+        why = ("BMv2 lab tests: scripts/lab.sh found no p4c / simple_switch_grpc on its PATH "
+               "(scripts/install.sh --p4 ...)")
+        if UNDER_CI:
+            pytest.fail(why)
+        pytest.skip(why)
+    before = current_switch()
+    restarted = use_switch("bmv2") or restart_switch("bmv2")
+    try:
+        yield restarted
+    finally:
+        use_switch(before)
+
+
+def test_the_lab_switch_is_bmv2_and_publishes_its_limits(bmv2: LabSwitch) -> None:
+    """The restarted switch is BMv2, fresh (no ring) and its Ping carries limits.p4's."""
+    assert (bmv2.kind, bmv2.target) == ("bmv2", "bmv2")
+    p = run_in_host(0, sys.executable, "-m", "switch.ctl", "ping")
+    limits = json.loads(p.stdout)["limits"]
+    assert limits["path_mtus"] == [BMV2_PATH_MTU] and limits["max_slots"] == 256, limits
+    assert limits["free_rings"] == limits["max_rings"] == 4, limits
+    assert switch_counters()["rings"] == {}
+    print(f"\n[bmv2] restart to bmv2 took {bmv2.seconds:.1f} s")
+
+
+@pytest.mark.parametrize("loss", ["0%", "1%"])
+def test_allreduce_through_bmv2_with_init_defaults(bmv2: LabSwitch, loss: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """4 ranks, int32 exact and float32 within the bound (checked by every rank), each
+    size of SIZES[loss]; init's defaults fitted to path MTU 256 and said so; BMv2's ring
+    counters show n contributions per packet, every slot emitted, no structural drop
+    (under loss: retransmissions seen and served)."""
+    sizes = SIZES[loss]
+    t0 = time.monotonic()
+    with host_loss(loss):
+        result = run_worker(4, "switch", "--sizes", ",".join(map(str, sizes)),
+                            "--timed", str(sizes[-1]), timeout=1200)
+    seconds = time.monotonic() - t0
+    (joined,) = lines(result, 0, "joined ")
+    knobs = re.search(r"inc mtu=(\d+), msg_size=(\d+), window=(\d+)", joined)
+    assert knobs, joined
+    inc = FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]))
+    # path MTU 256; 64-packet messages so that rxe's 129 unacknowledged PSNs fit 256 slots
+    assert inc == FlowConfig(mtu=BMV2_PATH_MTU, msg_size=64 * BMV2_PATH_MTU), joined
+    registered = [line for line in result.ranks[0].output if "registered with the switch" in line]
+    assert registered and "bmv2 target: path MTU 256 (the largest it aggregates; 4096 by " \
+        "default), message 16384 B" in registered[0], result.ranks[0].output
+    counters = check_switch_run(result, 4, sizes, inc)
+    if loss != "0%":
+        check_retransmissions_seen(counters)
+    show_run(capsys, f"bmv2 allreduce, {loss} loss, {seconds:.0f} s", result, counters)
