@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,11 @@ def die(comm: Communicator) -> None:
 
 
 def test_a_dead_rank_is_named_by_every_other_within_seconds_and_breaks_the_communicator() -> None:
+    call_0_done = threading.Barrier(4)      # rank 2 dies between calls, not during call #0
+
     def body(comm: Communicator, host: FakeHost) -> Any:
         comm.allreduce(np.ones(100, dtype=np.int32))
+        call_0_done.wait(timeout=30)
         if comm.rank == 2:
             die(comm)
             return "died"
@@ -47,6 +51,7 @@ def test_a_dead_rank_is_named_by_every_other_within_seconds_and_breaks_the_commu
     out = run_ranks(4, body, cfg=CFG)
     assert out[2] == "died"
     for r in (0, 1, 3):
+        assert isinstance(out[r], tuple), (r, out)
         exc, took, again = out[r]
         assert exc.ranks == [2] and took < 3, (exc, took)
         assert (f"netreduce: rank {r}: allreduce call #1 (int32[100] op=sum algo=ring) failed: "
