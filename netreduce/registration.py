@@ -159,8 +159,8 @@ def fit_inc_ring(rendezvous: Rendezvous, config: FlowConfig, pinned: frozenset[s
     outcome: dict[str, Any] | None = None
     if rendezvous.rank == 0:
         outcome = _fit(config, pinned, rendezvous.world_size, controller)
-    shared = rendezvous.all_gather("fit", outcome,
-                                   waiting_for="learned the ring's fit to the switch")[0]
+    # the communicator's first collective: a rank missing from it never joined at all
+    shared = rendezvous.all_gather("fit", outcome, waiting_for="joined")[0]
     if "error" in shared:
         raise SwitchRegistrationError(shared["error"])
     return RingFit(replace(config, **{k: shared[k] for k in FITTED_KNOBS}), shared["choice"])

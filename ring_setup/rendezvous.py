@@ -40,8 +40,12 @@ from typing import Any, Mapping
 DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 30.0
 WATCH_INTERVAL = 1.0     # a watch request returns after this long when nothing failed
-SILENCE_TIMEOUT = 15.0   # a rank whose watch is silent this long is declared failed
-_MARGIN = 5.0            # extra socket timeout over a server-side wait
+# A dead process is seen at once (its connections close); these two only bound how long a
+# hung host or store goes unnoticed, so they are generous: in the TCG lab a busy rank's
+# store thread can go several seconds without the GIL or a vCPU (a watch timing out at
+# 6 s broke slow BMv2 calls).
+SILENCE_TIMEOUT = 60.0   # a rank whose watch is silent this long is declared failed
+_MARGIN = 30.0           # extra socket timeout over a server-side wait
 
 
 class RendezvousError(RuntimeError):

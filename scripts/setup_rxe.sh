@@ -135,7 +135,7 @@ wait_usable() {  # hosts: until libibverbs in hI opens rxeI and its port is ACTI
     sleep 0.5
   done
   echo "setup_rxe.sh: rxe0..rxe$((n - 1)) usable from their namespaces after $((SECONDS - t0)) s" \
-    "(udev settled in ${settled} s; ${late:-every device} ${late:+not usable at first, }usable after $rounds round(s))"
+    "(udev settled in ${settled} s; ${late:-every device} ${late:+not usable at first, }usable after $rounds round(s))" >&2
 }
 
 hosts_present() { ip netns list | awk '{print $1}' | grep -E '^h[0-9]+$' | sed 's/^h//' | sort -n; }

@@ -28,9 +28,9 @@ _ports = itertools.count(29600)
 
 
 def run_worker(n: int, *args: str, timeout: float = 1800,
-               out: TextIO | None = None) -> LaunchResult:
+               out: TextIO | None = None, grace: float = 30) -> LaunchResult:
     """allreduce_worker.py ARGS as n ranks; their prefixed output goes to `out` as it comes
-    (default: stdout)."""
+    (default: stdout); `grace`: how long the others may run on after one rank failed."""
     if n > HOSTS:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
     # The worker runs as a script: without this its `import netreduce` would find whatever
@@ -38,7 +38,7 @@ def run_worker(n: int, *args: str, timeout: float = 1800,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return launch([sys.executable, str(WORKER), *args], n, port=next(_ports), timeout=timeout,
-                  grace=30, out=out, env=env)
+                  grace=grace, out=out, env=env)
 
 
 class Watch(io.StringIO):
@@ -63,7 +63,9 @@ def in_background(n: int, *args: str, until: Path, marker: str
     watch = Watch(marker)
     outcome: list[LaunchResult] = []
     worker = threading.Thread(target=lambda: outcome.append(
-        run_worker(n, *args, "--until", str(until), timeout=600, out=watch)))
+        # survivors hold until `until` (a lease expiry takes up to 3 leases + 30 s): the
+        # launcher must not stop them 30 s after the rank that was killed on purpose
+        run_worker(n, *args, "--until", str(until), timeout=600, out=watch, grace=300)))
     worker.start()
     try:
         assert watch.seen.wait(300), watch.getvalue()
