@@ -16,6 +16,11 @@ IMM_MODULUS = 1 << 32   # the immediate carries the message index modulo 2^32
 # RXE_MAX_UNACKED_PSNS) > 0, RXE_MAX_UNACKED_PSNS = 128: PSNs comp.psn .. comp.psn + 128,
 # i.e. 129 of them, may be unacknowledged at once per QP.
 RXE_MAX_INFLIGHT = 129
+# A QP's local ACK timeout is 4.096 us x 2^ack_timeout (IB spec; rxe arms its retransmit
+# timer with it). 14 (67 ms) suits a switch that keeps pace with the hosts; a slower target
+# asks for more in TargetLimits. 0 would mean "never retransmit": not allowed.
+DEFAULT_ACK_TIMEOUT = 14
+MAX_ACK_TIMEOUT = 31
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,8 @@ class FlowConfig:
     Invariants: `mtu` is a RoCE path MTU; `msg_size` is a positive multiple of `mtu`;
     `window` >= 1; `recv_depth` >= 1 receives stay posted per receiving QP;
     `collective_timeout` > 0 seconds without any completion, while every peer is alive, is
-    an error (a dead or failed peer is reported at once by the stream's liveness check).
+    an error (a dead or failed peer is reported at once by the stream's liveness check);
+    `ack_timeout` in 1..31 is the QPs' local ACK timeout exponent (see DEFAULT_ACK_TIMEOUT).
     """
 
     mtu: int = 4096
@@ -33,6 +39,7 @@ class FlowConfig:
     window: int = 2
     recv_depth: int = 1024
     collective_timeout: float = 1800.0
+    ack_timeout: int = DEFAULT_ACK_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.mtu not in PATH_MTUS:
@@ -47,6 +54,9 @@ class FlowConfig:
         if not self.collective_timeout > 0:
             raise ValueError(f"flowctl: collective_timeout {self.collective_timeout} must be "
                              f"> 0 s")
+        if not 1 <= self.ack_timeout <= MAX_ACK_TIMEOUT:
+            raise ValueError(f"flowctl: ack_timeout {self.ack_timeout} must be in "
+                             f"1..{MAX_ACK_TIMEOUT} (4.096 us x 2^ack_timeout)")
 
     @property
     def packets_per_message(self) -> int:

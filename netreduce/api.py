@@ -24,18 +24,20 @@ _sigterm_installed = False
 def init(rank: int | None = None, world_size: int | None = None,
          master_addr: str | None = None, master_port: int | None = None, *,
          device: str | None = None, local_addr: str | None = None, mtu: int | None = None,
-         msg_size: int | None = None, window: int | None = None, recv_depth: int = 1024,
+         msg_size: int | None = None, window: int | None = None,
+         ack_timeout: int | None = None, recv_depth: int = 1024,
          collective_timeout: float = 1800.0, switch: str | None = None,
          timeout: float = DEFAULT_TIMEOUT) -> Communicator:
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
-    default 2) are the flow-control knobs; the switch's aggregator pool (256 slots by
-    default) must hold 2 x min(`window` x `msg_size`/`mtu`, 129) packets (2 x 128 with the
+    default 2) are the flow-control knobs, `ack_timeout` the QPs' local ACK timeout
+    exponent (4.096 us x 2^ack_timeout, default 14 = 67 ms: rxe's retransmit timer); the
+    switch's aggregator pool (256 slots by default) must hold 2 x min(`window` x `msg_size`/`mtu`, 129) packets (2 x 128 with the
     defaults; rxe keeps up to 129 PSNs unacknowledged per QP), rounded up to a power of
     two, which its controller checks at registration. With a switch, the "inc" ring's knobs
     left unset are fitted to what the switch's target aggregates (through BMv2: path MTU
-    256, and 16 KiB messages so that its 256 slots suffice), and the registration line says
+    256, 4 KiB messages and a 1.07 s ACK timeout: its pace), and the registration line says
     what was chosen; a knob given here that the target cannot take is an error naming both.
     `switch`: the switch controller's HOST:PORT (None: $NR_CONTROLLER, which the lab sets;
     "": no switch). `collective_timeout`: how long a call waits without any progress while
@@ -46,8 +48,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     if _default is not None:
         raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "
                                 "first)")
-    knobs = {k: v for k, v in (("mtu", mtu), ("msg_size", msg_size), ("window", window))
-             if v is not None}
+    knobs = {k: v for k, v in (("mtu", mtu), ("msg_size", msg_size), ("window", window),
+                               ("ack_timeout", ack_timeout)) if v is not None}
     config = FlowConfig(**knobs, recv_depth=recv_depth, collective_timeout=collective_timeout)
     _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
                                    local_addr=local_addr, config=config,

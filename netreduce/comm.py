@@ -338,7 +338,7 @@ class Communicator:
                 f"device={self.device!r}, mtu={self.config.mtu}, "
                 f"msg_size={self.config.msg_size}, window={self.config.window}, "
                 f"inc mtu={self.inc_config.mtu}, msg_size={self.inc_config.msg_size}, "
-                f"window={self.inc_config.window}, "
+                f"window={self.inc_config.window}, ack_timeout={self.inc_config.ack_timeout}, "
                 f"switch={self.switch.ring_id!r})")
 
 

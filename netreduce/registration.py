@@ -40,7 +40,7 @@ from ring_setup.rendezvous import Rendezvous
 from ring_setup.spec import RingSpec
 
 SWITCH_ENV = "NR_CONTROLLER"
-FITTED_KNOBS = ("mtu", "msg_size", "window")
+FITTED_KNOBS = ("mtu", "msg_size", "window", "ack_timeout")
 
 
 class SwitchRegistrationError(RuntimeError):
@@ -131,24 +131,44 @@ def fit_config(config: FlowConfig, pinned: frozenset[str], world_size: int, targ
         why.append(f"path MTU {mtu}")
     msg_size, window = config.msg_size, config.window
     most = limits["max_slots"] // 2           # packets in flight per connection the slots hold
+    holds = f"its slots hold {most} packets in flight"
+    limit = f"'s {limits['max_slots']} slots hold {most}"
+    pace = limits.get("max_in_flight", 0)
+    if 0 < pace < most:
+        most, holds = pace, f"it takes {pace} packets in flight per connection"
+        limit = f" takes {pace} packets in flight per connection"
 
     def in_flight() -> int:
         return min(window * (msg_size // mtu), RXE_MAX_INFLIGHT)
 
     if in_flight() > most and "msg_size" not in pinned:
         msg_size = max(1, most // window) * mtu
-        why.append(f"message {msg_size} B (its slots hold {most} packets in flight; "
-                   f"{config.msg_size} by default)")
+        why.append(f"message {msg_size} B ({holds}; {config.msg_size} by default)")
     if in_flight() > most and "window" not in pinned:
         window = max(1, most // (msg_size // mtu))
-        why.append(f"window {window} (its slots hold {most} packets in flight; "
-                   f"{config.window} by default)")
+        why.append(f"window {window} ({holds}; {config.window} by default)")
     if in_flight() > most:
         raise ValueError(f"{in_flight()} packets in flight per connection (window {window} x "
-                         f"{msg_size // mtu} packets of {mtu} B); the {target} target's "
-                         f"{limits['max_slots']} slots hold {most}")
-    return RingFit(replace(config, mtu=mtu, msg_size=msg_size, window=window),
+                         f"{msg_size // mtu} packets of {mtu} B); the {target} target{limit}")
+    ack_timeout = config.ack_timeout
+    slowest = limits.get("ack_timeout", 0)
+    if slowest > ack_timeout:
+        if "ack_timeout" in pinned:
+            raise ValueError(f"netreduce.init(ack_timeout={ack_timeout}): the {target} target "
+                             f"asks for at least {slowest} ({ack_time(slowest)})")
+        ack_timeout = slowest
+        why.append(f"ACK timeout {ack_time(slowest)} (its pace; {ack_time(config.ack_timeout)} "
+                   f"by default)")
+    return RingFit(replace(config, mtu=mtu, msg_size=msg_size, window=window,
+                           ack_timeout=ack_timeout),
                    f"{target} target: " + ", ".join(why))
+
+
+def ack_time(exponent: int) -> str:
+    """A QP local ACK timeout exponent as the time it stands for."""
+    seconds = 4.096e-6 * 2 ** exponent
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
 
 
 def fit_inc_ring(rendezvous: Rendezvous, config: FlowConfig, pinned: frozenset[str],

@@ -306,10 +306,12 @@ class StoreClient:
         raise RendezvousTimeout(f"rendezvous: rank 0 never joined within {config.timeout:g}s "
                                 f"(no store at {config.where}: {last})")
 
-    def request(self, req: dict[str, Any], wait: float) -> dict[str, Any]:
-        """Send one request; `wait` is how long the server may hold it."""
+    def request(self, req: dict[str, Any], wait: float,
+                margin: float = _MARGIN) -> dict[str, Any]:
+        """Send one request; `wait` is how long the server may hold it, `margin` how much
+        longer the answer may take before the store counts as lost."""
         try:
-            self._sock.settimeout(wait + _MARGIN)
+            self._sock.settimeout(wait + margin)
             self._sock.sendall(json.dumps(req).encode() + b"\n")
             line = self._reader.readline()
         except OSError as exc:
@@ -422,8 +424,11 @@ class Rendezvous:
         try:
             while not self._closing.is_set() and not self._failed.is_set():
                 try:
+                    # the store is lost after the silence it allows a rank: the store's
+                    # own traffic crosses the switch, which a go-back-N storm can hold up
                     reply = client.request({"op": "watch", "rank": self.rank,
-                                            "timeout": WATCH_INTERVAL}, wait=WATCH_INTERVAL)
+                                            "timeout": WATCH_INTERVAL}, wait=WATCH_INTERVAL,
+                                           margin=SILENCE_TIMEOUT)
                 except RendezvousError as exc:
                     if not self._closing.is_set():
                         self._note({0: f"the store it serves at {self.config.where} is gone "
@@ -464,7 +469,7 @@ class Rendezvous:
         if self._watch_client is not None:
             self._watch_client.interrupt()
         if self._watcher is not None:
-            self._watcher.join(timeout=WATCH_INTERVAL + _MARGIN)
+            self._watcher.join(timeout=WATCH_INTERVAL + SILENCE_TIMEOUT)
             self._watcher = None
         self._stop_server()
         return missing

@@ -37,7 +37,6 @@ from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 PATH_MTU_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,
                  2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
-TIMEOUT = 14          # 4.096 us * 2^14 = 67 ms retransmit timer
 RETRY_CNT = 7         # 7 = retry forever in rxe
 RNR_RETRY = 7
 MIN_RNR_TIMER = 12
@@ -224,7 +223,7 @@ class RingQPs:
                               gr=GlobalRoute(dgid=GID(dgid), sgid_index=gid.index,
                                              hop_limit=HOP_LIMIT))
         qp.to_rtr(attr)
-        attr.timeout = TIMEOUT
+        attr.timeout = self.config.ack_timeout
         attr.retry_cnt = RETRY_CNT
         attr.rnr_retry = RNR_RETRY
         attr.sq_psn = sq_psn

@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="BYTES",
                      help="aggregator memory over all rings, slots x (ranks + 1) x MTU each; "
                           f"0: no limit (default {DEFAULT_MAX_SLOT_MEMORY})")
+    ctl.add_argument("--max-in-flight", type=int, default=0, metavar="PACKETS",
+                     help="the target's pace, published to clients: rings keep at most this "
+                          "many packets unacknowledged per connection (0: only the slots "
+                          "bound it; default 0)")
+    ctl.add_argument("--ack-timeout", type=int, default=0, metavar="EXP",
+                     help="the target's pace, published to clients: rings use a QP local ACK "
+                          "timeout of at least 4.096 us x 2^EXP (0: the hosts' default, 14 = "
+                          "67 ms; default 0)")
     ap.add_argument("--stats-file", type=Path,
                     help="write the counters as JSON here on SIGUSR1 and on exit")
     ap.add_argument("--ready-file", type=Path,
@@ -86,7 +94,8 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
     return {"config": ControllerConfig.with_token_file(
                 args.token_file, max_rings=args.max_rings,
-                max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms),
+                max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms,
+                max_in_flight=args.max_in_flight, ack_timeout=args.ack_timeout),
             "tls": tls}
 
 

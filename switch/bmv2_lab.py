@@ -28,6 +28,15 @@ from switch.report import report
 
 SIMPLE_SWITCH = "simple_switch_grpc"
 START_TIMEOUT = 30.0
+# BMv2's pace, published to clients (--max-in-flight / --ack-timeout default to these here).
+# In the TCG lab BMv2 spends about 4.5 ms of CPU per contribution (docs/benchmarks.md). With
+# rxe's default 67 ms retransmit timer, 4 ranks x 128 packets in flight take BMv2 ~2.3 s to
+# drain: every timer fires, go-back-N resends everything, and retransmissions then take
+# most of BMv2's time (a 256 KiB call stalled). 32 packets per connection keep BMv2 busy
+# (the hosts answer in far less than BMv2 takes) and 4 ranks x 32 x 4.5 ms ~ 0.6 s sits well
+# inside a 2^18 x 4.096 us = 1.07 s timer.
+BMV2_MAX_IN_FLIGHT = 32
+BMV2_ACK_TIMEOUT = 18
 
 
 class Bmv2Switch:
@@ -98,6 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=9559, help="BMv2's P4Runtime port")
     ap.add_argument("--thrift-port", type=int, default=9090, help="BMv2's Thrift port")
     ap.add_argument("--bmv2-log", type=Path, help="simple_switch_grpc's output goes here")
+    ap.set_defaults(max_in_flight=BMV2_MAX_IN_FLIGHT, ack_timeout=BMV2_ACK_TIMEOUT)
     args = ap.parse_args(argv)
     ports = dict(args.port)
     if len(ports) != len(args.port):

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import grpc
 
+from flowctl.plan import MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT
 from ring_setup.spec import RingSpec
 from switch.api import control_pb2 as pb
 from switch.api import validate
@@ -151,6 +152,8 @@ class ControllerConfig:
     max_slot_memory: int = DEFAULT_MAX_SLOT_MEMORY   # bytes; 0: no limit
     default_lease_ms: int = DEFAULT_LEASE_MS
     default_slots: int = DEFAULT_SLOTS
+    max_in_flight: int = 0        # the target's pace (TargetLimits); 0: no requirement
+    ack_timeout: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_rings <= MAX_RINGS_CEILING:
@@ -158,6 +161,11 @@ class ControllerConfig:
                              "(Counters must stay under the 4 MiB message limit)")
         if self.max_slot_memory < 0:
             raise ValueError(f"max_slot_memory {self.max_slot_memory} is negative")
+        if not 0 <= self.max_in_flight <= RXE_MAX_INFLIGHT:
+            raise ValueError(f"max_in_flight {self.max_in_flight} is not in "
+                             f"0..{RXE_MAX_INFLIGHT}")
+        if not 0 <= self.ack_timeout <= MAX_ACK_TIMEOUT:
+            raise ValueError(f"ack_timeout {self.ack_timeout} is not in 0..{MAX_ACK_TIMEOUT}")
         if not validate.MIN_LEASE_MS <= self.default_lease_ms <= validate.MAX_LEASE_MS:
             raise ValueError(f"default lease {self.default_lease_ms} ms is not in "
                              f"{validate.MIN_LEASE_MS}..{validate.MAX_LEASE_MS}")
@@ -225,7 +233,9 @@ class ControllerService:
                 "max_ranks": mine["max_ranks"], "max_rings": max_rings,
                 "free_rings": max(0, max_rings - len(self.leases)),
                 "max_slot_memory": self.config.max_slot_memory,
-                "default_lease_ms": self.config.default_lease_ms}
+                "default_lease_ms": self.config.default_lease_ms,
+                "max_in_flight": self.config.max_in_flight,
+                "ack_timeout": self.config.ack_timeout}
 
     def authenticate(self, context: grpc.ServicerContext) -> str:
         """The caller's principal; UNAUTHENTICATED unless it sent a secret of the file."""

@@ -15,7 +15,9 @@ from netreduce.registration import fit_config
 from test_comm import rank_data, run_ranks
 
 BMV2_LIMITS = {"path_mtus": [256], "max_slots": 256, "max_ranks": 32, "max_rings": 4,
-               "free_rings": 4, "max_slot_memory": 0, "default_lease_ms": 0}
+               "free_rings": 4, "max_slot_memory": 0, "default_lease_ms": 0,
+               "max_in_flight": 0, "ack_timeout": 0}
+BMV2_PACE = {**BMV2_LIMITS, "max_in_flight": 32, "ack_timeout": 18}   # switch.bmv2_lab's
 DEFAULTS = FlowConfig()               # what netreduce.init() asks when given no knobs
 NONE: frozenset[str] = frozenset()
 
@@ -65,6 +67,26 @@ def test_few_slots_shrink_the_message_then_the_window_unless_the_user_set_them()
                                          r"8 packets of 256 B\); the tiny target's 32 slots "
                                          r"hold 16"):
         fit_config(cfg, frozenset({"mtu", "msg_size", "window"}), 2, "tiny", small)
+
+
+def test_a_slow_targets_pace_shrinks_the_message_and_lengthens_the_ack_timeout() -> None:
+    fit = fit_config(DEFAULTS, NONE, 4, "bmv2", BMV2_PACE)
+    assert fit.config == FlowConfig(mtu=256, msg_size=16 * 256, window=2, ack_timeout=18)
+    assert fit.choice == ("bmv2 target: path MTU 256 (the largest it aggregates; 4096 by "
+                          "default), message 4096 B (it takes 32 packets in flight per "
+                          "connection; 262144 by default), ACK timeout 1.07 s (its pace; 67 ms "
+                          "by default)")
+    longer = fit_config(FlowConfig(ack_timeout=20), frozenset({"ack_timeout"}), 4, "bmv2",
+                        BMV2_PACE)
+    assert longer.config.ack_timeout == 20 and "ACK timeout" not in longer.choice
+    with pytest.raises(ValueError, match=r"^netreduce.init\(ack_timeout=14\): the bmv2 target "
+                                         r"asks for at least 18 \(1.07 s\)$"):
+        fit_config(DEFAULTS, frozenset({"ack_timeout"}), 4, "bmv2", BMV2_PACE)
+    with pytest.raises(ValueError, match=r"the bmv2 target takes 32 packets in flight per "
+                                         r"connection$"):
+        fit_config(FlowConfig(mtu=256, msg_size=64 * 256), frozenset({"mtu", "msg_size",
+                                                                     "window"}),
+                   4, "bmv2", BMV2_PACE)
 
 
 def test_more_ranks_than_the_target_takes_is_an_error() -> None:

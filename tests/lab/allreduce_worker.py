@@ -32,6 +32,8 @@ import netreduce
 from netreduce.reference import Reference, rank_input
 from ring_setup.device import hw_counters
 
+DTYPES = ("int32", "float32")
+
 
 def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:
     return rank_input([rank, count], count, dtype)
@@ -66,9 +68,10 @@ def reduce_and_check(comm: netreduce.Communicator, count: int, dtype: str, algo:
               f"{algbw * 2 * (n - 1) / n * 8 / 1e9:.4f} Gbit/s", flush=True)
 
 
-def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int, algo: str) -> None:
+def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int, algo: str,
+                dtypes: tuple[str, ...] = DTYPES) -> None:
     for count in sizes:
-        for dtype in ("int32", "float32"):
+        for dtype in dtypes:
             reduce_and_check(comm, count, dtype, algo, count == timed)
     print(f"COUNTERS {json.dumps(hw_counters(comm.device))}", flush=True)
     print(f"OK correctness n={comm.world_size} sizes={sizes} algo={comm.last_algo}", flush=True)
@@ -82,14 +85,15 @@ def switch_ring_counters(comm: netreduce.Communicator) -> dict:
         return client.counters()["rings"][comm.switch.ring_id]["counters"]
 
 
-def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compare: int) -> None:
-    """algo="switch" over `sizes` (int32 and float32 each); an int32 call that may overflow
+def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compare: int,
+               dtypes: tuple[str, ...] = DTYPES) -> None:
+    """algo="switch" over `sizes` (each of `dtypes`); an int32 call that may overflow
     is refused on every rank and leaves the communicator usable (one more 5-element call);
     rank 0 prints the ring's switch counters. Then, with `compare`, int32[compare] is timed
     over the switch and over the host ring, alternately, twice each (workspace warm)."""
     if not comm.switch.registered:
         sys.exit(f"FAIL: the 'inc' ring is not registered: {comm.switch.describe()}")
-    correctness(comm, sizes, timed, "switch")
+    correctness(comm, sizes, timed, "switch", dtypes)
     x = np.full(3, 2**30, dtype=np.int32)
     try:
         comm.allreduce(x, algo="switch")
@@ -229,6 +233,8 @@ def main() -> None:
     p.add_argument("what", nargs="?", default="count")
     p.add_argument("--sizes", default="1,1000,256,4194304")
     p.add_argument("--timed", type=int, default=4194304)
+    p.add_argument("--dtypes", default=",".join(DTYPES), help="correctness, switch: each "
+                   "size as each of these")
     p.add_argument("--algo", default="ring", help="correctness: ring, switch or auto")
     p.add_argument("--compare", type=int, default=0,
                    help="switch: then time int32[N] over the switch and the ring (0: no)")
@@ -256,9 +262,10 @@ def main() -> None:
     comm = netreduce.init(timeout=args.timeout, collective_timeout=args.collective_timeout)
     print(f"joined {comm!r} ip={comm.inc_ring_spec().connections[rank].src_ip}", flush=True)
     sizes = [int(s) for s in args.sizes.split(",")]
+    dtypes = tuple(args.dtypes.split(","))
     modes = {
-        "correctness": lambda: correctness(comm, sizes, args.timed, args.algo),
-        "switch": lambda: in_network(comm, sizes, args.timed, args.compare),
+        "correctness": lambda: correctness(comm, sizes, args.timed, args.algo, dtypes),
+        "switch": lambda: in_network(comm, sizes, args.timed, args.compare, dtypes),
         "hold": lambda: hold(comm, args.until, 600),
         "mismatch": lambda: mismatch(comm, args.what),
         "stall": lambda: stall(comm, args.collective_timeout),

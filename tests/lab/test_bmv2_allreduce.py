@@ -29,13 +29,13 @@ from tests.lab.test_switch_allreduce import (check_retransmissions_seen, check_s
 pytestmark = pytest.mark.lab
 
 BMV2_PATH_MTU = 256                      # switch/p4/limits.p4: 64 int32 per packet
-# Element counts, each run as int32 and as float32. BMv2 sums about 200 contributions/s on
-# these machines (python -m switch.bench_targets; docs/benchmarks.md), and in the lab rxe's
-# 67 ms retransmission timer fires long before BMv2 has drained 4 x 128 packets in flight:
-# retransmissions then take most of BMv2's time (a 256 KiB call stalled > 30 s). So the
-# sizes stop at 64 KiB (one to four 16 KiB messages).
-SIZES = {"0%": [1, 1000, 16384],         # 1 element .. 64 KiB
-         "1%": [1, 16385]}               # odd: in place
+# Element counts. BMv2 sums about 200 contributions/s here (python -m switch.bench_targets;
+# docs/benchmarks.md): with its pace fitted (4 KiB messages, 1.07 s ACK timeout) a 1 MiB
+# call takes ~85 s and a 4 MiB one ~6 min, so every size is run as int32 and float32 up to
+# 256 KiB, and 4 MiB once, as int32 (exact), without loss.
+SIZES = {"0%": [1, 1000, 65536],         # 1 element .. 256 KiB
+         "1%": [1, 65537]}               # odd: in place
+BIG = 1 << 20                            # int32[1 Mi] = 4 MiB
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,7 @@ def test_the_lab_switch_is_bmv2_and_publishes_its_limits(bmv2: LabSwitch) -> Non
     limits = json.loads(p.stdout)["limits"]
     assert limits["path_mtus"] == [BMV2_PATH_MTU] and limits["max_slots"] == 256, limits
     assert limits["free_rings"] == limits["max_rings"] == 4, limits
+    assert (limits["max_in_flight"], limits["ack_timeout"]) == (32, 18), limits
     assert switch_counters()["rings"] == {}
     print(f"\n[bmv2] restart to bmv2 took {bmv2.seconds:.1f} s")
 
@@ -74,25 +75,40 @@ def test_the_lab_switch_is_bmv2_and_publishes_its_limits(bmv2: LabSwitch) -> Non
 def test_allreduce_through_bmv2_with_init_defaults(bmv2: LabSwitch, loss: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """4 ranks, int32 exact and float32 within the bound (checked by every rank), each
-    size of SIZES[loss]; init's defaults fitted to path MTU 256 and said so; BMv2's ring
-    counters show n contributions per packet, every slot emitted, no structural drop
-    (under loss: retransmissions seen and served)."""
-    sizes = SIZES[loss]
+    size of SIZES[loss]; init's defaults fitted to BMv2 and said so; BMv2's ring counters
+    show n contributions per packet, every slot emitted, no structural drop (under loss:
+    retransmissions seen and served)."""
+    run_through_bmv2(capsys, loss, SIZES[loss], ("int32", "float32"))
+
+
+def test_4_mib_through_bmv2(bmv2: LabSwitch, capsys: pytest.CaptureFixture[str]) -> None:
+    """4 MiB once: int32[1 Mi], exact, no loss (the counters: every packet aggregated)."""
+    run_through_bmv2(capsys, "0%", [BIG], ("int32",))
+
+
+def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[int],
+                     dtypes: tuple[str, ...]) -> None:
     t0 = time.monotonic()
     with host_loss(loss):
         result = run_worker(4, "switch", "--sizes", ",".join(map(str, sizes)),
-                            "--timed", str(sizes[-1]), timeout=1200)
+                            "--dtypes", ",".join(dtypes), "--timed", str(sizes[-1]),
+                            timeout=1200)
     seconds = time.monotonic() - t0
     (joined,) = lines(result, 0, "joined ")
-    knobs = re.search(r"inc mtu=(\d+), msg_size=(\d+), window=(\d+)", joined)
+    knobs = re.search(r"inc mtu=(\d+), msg_size=(\d+), window=(\d+), ack_timeout=(\d+)",
+                      joined)
     assert knobs, joined
-    inc = FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]))
-    # path MTU 256; 64-packet messages so that rxe's 129 unacknowledged PSNs fit 256 slots
-    assert inc == FlowConfig(mtu=BMV2_PATH_MTU, msg_size=64 * BMV2_PATH_MTU), joined
+    inc = FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]),
+                     ack_timeout=int(knobs[4]))
+    # BMv2's pace (switch/bmv2_lab.py): 32 packets in flight per connection, a 1.07 s timer
+    assert inc == FlowConfig(mtu=BMV2_PATH_MTU, msg_size=16 * BMV2_PATH_MTU,
+                             ack_timeout=18), joined
     registered = [line for line in result.ranks[0].output if "registered with the switch" in line]
     assert registered and "bmv2 target: path MTU 256 (the largest it aggregates; 4096 by " \
-        "default), message 16384 B" in registered[0], result.ranks[0].output
-    counters = check_switch_run(result, 4, sizes, inc)
+        "default), message 4096 B (it takes 32 packets in flight per connection; 262144 by " \
+        "default), ACK timeout 1.07 s (its pace; 67 ms by default)" in registered[0], \
+        result.ranks[0].output
+    counters = check_switch_run(result, 4, sizes, inc, len(dtypes))
     if loss != "0%":
         check_retransmissions_seen(counters)
     show_run(capsys, f"bmv2 allreduce, {loss} loss, {seconds:.0f} s", result, counters)

@@ -45,20 +45,22 @@ def data_packets(count: int, n: int, config: FlowConfig = CONFIG) -> int:
     return packets(count + n, config)
 
 
-def expected_packets(sizes: list[int], n: int, config: FlowConfig = CONFIG) -> int:
-    """What allreduce_worker.py `switch` sends per connection: int32 and float32 at every
-    size, the refused call (its metadata only), one 5-element call; each call's metadata
-    first."""
-    calls = 2 * len(sizes) + 2
-    return (calls * meta_packets(n, config) + 2 * sum(data_packets(c, n, config) for c in sizes)
+def expected_packets(sizes: list[int], n: int, config: FlowConfig = CONFIG,
+                     dtypes: int = 2) -> int:
+    """What allreduce_worker.py `switch` sends per connection: `dtypes` calls (int32 and
+    float32 by default) at every size, the refused call (its metadata only), one 5-element
+    call; each call's metadata first."""
+    calls = dtypes * len(sizes) + 2
+    return (calls * meta_packets(n, config)
+            + dtypes * sum(data_packets(c, n, config) for c in sizes)
             + data_packets(5, n, config))
 
 
 def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
-                     config: FlowConfig = CONFIG) -> dict[str, int]:
+                     config: FlowConfig = CONFIG, dtypes: int = 2) -> dict[str, int]:
     """Every rank passed; the overflow refusal read alike everywhere; the ring's counters
-    (the "inc" ring's knobs: `config`) show exactly n contributions per packet, every slot
-    emitted, no structural drop."""
+    (the "inc" ring's knobs: `config`; `dtypes` calls per size) show exactly n
+    contributions per packet, every slot emitted, no structural drop."""
     assert result.ok, f"exit {result.exit_code}"
     errors = set()
     for r in range(n):
@@ -69,7 +71,7 @@ def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
     assert "the int32 sum may overflow" in err and "conservative" in err, err
     (raw,) = lines(result, 0, "SWITCH_RING ")
     counters = json.loads(raw)
-    p = expected_packets(sizes, n, config)
+    p = expected_packets(sizes, n, config, dtypes)
     # the other ranks may already have sent the next call's metadata, rank 0 not
     assert n * p <= counters["aggregated"] <= n * p + (n - 1) * meta_packets(n, config), \
         (counters, p)
