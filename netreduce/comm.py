@@ -23,6 +23,7 @@ and `netreduce.init()` build a new one (and register it with the restarted switc
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -172,7 +173,8 @@ class Communicator:
                 pinned: frozenset[str] = frozenset()) -> "Communicator":
         """Build both QP rings with the other ranks: rank 0 fits the "inc" ring's knobs to
         `controller`'s target (`netreduce.registration.fit_inc_ring`; "ring" keeps
-        `config`); create the QPs (INIT), exchange
+        `config` but for the ACK timeout: its packets cross the same switch, at the same
+        pace); create the QPs (INIT), exchange
         endpoints through the rendezvous, connect (RTR, RTS), post receives, and wait until
         every rank is ready so that nobody sends to a QP that is not yet in RTR. Then rank
         0 registers the "inc" ring with `controller` (if any; other ranks' is not used) and
@@ -180,6 +182,7 @@ class Communicator:
         communicator owns `controller` from then on."""
         rank = rendezvous.rank
         fit = fit_inc_ring(rendezvous, config, pinned, controller)
+        config = replace(config, ack_timeout=fit.config.ack_timeout)
         configs = {"ring": config, "inc": fit.config}
         control = host.register(control_bytes(rendezvous.world_size))
         rings = {name: host.create_ring(name, configs[name]) for name in RINGS}
@@ -337,6 +340,7 @@ class Communicator:
         return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
                 f"device={self.device!r}, mtu={self.config.mtu}, "
                 f"msg_size={self.config.msg_size}, window={self.config.window}, "
+                f"ack_timeout={self.config.ack_timeout}, "
                 f"inc mtu={self.inc_config.mtu}, msg_size={self.inc_config.msg_size}, "
                 f"window={self.inc_config.window}, ack_timeout={self.inc_config.ack_timeout}, "
                 f"switch={self.switch.ring_id!r})")
