@@ -31,7 +31,7 @@ pytestmark = pytest.mark.lab
 BMV2_PATH_MTU = 256                      # switch/p4/limits.p4: 64 int32 per packet
 # Element counts. BMv2 sums about 200 contributions/s here (python -m switch.bench_targets;
 # docs/benchmarks.md): with its pace fitted (4 KiB messages, 1.07 s ACK timeout) a 1 MiB
-# call takes ~85 s and a 4 MiB one ~6 min, so every size is run as int32 and float32 up to
+# call takes ~85 s and a 4 MiB one ~5 min, so every size is run as int32 and float32 up to
 # 256 KiB, and 4 MiB once, as int32 (exact), without loss.
 SIZES = {"0%": [1, 1000, 65536],         # 1 element .. 256 KiB
          "1%": [1, 65537]}               # odd: in place
