@@ -1,0 +1,266 @@
+"""torch tensors through the communicator, asynchronous calls, the DDP hook's averaging and
+NaN fallback, and the rendezvous through torch's store, on the in-process fabric
+(tests/fakefabric.py). DDP itself over real RDMA: tests/lab/test_torch.py."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import UNDER_CI
+from fakefabric import FakeController, FakeFabric, FakeHost
+from netreduce.comm import Communicator, CommunicatorError, PeerFailure
+from netreduce.meta import AllreduceMismatch
+from ring_setup.rendezvous import Rendezvous, RendezvousConfig
+from test_comm import free_port, rank_data, run_ranks
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:                     # pragma: no cover - CI installs the torch extra
+    if UNDER_CI:
+        raise
+    pytest.skip("needs torch: pip install -e '.[torch]' (scripts/install.sh does)",
+                allow_module_level=True)
+
+import netreduce.torch as nrtorch     # noqa: E402 - after the torch check
+
+
+def test_import_netreduce_never_imports_torch() -> None:
+    code = "import sys, netreduce, netreduce.api; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
+def test_tensors_are_reduced_in_their_own_memory(dtype: torch.dtype) -> None:
+    n, count = 3, 1000
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        t = torch.from_numpy(rank_data(comm.rank, count, str(dtype).removeprefix("torch.")))
+        ptr = t.data_ptr()
+        assert comm.allreduce(t) is t and t.data_ptr() == ptr
+        out = torch.empty_like(t)
+        src = t.clone()
+        assert comm.allreduce(src, out=out) is out
+        assert torch.equal(src, t)                      # the input of an out= call: untouched
+        return t.numpy().copy(), out.numpy().copy()
+
+    results = run_ranks(n, body)
+    name = str(dtype).removeprefix("torch.")
+    want = np.sum([rank_data(r, count, name).astype(np.float64) for r in range(n)], axis=0)
+    for once, twice in results:
+        assert np.allclose(once, want, rtol=1e-5, atol=1e-4)
+        assert np.allclose(twice, want * n, rtol=1e-5, atol=1e-3)
+
+
+def test_bad_tensors_get_clear_errors_before_any_exchange() -> None:
+    def body(comm: Communicator, host: FakeHost) -> list[str]:
+        before = host.rings["ring"].posted
+        errors = []
+        for bad in (torch.ones(4, 6).t(),                       # non-contiguous
+                    torch.ones(4, dtype=torch.float16),
+                    torch.ones(4, dtype=torch.bfloat16),
+                    torch.ones(4, device="meta"),               # not on the CPU
+                    torch.ones(4).to_sparse()):
+            try:
+                comm.allreduce(bad)
+            except (TypeError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        try:
+            comm.allreduce(torch.ones(4), out=torch.ones(4, dtype=torch.float64))
+        except ValueError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        assert host.rings["ring"].posted == before
+        return errors
+
+    errors = run_ranks(2, body)[0]
+    assert errors[0] == ("ValueError: allreduce: array is a non-contiguous tensor (shape "
+                         "(6, 4), strides (1, 6)): reducing it in place needs contiguous "
+                         "memory (.contiguous() makes a copy to reduce)")
+    assert errors[1] == ("TypeError: allreduce: array has dtype torch.float16, which is not "
+                         "supported (supported: torch.int32, torch.int64, torch.float32, "
+                         "torch.float64)")
+    assert "dtype torch.bfloat16, which is not supported" in errors[2]
+    assert errors[3] == ("TypeError: allreduce: array is a tensor on device meta: netreduce "
+                         "reduces CPU tensors only (copy it with .cpu() and back)")
+    assert errors[4] == ("TypeError: allreduce: array is a torch.sparse_coo tensor: only dense "
+                         "(strided) tensors are supported")
+    assert errors[5] == "ValueError: allreduce: out must be a float32 array of shape (4,)"
+    assert len(errors) == 6
+
+
+def test_async_calls_complete_in_issue_order_with_the_sync_results() -> None:
+    n, sizes = 3, (10, 5000, 1, 300)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        arrays = [torch.from_numpy(rank_data(comm.rank + 7 * i, c, "float32"))
+                  for i, c in enumerate(sizes)]
+        order: list[int] = []
+        works = [comm.allreduce(a, async_op=True) for a in arrays]
+        for i, w in enumerate(works):
+            w.add_done_callback(lambda _w, i=i: order.append(i))
+        futures = [w.get_future() for w in works]
+        sync = comm.allreduce(np.full(4, comm.rank, dtype=np.int32))   # after all of them
+        done_before_sync = all(w.is_completed() for w in works)
+        got = [w.wait(timeout=10) for w in works]
+        assert all(g is a for g, a in zip(got, arrays))
+        assert [f.wait() is a for f, a in zip(futures, arrays)] == [True] * len(sizes)
+        return [g.numpy().copy() for g in got], order, done_before_sync, sync.copy()
+
+    for got, order, done_before_sync, sync in run_ranks(n, body):
+        assert order == [0, 1, 2, 3] and done_before_sync
+        assert np.array_equal(sync, np.full(4, 0 + 1 + 2))
+        for i, (c, g) in enumerate(zip(sizes, got)):
+            want = np.sum([rank_data(r + 7 * i, c, "float32").astype(np.float64)
+                           for r in range(n)], axis=0)
+            assert np.allclose(g, want, rtol=1e-5, atol=1e-5 * n)
+
+
+def test_async_errors_surface_from_wait_with_the_sync_message() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        count = 100 if comm.rank == 0 else 99
+        work = comm.allreduce(np.ones(count, dtype=np.int32), async_op=True)
+        future = comm.allreduce(np.ones(count, dtype=np.int32), async_op=True).get_future()
+        errors = []
+        with pytest.raises(AllreduceMismatch) as first:
+            work.wait()
+        errors.append(str(first.value))
+        with pytest.raises(AllreduceMismatch) as second:
+            future.wait()
+        errors.append(str(second.value))
+        try:
+            comm.allreduce(np.ones(count, dtype=np.int32))
+        except AllreduceMismatch as exc:
+            errors.append(str(exc))
+        with pytest.raises(TypeError, match="dtype float16 is not supported"):
+            comm.allreduce(np.ones(3, np.float16), async_op=True)     # raised at issue
+        return errors
+
+    for errors in run_ranks(2, body):
+        assert errors == [f"allreduce call #{i}: ranks disagree: int32[100] op=sum algo=ring "
+                          f"on rank 0; int32[99] op=sum algo=ring on rank 1" for i in range(3)]
+
+
+def test_close_waits_then_cancels_what_cannot_finish() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        if comm.rank == 1:
+            return None                    # never calls: rank 0's call cannot finish
+        running = comm.allreduce(np.ones(10, dtype=np.int32), async_op=True)
+        queued = comm.allreduce(np.ones(10, dtype=np.int32), async_op=True)
+        start = time.monotonic()
+        comm.close(timeout=1.0)
+        took = time.monotonic() - start
+        return running.exception(), queued.exception(), took
+
+    running, queued, took = run_ranks(2, body)[0]
+    assert isinstance(running, PeerFailure) and running.ranks == [0]
+    assert ("rank 0: allreduce call #0 (int32[10] op=sum algo=ring) failed: rank 0: "
+            "allreduce call (int32[10] op=sum algo=ring) was still running 1s after this "
+            "rank closed the communicator") in str(running)
+    assert isinstance(queued, CommunicatorError) and str(queued) == (
+        "netreduce: rank 0: allreduce call (int32[10] op=sum algo=ring) cancelled: the "
+        "communicator was closed before it started")
+    assert took < 1.0 + 3.0
+
+
+class Bucket:
+    """What the hook uses of torch.distributed.GradBucket."""
+
+    def __init__(self, index: int, buffer: torch.Tensor) -> None:
+        self._index, self._buffer = index, buffer
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+
+def hook_data(rank: int, count: int, nan_rank: int | None) -> np.ndarray:
+    x = rank_data(rank, count, "float32")
+    if rank == nan_rank:
+        x[5] = np.nan
+        x[6] = np.inf
+    return x
+
+
+@pytest.mark.parametrize("hook", [nrtorch.allreduce_hook, nrtorch.allreduce_hook_sync])
+@pytest.mark.parametrize("nan_rank", [None, 1])
+def test_the_hook_averages_buckets_through_the_switch_and_nan_over_the_ring(
+        hook: Any, nan_rank: int | None) -> None:
+    n, count = 3, 2000
+    fabric = FakeFabric()
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        bucket = Bucket(4, torch.from_numpy(hook_data(comm.rank, count, nan_rank)))
+        value = hook(comm, bucket).wait()
+        other = hook(comm, Bucket(5, torch.ones(8))).wait()   # the next bucket: switch
+        assert value is bucket.buffer() and comm.last_algo == "switch"
+        return value.numpy().copy(), other.numpy().copy()
+
+    with warnings.catch_warnings(record=True) as caught:     # process-wide: every thread
+        warnings.simplefilter("always")
+        results = run_ranks(n, body, fabric=fabric, controller=FakeController(fabric))
+    warned = sorted(str(w.message) for w in caught
+                    if w.category is nrtorch.NonFiniteGradientWarning)
+    inputs = [hook_data(r, count, nan_rank).astype(np.float64) for r in range(n)]
+    want = np.sum(inputs, axis=0) / n
+    finite = np.isfinite(want)
+    m = max(np.abs(x[np.isfinite(x)]).max() for x in inputs)
+    for r, (value, other) in enumerate(results):
+        assert np.array_equal(other, np.ones(8))
+        assert value.tobytes() == results[0][0].tobytes()
+        if nan_rank is None:
+            assert warned == []
+            # the README's bound on the sum, divided by n, plus the division's rounding
+            bound = (n * n * m * 2.0 ** -30 * (1 + 2 ** -24) + 2 ** -24 * n * np.abs(want)) / n \
+                + 2 ** -24 * np.abs(want) + 2 ** -149
+            assert np.all(np.abs(value - want) <= bound)
+        else:
+            assert list(np.flatnonzero(~finite)) == [5, 6] and np.isnan(value[5]) \
+                and np.isnan(value[6]) == np.isnan(want[6])
+            assert np.allclose(value[finite], want[finite], rtol=1e-5, atol=1e-6)
+            assert len(warned) == n
+            assert warned[r].startswith(
+                f"netreduce: rank {r}: DDP gradient bucket 4 (2000 x torch.float32) holds NaN "
+                f"or Inf, which the switch cannot carry: reduced over the host ring instead")
+
+
+def test_the_rendezvous_passes_its_port_through_torchs_store() -> None:
+    n = 3
+    torch_port = free_port()
+    master = dist.TCPStore("127.0.0.1", torch_port, is_master=True,
+                           timeout=timedelta(seconds=10), wait_for_workers=False)
+    out: list[Any] = [None] * n
+
+    def rank(r: int) -> None:
+        config = RendezvousConfig(r, n, "127.0.0.1", torch_port, timeout=10)
+        for generation in range(2):                 # a second init reads its own key
+            rdzv = Rendezvous(config)
+            try:
+                rdzv.join(nrtorch.store_port_exchange(config))
+                out[r] = (rdzv.config.master_port, rdzv.all_gather("x", r * 10 + generation))
+            except Exception as exc:          # noqa: BLE001 - the test inspects it
+                out[r] = exc
+            finally:
+                rdzv.close(timeout=5)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(isinstance(o, Exception) for o in out), out
+    ports = {o[0] for o in out}
+    assert len(ports) == 1 and torch_port not in ports
+    assert all(o[1] == [0 + 1, 10 + 1, 20 + 1] for o in out)
+    del master
