@@ -24,9 +24,9 @@ there). netreduce's own store (liveness, aborts: ring_setup.rendezvous) then ser
 port the kernel picks on rank 0, which every rank reads from torch's store
 (`store_port_exchange`): no second fixed port, no collision.
 """
-from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -79,12 +79,28 @@ def store_port_exchange(config: RendezvousConfig) -> Callable[[int | None], int]
     return exchange
 
 
-def average_bucket(comm: Communicator, bucket: Any) -> torch.Tensor:
-    """Average `bucket.buffer()` over all ranks in place (algo="auto"; a NaN/Inf float32
-    bucket over the host ring, with a warning: see the module doc) and return it."""
+@dataclass(frozen=True)
+class HookState:
+    """What the hooks reduce with: `comm` (None: the default communicator) and `algo`
+    ("auto", "switch" or "ring", as `allreduce` takes it)."""
+
+    comm: Communicator | None = None
+    algo: str = "auto"
+
+
+def _resolve(state: HookState | Communicator | None) -> tuple[Communicator, str]:
+    if isinstance(state, HookState):
+        return state.comm or get_communicator(), state.algo
+    return state or get_communicator(), "auto"
+
+
+def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
+    """Average `bucket.buffer()` over all ranks in place (a NaN/Inf float32 bucket that
+    the switch refuses goes over the host ring, with a warning: see the module doc) and
+    return it."""
     buffer = bucket.buffer()
     try:
-        comm.allreduce(buffer, algo="auto")
+        comm.allreduce(buffer, algo=algo)
     except NotQuantizable as exc:
         warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {bucket.index()} "
                       f"({buffer.numel()} x {buffer.dtype}) holds NaN or Inf, which the "
@@ -95,23 +111,26 @@ def average_bucket(comm: Communicator, bucket: Any) -> torch.Tensor:
     return buffer
 
 
-def allreduce_hook(state: Communicator | None, bucket: Any) -> torch.futures.Future:
-    """DDP comm hook (`model.register_comm_hook(comm, allreduce_hook)`; state None: the
-    default communicator): queue the bucket's average on the communicator's progress
-    thread and return its future at once."""
-    comm = state or get_communicator()
-    work = comm.submit(lambda: average_bucket(comm, bucket),
+def allreduce_hook(state: HookState | Communicator | None,
+                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook (`model.register_comm_hook(state, allreduce_hook)`; state None or a
+    Communicator: that communicator, algo="auto"): queue the bucket's average on the
+    communicator's progress thread and return its future at once."""
+    # (annotations evaluated, not postponed: DDP checks them against dist.GradBucket)
+    comm, algo = _resolve(state)
+    work = comm.submit(lambda: average_bucket(comm, bucket, algo),
                        f"DDP gradient bucket {bucket.index()}")
     return work.get_future()
 
 
-def allreduce_hook_sync(state: Communicator | None, bucket: Any) -> torch.futures.Future:
+def allreduce_hook_sync(state: HookState | Communicator | None,
+                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The same average, done before returning (no overlap with the backward pass): to
     measure what the asynchronous hook hides."""
-    comm = state or get_communicator()
-    future: torch.futures.Future = torch.futures.Future()
+    comm, algo = _resolve(state)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     try:
-        future.set_result(average_bucket(comm, bucket))
+        future.set_result(average_bucket(comm, bucket, algo))
     except Exception as exc:        # noqa: BLE001 - DDP raises it from the future
         future.set_exception(exc)
     return future

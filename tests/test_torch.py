@@ -264,3 +264,41 @@ def test_the_rendezvous_passes_its_port_through_torchs_store() -> None:
     assert len(ports) == 1 and torch_port not in ports
     assert all(o[1] == [0 + 1, 10 + 1, 20 + 1] for o in out)
     del master
+
+
+def test_ddp_with_the_hook_averages_like_ddp_over_gloo() -> None:
+    """Real DDP (a gloo process group per rank thread, several buckets): one step with the
+    asynchronous hook through the (fake) switch gives gloo's averaged gradients."""
+    n = 2
+    store = dist.HashStore()
+    fabric = FakeFabric()
+    seeding = threading.Lock()
+
+    def grads(comm: Communicator, pg: Any, hook: bool) -> list[torch.Tensor]:
+        with seeding:                 # torch's RNG is process-wide: same init everywhere
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                        torch.nn.Linear(32, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg,
+                                                        bucket_cap_mb=0.001)
+        if hook:
+            ddp.register_comm_hook(nrtorch.HookState(comm), nrtorch.allreduce_hook)
+        x = torch.from_numpy(rank_data(comm.rank, 8 * 16, "float32").reshape(8, 16))
+        ddp(x).square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        pg = dist.ProcessGroup(store, comm.rank, n)      # per thread: no default group
+        gloo = dist.ProcessGroupGloo(store, comm.rank, n, timedelta(seconds=20))
+        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        want = grads(comm, pg, hook=False)
+        got = grads(comm, pg, hook=True)
+        return want, got, comm.last_algo
+
+    results = run_ranks(n, body, fabric=fabric, controller=FakeController(fabric))
+    assert not any(isinstance(r, Exception) for r in results), results
+    for want, got, algo in results:
+        assert algo == "switch"
+        for w, g in zip(want, got):
+            assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (g, w)
