@@ -3,6 +3,7 @@ NaN fallback, and the rendezvous through torch's store, on the in-process fabric
 (tests/fakefabric.py). DDP itself over real RDMA: tests/lab/test_torch.py."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -302,3 +303,36 @@ def test_ddp_with_the_hook_averages_like_ddp_over_gloo() -> None:
         assert algo == "switch"
         for w, g in zip(want, got):
             assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (g, w)
+
+
+RDZV_UNDER_TORCHRUN = """
+import os, sys
+from netreduce.tensors import torch_store_in_use
+from ring_setup.rendezvous import Rendezvous, RendezvousConfig
+assert torch_store_in_use(), "torchrun's environment not recognised"
+import netreduce.torch as nrtorch
+config = RendezvousConfig.resolve()
+rdzv = Rendezvous(config).join(nrtorch.store_port_exchange(config))
+got = rdzv.all_gather("who", [config.rank, int(os.environ["LOCAL_RANK"])])
+print("RDZV", os.environ["MASTER_PORT"], rdzv.config.master_port, got, flush=True)
+rdzv.close(timeout=10)
+"""
+
+
+def test_under_torchrun_the_store_port_goes_through_torchruns_store(tmp_path: Any) -> None:
+    """Real torchrun (its agent's store on MASTER_PORT): netreduce's rendezvous does not
+    bind MASTER_PORT, and every rank reaches rank 0's store."""
+    script = tmp_path / "rdzv.py"
+    script.write_text(RDZV_UNDER_TORCHRUN)
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                          "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                          "--master-port", str(port), str(script)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": "."})
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("RDZV"))
+    assert out.returncode == 0 and len(lines) == 2, out.stdout + out.stderr
+    ours = {line.split()[2] for line in lines}
+    assert {line.split()[1] for line in lines} == {str(port)}
+    assert len(ours) == 1 and ours != {str(port)}
+    assert all(line.endswith("[[0, 0], [1, 1]]") for line in lines), lines
