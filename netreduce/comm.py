@@ -132,11 +132,12 @@ class Communicator:
                master_addr: str | None = None, master_port: int | None = None, *,
                device: str | None = None, local_addr: str | None = None,
                config: FlowConfig = FlowConfig(), pinned: frozenset[str] = frozenset(),
-               switch: str | None = None,
-               timeout: float = DEFAULT_TIMEOUT) -> "Communicator":
+               switch: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+               port_exchange: Callable[[int | None], int] | None = None) -> "Communicator":
         """Rendezvous with the other ranks (arguments, else RANK, WORLD_SIZE, MASTER_ADDR,
         MASTER_PORT; when torch owns MASTER_PORT, `torch_store_in_use`, rank 0 serves the
-        store on a free port and passes it through torch's store: `netreduce.torch`), open
+        store on a free port and passes it through torch's store: `netreduce.torch`; or
+        through `port_exchange`, see `Rendezvous.join`), open
         this rank's rxe device (`device`, else the one holding
         `local_addr` as a RoCEv2 GID; `local_addr` defaults to the address this host
         reaches MASTER_ADDR from) and connect both rings. `switch` is the switch
@@ -151,8 +152,7 @@ class Communicator:
         rdzv = RendezvousConfig.resolve(rank, world_size, master_addr, master_port, timeout)
         ip = local_addr or source_ipv4_towards(rdzv.master_addr)
         addr = switch_address(switch)
-        port_exchange = None
-        if master_port is None and torch_store_in_use():   # MASTER_PORT is torch's store
+        if port_exchange is None and master_port is None and torch_store_in_use():
             from netreduce.torch import store_port_exchange
             port_exchange = store_port_exchange(rdzv)
         rendezvous = Rendezvous(rdzv).join(port_exchange)

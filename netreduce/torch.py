@@ -25,6 +25,7 @@ port the kernel picks on rank 0, which every rank reads from torch's store
 (`store_port_exchange`): no second fixed port, no collision.
 """
 
+import atexit
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from netreduce.algorithms.switch import NotQuantizable
 from netreduce.api import get_communicator
 from netreduce.comm import Communicator
+from netreduce.progress import Work
 from ring_setup.rendezvous import RendezvousConfig, RendezvousError
 
 _COUNT_KEY = "netreduce/inits/{}"       # per rank: how many communicators it created
@@ -49,7 +51,7 @@ class NonFiniteGradientWarning(UserWarning):
 warnings.filterwarnings("always", category=NonFiniteGradientWarning)   # loud: every bucket
 
 
-def _torch_store(config: RendezvousConfig) -> Any:
+def _torch_store(config: RendezvousConfig) -> dist.Store:
     """The initialised process group's store, else a client of torchrun's agent store at
     MASTER_ADDR:MASTER_PORT."""
     if dist.is_available() and dist.is_initialized():
@@ -58,12 +60,13 @@ def _torch_store(config: RendezvousConfig) -> Any:
                          timeout=timedelta(seconds=config.timeout))
 
 
-def store_port_exchange(config: RendezvousConfig) -> Callable[[int | None], int]:
+def store_port_exchange(config: RendezvousConfig,
+                        store: dist.Store | None = None) -> Callable[[int | None], int]:
     """`Rendezvous.join`'s port exchange through torch's store: each rank counts its
     communicators in the store; rank 0 sets the key of its k-th (inits are collective, so
     every rank's k-th is the same communicator) to its store's port; the others wait for
-    it (torch's store timeout)."""
-    store = _torch_store(config)
+    it (torch's store timeout). `store`: torch's store (default: see `_torch_store`)."""
+    store = store if store is not None else _torch_store(config)
     key = _PORT_KEY.format(store.add(_COUNT_KEY.format(config.rank), 1))
 
     def exchange(port: int | None) -> int:
@@ -135,3 +138,99 @@ def allreduce_hook_sync(state: HookState | Communicator | None,
         future.set_exception(exc)
     return future
 
+
+
+class _TorchWork(dist.Work):
+    """A netreduce `Work` as torch.distributed's: its future's value is the tensor list."""
+
+    def __init__(self, work: Work, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._work, self._tensors = work, tensors
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._work.wait(None if timeout is None or not timeout else timeout.total_seconds())
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+
+        def complete(work: Work) -> None:
+            error = work.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(self._tensors)
+        self._work.add_done_callback(complete)
+        return future
+
+
+_NETREDUCE_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "sum"}
+_NETREDUCE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
+
+
+class ProcessGroupNetreduce(dist.ProcessGroup):
+    """`dist.init_process_group("netreduce")` (after `import netreduce.torch`).
+
+    Invariant: `all_reduce` of one contiguous CPU tensor of a dtype netreduce reduces, with
+    SUM, MAX, MIN or (floating point) AVG, runs through netreduce (algo="auto":
+    the switch when the ring is registered with one and it reduces dtype and op), queued
+    on the communicator's progress thread in issue order; every other call -- the other
+    collectives, other ops, dtypes or layouts, several tensors -- goes to a gloo process
+    group on the same store, which is also this group's backend for what torch calls
+    from C++ (DDP's parameter checks). The communicator's store port travels through
+    torch's store (`store_port_exchange`)."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int,
+                 timeout: timedelta) -> None:
+        super().__init__(rank, world_size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self._gloo)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        config = RendezvousConfig.resolve(rank, world_size, master_port=0)
+        self.comm = Communicator.create(rank, world_size, port_exchange=store_port_exchange(
+            config, store))
+        atexit.register(self.comm.close)
+
+    def getBackendName(self) -> str:
+        return "netreduce"
+
+    def _netreduce_op(self, tensors: list[torch.Tensor], opts: Any) -> str | None:
+        """netreduce's op for this allreduce, or None when gloo must do it."""
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op = next((name for name in _NETREDUCE_OPS
+                   if reduce_op == getattr(dist.ReduceOp, name)), None)
+        if len(tensors) != 1 or op is None:
+            return None
+        t = tensors[0]
+        if t.device.type != "cpu" or t.layout is not torch.strided or not t.is_contiguous() \
+                or t.dtype not in _NETREDUCE_DTYPES or (op == "AVG" and not t.is_floating_point()):
+            return None
+        return op
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = self._netreduce_op(tensors, opts)
+        if op is None:
+            return self._gloo.allreduce(tensors, opts) if opts is not None \
+                else self._gloo.allreduce(tensors)
+        tensor, comm = tensors[0], self.comm
+
+        def job() -> list[torch.Tensor]:
+            comm.allreduce(tensor, op=_NETREDUCE_OPS[op])
+            if op == "AVG":
+                tensor.div_(comm.world_size)
+            return tensors
+        return _TorchWork(comm.submit(job, f"dist.all_reduce {op} {tensor.dtype}"
+                                           f"[{tensor.numel()}]"), tensors)
+
+
+def _create_process_group(store: dist.Store, rank: int, world_size: int,
+                          timeout: timedelta) -> ProcessGroupNetreduce:
+    return ProcessGroupNetreduce(store, rank, world_size, timeout)
+
+
+if "netreduce" not in dist.Backend.backend_list:
+    dist.Backend.register_backend("netreduce", _create_process_group, devices=["cpu"])

@@ -20,7 +20,7 @@ from fakefabric import FakeController, FakeFabric, FakeHost
 from netreduce.comm import Communicator, CommunicatorError, PeerFailure
 from netreduce.meta import AllreduceMismatch
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
-from test_comm import free_port, rank_data, run_ranks
+from test_comm import CFG, free_port, rank_data, run_ranks
 
 try:
     import torch
@@ -336,3 +336,80 @@ def test_under_torchrun_the_store_port_goes_through_torchruns_store(tmp_path: An
     assert {line.split()[1] for line in lines} == {str(port)}
     assert len(ours) == 1 and ours != {str(port)}
     assert all(line.endswith("[[0, 0], [1, 1]]") for line in lines), lines
+
+
+def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ProcessGroupNetreduce on 2 rank threads (its communicator on the fake fabric and
+    switch, its store port through the group's store): all_reduce SUM/AVG/MAX of float32
+    through netreduce (the switch, the ring), float16 / PRODUCT / broadcast through gloo,
+    DDP with no hook over it trains like DDP over gloo."""
+    n = 2
+    store = dist.HashStore()
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    seeding = threading.Lock()
+
+    def create(rank: int, world_size: int, *, port_exchange: Any, **_: Any) -> Communicator:
+        config = RendezvousConfig(rank, world_size, "127.0.0.1", 0, timeout=10)
+        rdzv = Rendezvous(config).join(port_exchange)
+        return Communicator.connect(rdzv, FakeHost(fabric, rank), CFG,
+                                    controller if rank == 0 else None)
+    monkeypatch.setattr(Communicator, "create", staticmethod(create))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    out: list[Any] = [None] * n
+
+    def rank(r: int) -> None:
+        pg = nrtorch.ProcessGroupNetreduce(store, r, n, timedelta(seconds=20))
+        comm = pg.comm
+        try:
+            got: dict[str, Any] = {}
+
+            def allreduce(t: torch.Tensor, op: Any) -> tuple[torch.Tensor, int]:
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = op
+                before = comm._calls
+                pg.allreduce([t], opts).get_future().wait()
+                return t, comm._calls - before
+            got["sum"] = allreduce(torch.full((5,), float(r + 1)), dist.ReduceOp.SUM)
+            got["sum_algo"] = comm.last_algo
+            got["avg"] = allreduce(torch.full((5,), float(r + 1)), dist.ReduceOp.AVG)
+            got["max64"] = allreduce(torch.full((3,), float(r), dtype=torch.float64),
+                                     dist.ReduceOp.MAX)
+            got["max_algo"] = comm.last_algo
+            got["f16"] = allreduce(torch.full((3,), float(r + 1), dtype=torch.float16),
+                                   dist.ReduceOp.SUM)
+            got["prod"] = allreduce(torch.full((3,), float(r + 2)), dist.ReduceOp.PRODUCT)
+            b = torch.full((2,), float(r))
+            pg.broadcast([b]).wait()
+            got["bcast"] = b
+            with seeding:
+                torch.manual_seed(0)
+                model = torch.nn.Linear(4, 2)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+            ddp(torch.full((3, 4), float(r + 1))).sum().backward()
+            got["ddp"] = model.weight.grad.clone()
+            out[r] = got
+        except Exception as exc:      # noqa: BLE001 - the test inspects it
+            out[r] = exc
+        finally:
+            comm.close(timeout=5)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(isinstance(o, Exception) or o is None for o in out), out
+    for got in out:
+        assert got["sum"][1] == 1 and torch.equal(got["sum"][0], torch.full((5,), 3.0))
+        assert got["sum_algo"] == "switch" and got["max_algo"] == "ring"
+        assert got["avg"][1] == 1 and torch.equal(got["avg"][0], torch.full((5,), 1.5))
+        assert got["max64"][1] == 1 and torch.equal(got["max64"][0], torch.full((3,), 1.0,
+                                                                                dtype=torch.float64))
+        assert got["f16"][1] == 0 and torch.equal(got["f16"][0], torch.full((3,), 3.0,
+                                                                             dtype=torch.float16))
+        assert got["prod"][1] == 0 and torch.equal(got["prod"][0], torch.full((3,), 6.0))
+        assert torch.equal(got["bcast"], torch.zeros(2))
+        # d/dW sum(W x + b) = sum of the rows of x: rank r's x is r + 1; averaged: 1.5 * 3
+        assert torch.allclose(got["ddp"], torch.full((2, 4), 4.5))
