@@ -14,6 +14,8 @@ teacher; rank r draws its own batches from (seed, rank, step). Modes (`--modes`)
   ring        the same hook, algo="ring" (the host ring over RDMA)
   switch-sync allreduce_hook_sync: the same reduction, done before the hook returns
   nocomm      a hook that returns the local gradient (no communication: compute time)
+  backend     no hook: DDP over a `dist.new_group(backend="netreduce")` process group
+              (netreduce.torch.ProcessGroupNetreduce; not in the default modes)
 Rank 0 prints the loss every `--log-every` steps and a summary: median step time per mode,
 max |loss - gloo's loss| over all steps and ranks, max |parameter - gloo's| at the end, and
 how much of the communication the asynchronous hook hides:
@@ -37,6 +39,7 @@ import netreduce.torch as nrtorch
 
 FEATURES, CLASSES = 64, 10
 MODES = ("gloo", "switch", "ring", "switch-sync", "nocomm")
+EXTRA_MODES = ("backend",)
 
 
 def mlp(hidden: int) -> nn.Module:
@@ -70,8 +73,10 @@ def train(mode: str, comm: netreduce.Communicator, args: argparse.Namespace
           ) -> tuple[list[float], list[float], torch.Tensor]:
     """`args.steps` SGD steps in `mode`: (losses, step times in s, final parameters)."""
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(mlp(args.hidden), bucket_cap_mb=args.bucket_cap_mb)
-    hook = hook_for(mode, comm)
+    group = dist.new_group(backend="netreduce") if mode == "backend" else None
+    model = DistributedDataParallel(mlp(args.hidden), bucket_cap_mb=args.bucket_cap_mb,
+                                    process_group=group)
+    hook = None if mode == "backend" else hook_for(mode, comm)
     if hook is not None:
         model.register_comm_hook(*hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -89,10 +94,17 @@ def train(mode: str, comm: netreduce.Communicator, args: argparse.Namespace
         losses.append(loss.item())
         if comm.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"{mode:11s} step {step:4d} loss {loss.item():.6f} "
-                  f"{times[-1] * 1e3:8.1f} ms/step ({comm.last_algo if hook else 'gloo'})",
+                  f"{times[-1] * 1e3:8.1f} ms/step ({ran(mode, comm, group)})",
                   flush=True)
     params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
     return losses, times, params
+
+
+def ran(mode: str, comm: netreduce.Communicator, group: Any) -> str:
+    """What reduced the last bucket."""
+    if mode == "backend":
+        return f"backend: {getattr(group, 'comm', comm).last_algo}"
+    return {"gloo": "gloo", "nocomm": "none"}.get(mode, str(comm.last_algo))
 
 
 def global_max(value: float) -> float:
@@ -115,8 +127,9 @@ def main() -> int:
     p.add_argument("--max-param-diff", type=float, default=None)
     args = p.parse_args()
     modes = args.modes.split(",")
-    if unknown := set(modes) - set(MODES):
-        p.error(f"unknown mode(s) {sorted(unknown)}: choose from {', '.join(MODES)}")
+    if unknown := set(modes) - set(MODES + EXTRA_MODES):
+        p.error(f"unknown mode(s) {sorted(unknown)}: choose from "
+                f"{', '.join(MODES + EXTRA_MODES)}")
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     comm = netreduce.init()     # its store's port goes through torch's store (MASTER_PORT)

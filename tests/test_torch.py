@@ -173,6 +173,26 @@ def test_close_waits_then_cancels_what_cannot_finish() -> None:
     assert took < 1.0 + 3.0
 
 
+def in_threads(n: int, rank: Any) -> list[Any]:
+    """`rank(r)` for r < n, each on a thread of its own: what each returned or raised."""
+    out: list[Any] = [None] * n
+
+    def run(r: int) -> None:
+        try:
+            out[r] = rank(r)
+        except Exception as exc:      # noqa: BLE001 - the test inspects it
+            out[r] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    assert not any(isinstance(o, Exception) for o in out), out
+    return out
+
+
 class Bucket:
     """What the hook uses of torch.distributed.GradBucket."""
 
@@ -241,26 +261,18 @@ def test_the_rendezvous_passes_its_port_through_torchs_store() -> None:
     torch_port = free_port()
     master = dist.TCPStore("127.0.0.1", torch_port, is_master=True,
                            timeout=timedelta(seconds=10), wait_for_workers=False)
-    out: list[Any] = [None] * n
-
-    def rank(r: int) -> None:
+    def rank(r: int) -> Any:
         config = RendezvousConfig(r, n, "127.0.0.1", torch_port, timeout=10)
         for generation in range(2):                 # a second init reads its own key
             rdzv = Rendezvous(config)
             try:
                 rdzv.join(nrtorch.store_port_exchange(config))
-                out[r] = (rdzv.config.master_port, rdzv.all_gather("x", r * 10 + generation))
-            except Exception as exc:          # noqa: BLE001 - the test inspects it
-                out[r] = exc
+                got = (rdzv.config.master_port, rdzv.all_gather("x", r * 10 + generation))
             finally:
                 rdzv.close(timeout=5)
+        return got
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(isinstance(o, Exception) for o in out), out
+    out = in_threads(n, rank)
     ports = {o[0] for o in out}
     assert len(ports) == 1 and torch_port not in ports
     assert all(o[1] == [0 + 1, 10 + 1, 20 + 1] for o in out)
@@ -357,9 +369,7 @@ def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
                                     controller if rank == 0 else None)
     monkeypatch.setattr(Communicator, "create", staticmethod(create))
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    out: list[Any] = [None] * n
-
-    def rank(r: int) -> None:
+    def rank(r: int) -> dict[str, Any]:
         pg = nrtorch.ProcessGroupNetreduce(store, r, n, timedelta(seconds=20))
         comm = pg.comm
         try:
@@ -389,18 +399,11 @@ def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
             ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
             ddp(torch.full((3, 4), float(r + 1))).sum().backward()
             got["ddp"] = model.weight.grad.clone()
-            out[r] = got
-        except Exception as exc:      # noqa: BLE001 - the test inspects it
-            out[r] = exc
+            return got
         finally:
             comm.close(timeout=5)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(isinstance(o, Exception) or o is None for o in out), out
+    out = in_threads(n, rank)
     for got in out:
         assert got["sum"][1] == 1 and torch.equal(got["sum"][0], torch.full((5,), 3.0))
         assert got["sum_algo"] == "switch" and got["max_algo"] == "ring"

@@ -35,14 +35,15 @@ def run(n: int, script: Path, *args: str, grace: float = 30) -> LaunchResult:
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_hook_trains_like_gloo(n: int) -> None:
     """5 steps from the same parameters on the same data: netreduce's hook (switch, ring)
-    ends within 1e-5 of DDP over gloo (parameters ~0.1; one wrong contribution would move
+    and DDP over the netreduce process group end within 1e-5 of DDP over gloo (parameters ~0.1; one wrong contribution would move
     them ~1e-3; the float32 quantization error is ~1e-8 per step)."""
-    result = run(n, EXAMPLE, "--steps", "5", "--log-every", "1", "--modes", "gloo,switch,ring",
+    result = run(n, EXAMPLE, "--steps", "5", "--log-every", "1", "--modes", "gloo,switch,ring,backend",
                  "--hidden", "64", "--max-param-diff", "1e-5")
     out = result.ranks[0].output
     assert result.ok and "OK train_mlp" in out, "\n".join(out)
     assert any(re.match(r"switch +step +4 .*\(switch\)$", line) for line in out), out
     assert any(re.match(r"ring +step +4 .*\(ring\)$", line) for line in out), out
+    assert any(re.match(r"backend +step +4 .*\(backend: switch\)$", line) for line in out), out
 
 
 def test_a_nan_bucket_goes_over_the_ring_like_gloo() -> None:
