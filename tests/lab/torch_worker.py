@@ -1,13 +1,20 @@
-"""One rank of a lab PyTorch test, run by `python -m netreduce.launch` (one per host).
+"""One rank of the lab PyTorch test, run by `python -m netreduce.launch` (one per host);
+one launch checks everything (torch imports slowly under TCG), in this order:
 
-    torch_worker.py nan           a NaN in rank 1's batch: DDP with netreduce's hook vs gloo
-    torch_worker.py die --victim R   rank R SIGKILLs itself during backward
+    torch_worker.py [--steps K] [--victim R]
+  1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
+     netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
+     of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
+     float32 quantization error is ~1e-8 per step);
+  2. a NaN in rank 1's batch: the hook warns and gives gloo's gradients (NaN included);
+  3. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
 
-Prints "OK ..." lines the tests look for; a failed check exits non-zero with the reason.
+Prints "OK ..." lines the test looks for; a failed check exits non-zero with the reason.
 """
 from __future__ import annotations
 
 import argparse
+import types
 import os
 import signal
 import sys
@@ -24,7 +31,7 @@ import netreduce
 import netreduce.torch as nrtorch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from train_mlp import batch, mlp  # noqa: E402
+from train_mlp import batch, global_max, mlp, train  # noqa: E402
 
 
 def grads_after_one_step(comm: netreduce.Communicator, hook: bool, poison: bool
@@ -75,15 +82,28 @@ def die(comm: netreduce.Communicator, victim: int) -> None:
     sys.exit("FAIL die: backward completed although a rank died")
 
 
+def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
+    args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
+                                 bucket_cap_mb=0.1, log_every=1)
+    _, _, want = train("gloo", comm, args)
+    for mode, algo in (("switch", "switch"), ("ring", "ring"), ("backend", "backend: switch")):
+        _, _, got = train(mode, comm, args)
+        diff = global_max(float((got - want).abs().max()))
+        if diff > 1e-5:
+            sys.exit(f"FAIL {mode}: parameters {diff:.3g} from gloo's after {steps} steps")
+        print(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=("nan", "die"))
-    p.add_argument("--victim", type=int, default=1)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--victim", type=int, default=None)
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     comm = netreduce.init()
-    if args.what == "nan":
-        nan(comm)
+    like_gloo(comm, args.steps)
+    nan(comm)
+    if args.victim is None:
         netreduce.finalize()
     else:
         die(comm, args.victim)
