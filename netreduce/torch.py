@@ -114,6 +114,17 @@ def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch
     return buffer
 
 
+def _ddp_future(work: Work) -> torch.futures.Future[torch.Tensor]:
+    """A future DDP waits on from C++: its value is the work's tensor, or it fails with the
+    work's error, raised by a callback so that torch marks the future failed (DDP then
+    reports "Got the following error when running the callback: PeerFailure: netreduce:
+    rank ..."); a future given the exception as its value (`set_exception`) would reach DDP
+    as "Unable to cast <the message> to Tensor"."""
+    done: torch.futures.Future[None] = torch.futures.Future()
+    work.add_done_callback(lambda _: done.set_result(None))
+    return done.then(lambda _: work.wait())
+
+
 def allreduce_hook(state: HookState | Communicator | None,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook (`model.register_comm_hook(state, allreduce_hook)`; state None or a
@@ -121,9 +132,8 @@ def allreduce_hook(state: HookState | Communicator | None,
     communicator's progress thread and return its future at once."""
     # (annotations evaluated, not postponed: DDP checks them against dist.GradBucket)
     comm, algo = _resolve(state)
-    work = comm.submit(lambda: average_bucket(comm, bucket, algo),
-                       f"DDP gradient bucket {bucket.index()}")
-    return work.get_future()
+    return _ddp_future(comm.submit(lambda: average_bucket(comm, bucket, algo),
+                                   f"DDP gradient bucket {bucket.index()}"))
 
 
 def allreduce_hook_sync(state: HookState | Communicator | None,
@@ -131,13 +141,12 @@ def allreduce_hook_sync(state: HookState | Communicator | None,
     """The same average, done before returning (no overlap with the backward pass): to
     measure what the asynchronous hook hides."""
     comm, algo = _resolve(state)
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    work = Work(f"DDP gradient bucket {bucket.index()}")
     try:
-        future.set_result(average_bucket(comm, bucket, algo))
+        work.finish(result=average_bucket(comm, bucket, algo))
     except Exception as exc:        # noqa: BLE001 - DDP raises it from the future
-        future.set_exception(exc)
-    return future
-
+        work.finish(error=exc)
+    return _ddp_future(work)
 
 
 class _TorchWork(dist.Work):

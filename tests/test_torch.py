@@ -416,3 +416,23 @@ def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
         assert torch.equal(got["bcast"], torch.zeros(2))
         # d/dW sum(W x + b) = sum of the rows of x: rank r's x is r + 1; averaged: 1.5 * 3
         assert torch.allclose(got["ddp"], torch.full((2, 4), 4.5))
+
+
+def test_a_failed_bucket_reaches_ddp_as_an_error_naming_the_cause() -> None:
+    """The hook's future fails the way torch's C++ side sees (a failed callback), with the
+    netreduce error's type and message; the next bucket reports the broken communicator."""
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        count = 8 if comm.rank == 0 else 9
+        errors = []
+        for hook in (nrtorch.allreduce_hook, nrtorch.allreduce_hook_sync):
+            with pytest.raises(RuntimeError) as caught:
+                hook(comm, Bucket(3, torch.ones(count))).wait()
+            errors.append(str(caught.value).split("\n")[0])
+        return errors
+
+    for errors in run_ranks(2, body):
+        for i, error in enumerate(errors):
+            assert error == ("Got the following error when running the callback: "
+                             f"AllreduceMismatch: allreduce call #{i}: ranks disagree: "
+                             "float32[8] op=sum algo=ring on rank 0; float32[9] op=sum "
+                             "algo=ring on rank 1")
