@@ -1,4 +1,4 @@
-"""NetReduce: allreduce for numpy arrays over RDMA (RoCEv2 RC queue pairs): in-network
+"""NetReduce: allreduce for numpy arrays and CPU torch tensors over RDMA (RoCEv2 RC queue pairs): in-network
 aggregation by a switch transparent to RDMA, or a host ring.
 
     import netreduce
@@ -7,7 +7,10 @@ aggregation by a switch transparent to RDMA, or a host ring.
     netreduce.allreduce(x)           # in place, op="sum", algo="auto"
     comm.last_algo                   # "switch" when the ring is registered with one, or "ring"
     netreduce.allreduce(x, out=y, algo="ring")
+    work = netreduce.allreduce(t, async_op=True); work.wait()   # t: a CPU torch.Tensor
     netreduce.finalize()
+
+PyTorch (DDP comm hook, torchrun, the torch.distributed backend): `netreduce.torch`.
 
 Run one process per lab host with `python -m netreduce.launch --hosts N -- CMD`.
 """
@@ -17,6 +20,7 @@ from netreduce.algorithms.switch import AllreduceOverflow, NotQuantizable
 from netreduce.api import allreduce, finalize, get_communicator, init
 from netreduce.comm import Communicator, CommunicatorError, PeerFailure, SwitchFailure
 from netreduce.meta import AllreduceMismatch, CallRejected
+from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
 from ring_setup.device import DeviceError
 from ring_setup.rendezvous import RendezvousError, RendezvousTimeout
@@ -24,5 +28,5 @@ from ring_setup.rendezvous import RendezvousError, RendezvousTimeout
 __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicator",
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",
            "PeerFailure", "RendezvousError", "RendezvousTimeout", "SwitchFailure",
-           "SwitchRegistrationError", "SwitchStatus",
+           "SwitchRegistrationError", "SwitchStatus", "Work",
            "allreduce", "finalize", "get_communicator", "init"]

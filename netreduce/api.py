@@ -10,8 +10,7 @@ import atexit
 import signal
 import sys
 import threading
-
-import numpy as np
+from typing import Any
 
 from flowctl.plan import FlowConfig
 from netreduce.comm import Communicator, CommunicatorError
@@ -81,10 +80,11 @@ def get_communicator() -> Communicator:
     return _default
 
 
-def allreduce(array: np.ndarray, op: str = "sum", algo: str = "auto",
-              out: np.ndarray | None = None) -> np.ndarray:
-    """`Communicator.allreduce` on the default communicator."""
-    return get_communicator().allreduce(array, op=op, algo=algo, out=out)
+def allreduce(array: Any, op: str = "sum", algo: str = "auto", out: Any = None,
+              async_op: bool = False) -> Any:
+    """`Communicator.allreduce` on the default communicator: numpy arrays or contiguous
+    CPU torch tensors, in place; `async_op=True` returns a `netreduce.Work` at once."""
+    return get_communicator().allreduce(array, op=op, algo=algo, out=out, async_op=async_op)
 
 
 @atexit.register

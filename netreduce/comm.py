@@ -23,19 +23,22 @@ and `netreduce.init()` build a new one (and register it with the restarted switc
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
-from typing import Protocol
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
-from netreduce.algorithms import CallContext, choose
+from netreduce.algorithms import Algorithm, CallContext, choose
 from netreduce.meta import (CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
                             check_agreement, check_dtype, check_op, control_bytes)
+from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (Controller, LeaseKeeper, SwitchStatus, fit_inc_ring,
                                     register_inc_ring, switch_address, unregister)
+from netreduce.tensors import as_ndarray, torch_store_in_use
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
 from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
@@ -111,7 +114,9 @@ class Communicator:
         self._meta = MetaExchange(streams, control, successor.control, self.rank,
                                   self.world_size, through_switch=switch.registered)
         self._workspace = Workspace(host.register)
-        self._calls = 0
+        self._calls = 0                       # calls started: the next one's seq (all alike)
+        self._running = threading.Lock()      # one call runs at a time (see _run)
+        self._engine = ProgressEngine(f"nr-progress-{self.rank}")
         self._unregistered = False
         self._broken: BaseException | None = None
         self._closed = False
@@ -127,10 +132,13 @@ class Communicator:
                master_addr: str | None = None, master_port: int | None = None, *,
                device: str | None = None, local_addr: str | None = None,
                config: FlowConfig = FlowConfig(), pinned: frozenset[str] = frozenset(),
-               switch: str | None = None,
-               timeout: float = DEFAULT_TIMEOUT) -> "Communicator":
+               switch: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+               port_exchange: Callable[[int | None], int] | None = None) -> "Communicator":
         """Rendezvous with the other ranks (arguments, else RANK, WORLD_SIZE, MASTER_ADDR,
-        MASTER_PORT), open this rank's rxe device (`device`, else the one holding
+        MASTER_PORT; when torch owns MASTER_PORT, `torch_store_in_use`, rank 0 serves the
+        store on a free port and passes it through torch's store: `netreduce.torch`; or
+        through `port_exchange`, see `Rendezvous.join`), open
+        this rank's rxe device (`device`, else the one holding
         `local_addr` as a RoCEv2 GID; `local_addr` defaults to the address this host
         reaches MASTER_ADDR from) and connect both rings. `switch` is the switch
         controller's HOST:PORT (None: $NR_CONTROLLER; "" or unset: no switch; rank 0's
@@ -144,7 +152,10 @@ class Communicator:
         rdzv = RendezvousConfig.resolve(rank, world_size, master_addr, master_port, timeout)
         ip = local_addr or source_ipv4_towards(rdzv.master_addr)
         addr = switch_address(switch)
-        rendezvous = Rendezvous(rdzv).join()
+        if port_exchange is None and master_port is None and torch_store_in_use():
+            from netreduce.torch import store_port_exchange
+            port_exchange = store_port_exchange(rdzv)
+        rendezvous = Rendezvous(rdzv).join(port_exchange)
         host: RdmaHost | None = None
         controller: Controller | None = None
         try:
@@ -222,51 +233,85 @@ class Communicator:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""
         return _inc_ring_spec(self._endpoints, self.inc_config)
 
-    def allreduce(self, array: np.ndarray, op: str = "sum", algo: str = "auto",
-                  out: np.ndarray | None = None) -> np.ndarray:
+    def allreduce(self, array: Any, op: str = "sum", algo: str = "auto",
+                  out: Any = None, async_op: bool = False) -> Any:
         """Reduce `array` element-wise over all ranks into `out` (default: `array` itself,
         in place) and return it; `last_algo` then names the algorithm that ran ("auto":
         "switch" when `switch.registered` and the switch reduces dtype and op, else
-        "ring"). Every rank must call with the same shape, dtype, op and algo; a
+        "ring"). `array` and `out` are numpy arrays or contiguous CPU torch tensors of a
+        supported dtype (reduced in their own memory, `netreduce.tensors`). Every rank must
+        call with the same shape, dtype, op and algo; a
         disagreement raises `AllreduceMismatch` on every rank and changes nothing, as do
         the switch's refusals (`AllreduceOverflow`, `NotQuantizable`): any `CallRejected`
         leaves the communicator usable. Arguments that are wrong on their own (unsupported
         dtype, unknown op or algo, algo="switch" without a registered switch, bad `out`)
-        raise before any exchange."""
+        raise before any exchange.
+
+        `async_op=True` checks the arguments at once, then queues the call on this
+        communicator's progress thread and returns a `Work` at once: `wait()` returns what
+        the synchronous call would have returned or raises what it would have raised.
+        Calls run in the order issued; a synchronous call first waits for every
+        asynchronous call issued before it. Don't touch `array`/`out` until `wait()`."""
         self._check_usable()
-        if not isinstance(array, np.ndarray):
-            raise TypeError(f"allreduce: expected a numpy array, got {type(array).__name__}")
-        dtype = check_dtype(array.dtype)
+        call = self._prepare(array, op, algo, out)
+        if async_op:
+            return self._engine.submit(lambda: self._run(call), call.what(None))
+        if not self._engine.on_thread():
+            self._engine.drain()
+        return self._run(call)
+
+    def submit(self, job: Callable[[], Any], what: str) -> Work:
+        """Run `job()` on the progress thread, in issue order with the asynchronous calls;
+        the returned `Work` completes with what `job` returns or raises. `job` may call
+        `allreduce` synchronously (it runs at once, on that thread): how a composite
+        operation (the DDP hook's call, then its fallback) keeps its place in the order."""
+        self._check_usable()
+        return self._engine.submit(job, what)
+
+    def _prepare(self, array: Any, op: str, algo: str, out: Any) -> "_Call":
+        """Check one call's arguments (no exchange)."""
+        values = as_ndarray(array, "array")
+        dtype = check_dtype(values.dtype)
         ufunc = check_op(op)
         algorithm = choose(algo, dtype, op, self.switch)
-        target = array if out is None else out
-        if not isinstance(target, np.ndarray) or target.shape != array.shape \
-                or target.dtype != dtype:
-            raise ValueError(f"allreduce: out must be a {dtype} array of shape {array.shape}")
+        target = values if out is None else as_ndarray(out, "out")
+        if target.shape != values.shape or target.dtype != dtype:
+            raise ValueError(f"allreduce: out must be a {dtype} array of shape {values.shape}")
         if not target.flags.writeable:
             raise ValueError("allreduce: the result array is read-only")
+        return _Call(values, target, array if out is None else out, op, ufunc, algorithm)
 
+    def _run(self, call: "_Call") -> Any:
+        """Run one prepared call (one at a time: the synchronous caller after draining the
+        progress thread, or the progress thread itself)."""
+        with self._running:
+            self._check_usable()
+            self._execute(call)
+        return call.result
+
+    def _execute(self, call: "_Call") -> None:
+        array, target, dtype, algorithm = call.array, call.target, call.array.dtype, call.algorithm
         seq = self._calls
-        what = f"allreduce call #{seq} ({dtype}[{array.size}] op={op} algo={algorithm.name})"
+        what = call.what(seq)
         try:
             self._rendezvous.check_peers()
             workspace = self._workspace.ensure(
                 algorithm.workspace_bytes(array.size, dtype.itemsize, self.world_size))
             lo, hi = algorithm.local_range(array)
             mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
-                            op=op, algo=algorithm.name, workspace=workspace.remote(),
+                            op=call.op, algo=algorithm.name, workspace=workspace.remote(),
                             lo=lo, hi=hi)
             self._calls += 1
             records = self._meta.exchange(mine)
             check_agreement(records)
-            call = CallContext(
+            context = CallContext(
                 rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
-                dtype=dtype, op=ufunc, ranges=tuple((m.lo, m.hi) for m in records),
+                dtype=dtype, op=call.ufunc, ranges=tuple((m.lo, m.hi) for m in records),
                 workspace=workspace,
                 peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
                 streams=self._streams)
-            algorithm.check(call)
-            algorithm.run(call, array, target)
+            algorithm.check(context)
+            algorithm.run(context, array, target)
         except CallRejected:
             raise
         except PeerFailed as exc:
@@ -286,7 +331,6 @@ class Communicator:
             self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
             raise self._break(exc)
         self.last_algo = algorithm.name
-        return target
 
     def _break(self, exc: BaseException) -> BaseException:
         """Mark the communicator unusable by `exc`; rank 0 unregisters the ring at once
@@ -319,6 +363,7 @@ class Communicator:
         context."""
         if self._closed:
             return
+        self._finish_async_calls(timeout)
         self._closed = True
         if self._broken is not None:       # the others know: no long wait for a dead peer
             timeout = min(timeout, _FAILED_LEAVE_TIMEOUT)
@@ -329,6 +374,21 @@ class Communicator:
         self._workspace.close()
         self._control.close()
         self._host.close()
+
+    def _finish_async_calls(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the asynchronous calls issued, then cancel the rest:
+        those not started fail with `CommunicatorError`; the one running is aborted
+        through the rendezvous, so it fails within about a second here (and on the other
+        ranks, as `PeerFailure` naming this rank)."""
+        left, running = self._engine.close(timeout)
+        for work in left:
+            work.finish(error=CommunicatorError(
+                f"netreduce: rank {self.rank}: {work.what} cancelled: the communicator was "
+                f"closed before it started"))
+        if running is not None:
+            self._rendezvous.abort(f"{running.what} was still running {timeout:g}s after "
+                                   f"this rank closed the communicator")
+            self._engine.join(_FAILED_LEAVE_TIMEOUT)
 
     def __enter__(self) -> "Communicator":
         return self
@@ -344,6 +404,25 @@ class Communicator:
                 f"inc mtu={self.inc_config.mtu}, msg_size={self.inc_config.msg_size}, "
                 f"window={self.inc_config.window}, ack_timeout={self.inc_config.ack_timeout}, "
                 f"switch={self.switch.ring_id!r})")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One checked allreduce call: `array`/`target` are the numpy views reduced, `result`
+    what the call returns (the caller's own array or tensor)."""
+
+    array: np.ndarray
+    target: np.ndarray
+    result: Any
+    op: str
+    ufunc: np.ufunc
+    algorithm: Algorithm
+
+    def what(self, seq: int | None) -> str:
+        """How messages name the call (`seq`: its number once it started)."""
+        number = "" if seq is None else f" #{seq}"
+        return (f"allreduce call{number} ({self.array.dtype}[{self.array.size}] "
+                f"op={self.op} algo={self.algorithm.name})")
 
 
 def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig) -> RingSpec:

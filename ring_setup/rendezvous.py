@@ -34,8 +34,8 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
 
 DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 30.0
@@ -357,11 +357,18 @@ class Rendezvous:
     def world_size(self) -> int:
         return self.config.world_size
 
-    def join(self) -> "Rendezvous":
-        """Start the store (rank 0) and connect to it."""
+    def join(self, port_exchange: Callable[[int | None], int] | None = None) -> "Rendezvous":
+        """Start the store (rank 0) and connect to it. With `port_exchange` (the store's
+        port travels through another store, e.g. torch's on MASTER_PORT), rank 0 serves on
+        a port the kernel picks and hands it to `port_exchange(port)`; the other ranks
+        connect to the port `port_exchange(None)` returns. Without, MASTER_PORT."""
         if self.rank == 0:
-            self._server = StoreServer(self.config.master_port, self.world_size)
+            self._server = StoreServer(0 if port_exchange else self.config.master_port,
+                                       self.world_size)
         try:
+            if port_exchange is not None:
+                port = port_exchange(self._server.port if self._server else None)
+                self.config = replace(self.config, master_port=port)
             self._client = StoreClient.connect(self.config)
         except BaseException:
             self._stop_server()

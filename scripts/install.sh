@@ -9,7 +9,8 @@
 #      them and the rest goes on. Their programs get links in $NR_BIN_DIR (/usr/local/bin),
 #      so every shell, script and test finds them ($NR_P4_PREFIX: another prefix than /opt/p4)
 #   4. a Python venv in .venv with this project installed (with p4runtime-shell, the `bmv2`
-#      extra, when BMv2 is installed) and Debian's pyverbs importable
+#      extra, when BMv2 is installed; with the `torch` extra, pinned to the CPU build of
+#      scripts/constraints-torch.txt) and Debian's pyverbs importable
 # Usage: scripts/install.sh [--no-kernel] [--no-venv] [--no-p4] [--p4 PREFIX|DIR|ARCHIVE]
 set -euo pipefail
 
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --no-p4) want_p4=0 ;;
     --p4) [ $# -ge 2 ] || { echo "install.sh: --p4 needs a prefix, directory or archive" >&2; exit 2; }
           P4_FROM=$2; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -165,13 +166,13 @@ if [ $want_venv = 1 ]; then
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   pyverbs_dir=$("$py" -c 'import pyverbs, os; print(os.path.dirname(pyverbs.__file__))')
   ln -sfn "$pyverbs_dir" "$site/pyverbs"
-  extras=dev check='import pyverbs.device, numpy, scapy, grpc, virtme_ng'
+  extras=dev,torch check='import pyverbs.device, numpy, scapy, grpc, virtme_ng, torch'
   if [ -n "$p4_prefix" ] || { [ $want_p4 = 0 ] && command -v simple_switch_grpc >/dev/null; }; then
-    extras=dev,bmv2 check="$check, p4runtime_sh.shell"   # BMv2 is driven over P4Runtime
+    extras=$extras,bmv2 check="$check, p4runtime_sh.shell"   # BMv2 is driven over P4Runtime
   fi
-  step "venv: installing the project (pip install -e '.[$extras]')"
+  step "venv: installing the project (pip install -e '.[$extras]', torch pinned by scripts/constraints-torch.txt)"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e "$ROOT[$extras]"
+  "$VENV/bin/pip" install -q -c "$ROOT/scripts/constraints-torch.txt" -e "$ROOT[$extras]"
   "$VENV/bin/python" -c "$check" || { echo "install.sh: venv is incomplete" >&2; exit 1; }
   step "venv: ready ($VENV/bin/python)"
 fi

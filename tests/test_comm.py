@@ -195,7 +195,7 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
     errors = run_ranks(2, body)[0]
     assert errors[0] == ("TypeError: allreduce: dtype float16 is not supported "
                          "(supported: int32, int64, float32, float64)")
-    assert errors[1] == "TypeError: allreduce: expected a numpy array, got list"
+    assert errors[1] == "TypeError: allreduce: expected a numpy array or a CPU torch.Tensor as array, got list"
     assert "op 'avg' is not supported" in errors[2]
     assert "unknown algo 'tree'" in errors[3]
     assert errors[4] == ("ValueError: allreduce: algo='switch' needs the communicator's 'inc' "

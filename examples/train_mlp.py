@@ -1,0 +1,172 @@
+"""Train a small MLP with DistributedDataParallel: over gloo alone, then with netreduce's
+comm hook (in the network, over the host ring, and synchronously), from the same initial
+parameters on the same data, and compare losses, parameters and step times.
+
+    scripts/lab.sh --hosts 4 -- env GLOO_SOCKET_IFNAME=nr0 python -m netreduce.launch \
+        --hosts 4 -- python examples/train_mlp.py --steps 300
+
+(or under torchrun: `torchrun --nnodes 4 --nproc-per-node 1 ... examples/train_mlp.py`).
+Data: synthetic (no download): 64 features, 10 classes given by a fixed random linear
+teacher; rank r draws its own batches from (seed, rank, step). Modes (`--modes`):
+  gloo        DDP's own allreduce over the gloo process group (the reference)
+  switch      netreduce.torch.allreduce_hook, algo="auto" (in the network when the ring is
+              registered with a switch)
+  ring        the same hook, algo="ring" (the host ring over RDMA)
+  switch-sync allreduce_hook_sync: the same reduction, done before the hook returns
+  nocomm      a hook that returns the local gradient (no communication: compute time)
+  backend     no hook: DDP over a `dist.new_group(backend="netreduce")` process group
+              (netreduce.torch.ProcessGroupNetreduce; not in the default modes)
+Rank 0 prints the loss every `--log-every` steps and a summary: median step time per mode,
+max |loss - gloo's loss| over all steps and ranks, max |parameter - gloo's| at the end, and
+how much of the communication the asynchronous hook hides:
+(sync - async) / (sync - nocomm). `--max-param-diff D` exits 1 if a netreduce mode ends
+more than D from gloo's parameters (lab tests).
+"""
+import argparse
+import statistics
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import netreduce
+import netreduce.torch as nrtorch
+
+FEATURES, CLASSES = 64, 10
+MODES = ("gloo", "switch", "ring", "switch-sync", "nocomm")
+EXTRA_MODES = ("backend",)
+
+
+def mlp(hidden: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, CLASSES))
+
+
+def batch(seed: int, rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(hash((seed, rank, step)) & 0x7FFFFFFF)
+    x = torch.randn(size, FEATURES, generator=g)
+    return x, (x @ teacher).argmax(dim=1)
+
+
+def local_hook(state: None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """No communication: each rank keeps its own gradient (annotations as DDP checks them)."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def hook_for(mode: str, comm: netreduce.Communicator) -> tuple[Any, Any] | None:
+    return {"gloo": None,
+            "switch": (nrtorch.HookState(comm, "auto"), nrtorch.allreduce_hook),
+            "ring": (nrtorch.HookState(comm, "ring"), nrtorch.allreduce_hook),
+            "switch-sync": (nrtorch.HookState(comm, "auto"), nrtorch.allreduce_hook_sync),
+            "nocomm": (None, local_hook)}[mode]
+
+
+def train(mode: str, comm: netreduce.Communicator, args: argparse.Namespace
+          ) -> tuple[list[float], list[float], torch.Tensor]:
+    """`args.steps` SGD steps in `mode`: (losses, step times in s, final parameters)."""
+    torch.manual_seed(args.seed)
+    group = dist.new_group(backend="netreduce") if mode == "backend" else None
+    model = DistributedDataParallel(mlp(args.hidden), bucket_cap_mb=args.bucket_cap_mb,
+                                    process_group=group)
+    hook = None if mode == "backend" else hook_for(mode, comm)
+    if hook is not None:
+        model.register_comm_hook(*hook)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    losses, times = [], []
+    dist.barrier()
+    for step in range(args.steps):
+        x, y = batch(args.seed, comm.rank, step, args.batch)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        if comm.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            print(f"{mode:11s} step {step:4d} loss {loss.item():.6f} "
+                  f"{times[-1] * 1e3:8.1f} ms/step ({ran(mode, comm, group)})",
+                  flush=True)
+    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+    return losses, times, params
+
+
+def ran(mode: str, comm: netreduce.Communicator, group: Any) -> str:
+    """What reduced the last bucket."""
+    if mode == "backend":
+        return f"backend: {getattr(group, 'comm', comm).last_algo}"
+    return {"gloo": "gloo", "nocomm": "none"}.get(mode, str(comm.last_algo))
+
+
+def global_max(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--bucket-cap-mb", type=float, default=0.1,
+                   help="DDP's bucket size (small: several buckets to overlap)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-param-diff", type=float, default=None)
+    args = p.parse_args()
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES + EXTRA_MODES):
+        p.error(f"unknown mode(s) {sorted(unknown)}: choose from "
+                f"{', '.join(MODES + EXTRA_MODES)}")
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    comm = netreduce.init()     # its store's port goes through torch's store (MASTER_PORT)
+    results = {mode: train(mode, comm, args) for mode in modes}
+    failed = False
+    if "gloo" in results:
+        ref_losses, _, ref_params = results["gloo"]
+        if comm.rank == 0:
+            print(f"summary over {comm.world_size} ranks, {args.steps} steps "
+                  f"(step times: median after the first 5 steps):", flush=True)
+        for mode, (losses, times, params) in results.items():
+            loss_diff = global_max(max(abs(a - b) for a, b in zip(losses, ref_losses)))
+            param_diff = global_max(float((params - ref_params).abs().max()))
+            median = statistics.median(times[5:] or times)
+            if comm.rank == 0:
+                print(f"  {mode:11s} {median * 1e3:8.1f} ms/step  final loss {losses[-1]:.6f}  "
+                      f"max |loss - gloo| {loss_diff:.3g}  max |param - gloo| {param_diff:.3g}",
+                      flush=True)
+            if mode not in ("gloo", "nocomm") and args.max_param_diff is not None \
+                    and param_diff > args.max_param_diff:
+                print(f"FAIL {mode}: parameters {param_diff:.3g} from gloo's "
+                      f"(> {args.max_param_diff:g})", flush=True)
+                failed = True
+    if comm.rank == 0 and {"switch", "switch-sync", "nocomm"} <= set(results):
+        step = {m: statistics.median(results[m][1][5:] or results[m][1])
+                for m in ("switch", "switch-sync", "nocomm")}
+        comm_time = step["switch-sync"] - step["nocomm"]
+        hidden = (step["switch-sync"] - step["switch"]) / comm_time if comm_time > 0 else 0.0
+        print(f"async hook hides {hidden:.0%} of the communication time "
+              f"(sync {step['switch-sync'] * 1e3:.1f}, async {step['switch'] * 1e3:.1f}, "
+              f"no communication {step['nocomm'] * 1e3:.1f} ms/step)", flush=True)
+    if comm.rank == 0 and not failed:
+        print("OK train_mlp", flush=True)
+    netreduce.finalize()
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""PyTorch integration: a DDP comm hook and one rendezvous with torch's store.
+
+    import torch.distributed as dist, netreduce, netreduce.torch
+    dist.init_process_group("gloo")               # torchrun or netreduce.launch set the env
+    comm = netreduce.init()                       # its store's port travels through torch's
+    model = DistributedDataParallel(model)
+    model.register_comm_hook(comm, netreduce.torch.allreduce_hook)
+
+`allreduce_hook` averages each gradient bucket through netreduce (algo="auto": in the
+network when the communicator's ring is registered with a switch, else the host ring),
+asynchronously: it returns at once and the call runs on the communicator's progress
+thread in the order DDP issued it, overlapping the rest of the backward pass.
+
+Non-finite gradients: a float32 bucket holding NaN or Inf cannot travel quantized through
+the switch (`NotQuantizable`, refused on every rank alike before any data moves). The
+hook then reduces that bucket over the host ring, which sums NaN/Inf as gloo would, and
+warns (`NonFiniteGradientWarning`, every time, naming the bucket and the rank): so the
+averaged gradients hold NaN/Inf exactly where DDP over gloo would put them, and AMP's
+GradScaler or the user's own check sees them and skips the step.
+
+One rendezvous: torch owns MASTER_PORT when a process group is initialised (its TCPStore
+serves there on rank 0) or when torchrun started the process (its agent's store serves
+there). netreduce's own store (liveness, aborts: ring_setup.rendezvous) then serves on a
+port the kernel picks on rank 0, which every rank reads from torch's store
+(`store_port_exchange`): no second fixed port, no collision.
+"""
+
+import atexit
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from netreduce.algorithms.switch import NotQuantizable
+from netreduce.api import get_communicator
+from netreduce.comm import Communicator
+from netreduce.progress import Work
+from ring_setup.rendezvous import RendezvousConfig, RendezvousError
+
+_COUNT_KEY = "netreduce/inits/{}"       # per rank: how many communicators it created
+_PORT_KEY = "netreduce/store_port/{}"   # the k-th communicator's store port
+
+
+class NonFiniteGradientWarning(UserWarning):
+    """A gradient bucket held NaN or Inf and was reduced over the host ring instead."""
+
+
+warnings.filterwarnings("always", category=NonFiniteGradientWarning)   # loud: every bucket
+
+
+def _torch_store(config: RendezvousConfig) -> dist.Store:
+    """The initialised process group's store, else a client of torchrun's agent store at
+    MASTER_ADDR:MASTER_PORT."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.distributed_c10d._get_default_store()
+    return dist.TCPStore(config.master_addr, config.master_port, is_master=False,
+                         timeout=timedelta(seconds=config.timeout))
+
+
+def store_port_exchange(config: RendezvousConfig,
+                        store: dist.Store | None = None) -> Callable[[int | None], int]:
+    """`Rendezvous.join`'s port exchange through torch's store: each rank counts its
+    communicators in the store; rank 0 sets the key of its k-th (inits are collective, so
+    every rank's k-th is the same communicator) to its store's port; the others wait for
+    it (torch's store timeout). `store`: torch's store (default: see `_torch_store`)."""
+    store = store if store is not None else _torch_store(config)
+    key = _PORT_KEY.format(store.add(_COUNT_KEY.format(config.rank), 1))
+
+    def exchange(port: int | None) -> int:
+        try:
+            if port is not None:
+                store.set(key, str(port))
+                return port
+            return int(store.get(key))
+        except (RuntimeError, ValueError) as exc:   # torch's DistStoreError is a RuntimeError
+            raise RendezvousError(f"rendezvous: rank {config.rank}: cannot pass netreduce's "
+                                  f"store port through torch's store ({key!r} at "
+                                  f"{config.where}): {exc}") from exc
+    return exchange
+
+
+@dataclass(frozen=True)
+class HookState:
+    """What the hooks reduce with: `comm` (None: the default communicator) and `algo`
+    ("auto", "switch" or "ring", as `allreduce` takes it)."""
+
+    comm: Communicator | None = None
+    algo: str = "auto"
+
+
+def _resolve(state: HookState | Communicator | None) -> tuple[Communicator, str]:
+    if isinstance(state, HookState):
+        return state.comm or get_communicator(), state.algo
+    return state or get_communicator(), "auto"
+
+
+def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
+    """Average `bucket.buffer()` over all ranks in place (a NaN/Inf float32 bucket that
+    the switch refuses goes over the host ring, with a warning: see the module doc) and
+    return it."""
+    buffer = bucket.buffer()
+    try:
+        comm.allreduce(buffer, algo=algo)
+    except NotQuantizable as exc:
+        warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {bucket.index()} "
+                      f"({buffer.numel()} x {buffer.dtype}) holds NaN or Inf, which the "
+                      f"switch cannot carry: reduced over the host ring instead ({exc})",
+                      NonFiniteGradientWarning, stacklevel=2)
+        comm.allreduce(buffer, algo="ring")
+    buffer.div_(comm.world_size)
+    return buffer
+
+
+def _ddp_future(work: Work) -> torch.futures.Future[torch.Tensor]:
+    """A future DDP waits on from C++: its value is the work's tensor, or it fails with the
+    work's error, raised by a callback so that torch marks the future failed (DDP then
+    reports "Got the following error when running the callback: PeerFailure: netreduce:
+    rank ..."); a future given the exception as its value (`set_exception`) would reach DDP
+    as "Unable to cast <the message> to Tensor"."""
+    done: torch.futures.Future[None] = torch.futures.Future()
+    work.add_done_callback(lambda _: done.set_result(None))
+    return done.then(lambda _: work.wait())
+
+
+def allreduce_hook(state: HookState | Communicator | None,
+                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook (`model.register_comm_hook(state, allreduce_hook)`; state None or a
+    Communicator: that communicator, algo="auto"): queue the bucket's average on the
+    communicator's progress thread and return its future at once."""
+    # (annotations evaluated, not postponed: DDP checks them against dist.GradBucket)
+    comm, algo = _resolve(state)
+    return _ddp_future(comm.submit(lambda: average_bucket(comm, bucket, algo),
+                                   f"DDP gradient bucket {bucket.index()}"))
+
+
+def allreduce_hook_sync(state: HookState | Communicator | None,
+                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The same average, done before returning (no overlap with the backward pass): to
+    measure what the asynchronous hook hides."""
+    comm, algo = _resolve(state)
+    work = Work(f"DDP gradient bucket {bucket.index()}")
+    try:
+        work.finish(result=average_bucket(comm, bucket, algo))
+    except Exception as exc:        # noqa: BLE001 - DDP raises it from the future
+        work.finish(error=exc)
+    return _ddp_future(work)
+
+
+class _TorchWork(dist.Work):
+    """A netreduce `Work` as torch.distributed's: its future's value is the tensor list."""
+
+    def __init__(self, work: Work, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._work, self._tensors = work, tensors
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._work.wait(None if timeout is None or not timeout else timeout.total_seconds())
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+
+        def complete(work: Work) -> None:
+            error = work.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(self._tensors)
+        self._work.add_done_callback(complete)
+        return future
+
+
+_NETREDUCE_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "sum"}
+_NETREDUCE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
+
+
+class ProcessGroupNetreduce(dist.ProcessGroup):
+    """`dist.init_process_group("netreduce")` (after `import netreduce.torch`).
+
+    Invariant: `all_reduce` of one contiguous CPU tensor of a dtype netreduce reduces, with
+    SUM, MAX, MIN or (floating point) AVG, runs through netreduce (algo="auto":
+    the switch when the ring is registered with one and it reduces dtype and op), queued
+    on the communicator's progress thread in issue order; every other call -- the other
+    collectives, other ops, dtypes or layouts, several tensors -- goes to a gloo process
+    group on the same store, which is also this group's backend for what torch calls
+    from C++ (DDP's parameter checks). The communicator's store port travels through
+    torch's store (`store_port_exchange`)."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int,
+                 timeout: timedelta) -> None:
+        super().__init__(rank, world_size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self._gloo)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        config = RendezvousConfig.resolve(rank, world_size, master_port=0)
+        self.comm = Communicator.create(rank, world_size, port_exchange=store_port_exchange(
+            config, store))
+        atexit.register(self.comm.close)
+
+    def getBackendName(self) -> str:
+        return "netreduce"
+
+    def _netreduce_op(self, tensors: list[torch.Tensor], opts: Any) -> str | None:
+        """netreduce's op for this allreduce, or None when gloo must do it."""
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op = next((name for name in _NETREDUCE_OPS
+                   if reduce_op == getattr(dist.ReduceOp, name)), None)
+        if len(tensors) != 1 or op is None:
+            return None
+        t = tensors[0]
+        if t.device.type != "cpu" or t.layout is not torch.strided or not t.is_contiguous() \
+                or t.dtype not in _NETREDUCE_DTYPES or (op == "AVG" and not t.is_floating_point()):
+            return None
+        return op
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = self._netreduce_op(tensors, opts)
+        if op is None:
+            return self._gloo.allreduce(tensors, opts) if opts is not None \
+                else self._gloo.allreduce(tensors)
+        tensor, comm = tensors[0], self.comm
+
+        def job() -> list[torch.Tensor]:
+            comm.allreduce(tensor, op=_NETREDUCE_OPS[op])
+            if op == "AVG":
+                tensor.div_(comm.world_size)
+            return tensors
+        return _TorchWork(comm.submit(job, f"dist.all_reduce {op} {tensor.dtype}"
+                                           f"[{tensor.numel()}]"), tensors)
+
+
+def _create_process_group(store: dist.Store, rank: int, world_size: int,
+                          timeout: timedelta) -> ProcessGroupNetreduce:
+    return ProcessGroupNetreduce(store, rank, world_size, timeout)
+
+
+if "netreduce" not in dist.Backend.backend_list:
+    dist.Backend.register_backend("netreduce", _create_process_group, devices=["cpu"])

@@ -1,0 +1,56 @@
+"""PyTorch DDP with netreduce's comm hook and process group on real rxe, against DDP over
+gloo (netreduce's store port goes through torch's store): one launch per world size.
+
+Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_torch.py
+torch imports slowly under TCG: few, small runs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from netreduce.launch import LaunchResult, launch
+from tests.lab.labhosts import HOSTS, ROOT
+from tests.lab.test_allreduce import _ports
+
+pytestmark = pytest.mark.lab
+
+WORKER = Path(__file__).with_name("torch_worker.py")
+
+
+def run(n: int, script: Path, *args: str, grace: float = 30) -> LaunchResult:
+    if n > HOSTS:
+        pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "nr0", "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return launch([sys.executable, str(script), *args], n, port=next(_ports), timeout=900,
+                  grace=grace, env=env)
+
+
+@pytest.mark.parametrize("n, victim", [(2, None), (4, 2)])
+def test_ddp_with_netreduce_against_gloo(n: int, victim: int | None) -> None:
+    """tests/lab/torch_worker.py: the hook and the process group train like gloo, a NaN
+    bucket goes over the ring like gloo, and (4 ranks) a rank killed during backward is
+    named on the others."""
+    args = ["--steps", "5"] + ([] if victim is None else ["--victim", str(victim)])
+    result = run(n, WORKER, *args, grace=120)
+    survivors = [r for r in range(n) if r != victim]
+    for r in survivors:
+        out = result.ranks[r].output
+        assert result.ranks[r].returncode == 0, "\n".join(out)
+        for mode in ("switch", "ring", "backend"):
+            assert any(x.startswith(f"OK {mode}: max |param - gloo|") for x in out), out
+        line = next(x for x in out if x.startswith("OK nan:"))
+        assert f"netreduce: rank {r}: DDP gradient bucket" in line and "holds NaN or Inf" in line
+        if victim is not None:
+            line = next(x for x in out if x.startswith("OK error:"))
+            # DDP re-raises the hook's PeerFailure from C++ (as a RuntimeError): its message
+            assert f"rank {victim}: its process died" in line \
+                and f"rank {r}: allreduce call" in line, line
+    if victim is not None:
+        assert result.ranks[victim].returncode == -9
+    else:
+        assert result.ok

@@ -1,0 +1,114 @@
+"""One rank of the lab PyTorch test, run by `python -m netreduce.launch` (one per host);
+one launch checks everything (torch imports slowly under TCG), in this order:
+
+    torch_worker.py [--steps K] [--victim R]
+  1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
+     netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
+     of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
+     float32 quantization error is ~1e-8 per step);
+  2. a NaN in rank 1's batch: the hook warns and gives gloo's gradients (NaN included);
+  3. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
+
+Prints "OK ..." lines the test looks for; a failed check exits non-zero with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import types
+import os
+import signal
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import netreduce
+import netreduce.torch as nrtorch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from train_mlp import batch, global_max, mlp, train  # noqa: E402
+
+
+def grads_after_one_step(comm: netreduce.Communicator, hook: bool, poison: bool
+                         ) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = DistributedDataParallel(mlp(64), bucket_cap_mb=0.01)
+    if hook:
+        model.register_comm_hook(nrtorch.HookState(comm), nrtorch.allreduce_hook)
+    x, y = batch(0, comm.rank, 0, 16)
+    if poison and comm.rank == 1:
+        x[3, 7] = float("nan")
+    nn.CrossEntropyLoss()(model(x), y).backward()
+    return [p.grad.clone() for p in model.module.parameters()]
+
+
+def nan(comm: netreduce.Communicator) -> None:
+    want = grads_after_one_step(comm, hook=False, poison=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = grads_after_one_step(comm, hook=True, poison=True)
+    warned = [str(w.message) for w in caught if w.category is nrtorch.NonFiniteGradientWarning]
+    if not warned:
+        sys.exit("FAIL nan: no NonFiniteGradientWarning")
+    for g, w in zip(got, want):
+        if not torch.equal(g.isnan(), w.isnan()):
+            sys.exit("FAIL nan: NaN positions differ from gloo's")
+        if not torch.allclose(g[~g.isnan()], w[~w.isnan()], rtol=1e-5, atol=1e-7):
+            sys.exit("FAIL nan: finite gradients differ from gloo's")
+    clean = grads_after_one_step(comm, hook=True, poison=False)
+    if comm.last_algo != "switch" or not all(bool(g.isfinite().all()) for g in clean):
+        sys.exit(f"FAIL nan: the next clean step ran {comm.last_algo}")
+    print(f"OK nan: {len(warned)} warning(s): {warned[0]}", flush=True)
+
+
+def die(comm: netreduce.Communicator, victim: int) -> None:
+    torch.manual_seed(0)
+    model = DistributedDataParallel(mlp(64), bucket_cap_mb=0.01)
+    model.register_comm_hook(None, nrtorch.allreduce_hook)
+    first = next(model.module.parameters())
+    if comm.rank == victim:
+        first.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))
+    x, y = batch(0, comm.rank, 0, 16)
+    try:
+        nn.CrossEntropyLoss()(model(x), y).backward()
+    except Exception as exc:            # noqa: BLE001 - the message is what is checked
+        print(f"OK error: {type(exc).__name__}: {exc}", flush=True)
+        return
+    sys.exit("FAIL die: backward completed although a rank died")
+
+
+def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
+    args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
+                                 bucket_cap_mb=0.1, log_every=1)
+    _, _, want = train("gloo", comm, args)
+    for mode, algo in (("switch", "switch"), ("ring", "ring"), ("backend", "backend: switch")):
+        _, _, got = train(mode, comm, args)
+        diff = global_max(float((got - want).abs().max()))
+        if diff > 1e-5:
+            sys.exit(f"FAIL {mode}: parameters {diff:.3g} from gloo's after {steps} steps")
+        print(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--victim", type=int, default=None)
+    args = p.parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    comm = netreduce.init()
+    like_gloo(comm, args.steps)
+    nan(comm)
+    if args.victim is None:
+        netreduce.finalize()
+    else:
+        die(comm, args.victim)
+        os._exit(0)     # the communicator is broken and gloo's peer is gone: no teardown
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,438 @@
+"""torch tensors through the communicator, asynchronous calls, the DDP hook's averaging and
+NaN fallback, and the rendezvous through torch's store, on the in-process fabric
+(tests/fakefabric.py). DDP itself over real RDMA: tests/lab/test_torch.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import UNDER_CI
+from fakefabric import FakeController, FakeFabric, FakeHost
+from netreduce.comm import Communicator, CommunicatorError, PeerFailure
+from netreduce.meta import AllreduceMismatch
+from ring_setup.rendezvous import Rendezvous, RendezvousConfig
+from test_comm import CFG, free_port, rank_data, run_ranks
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:                     # pragma: no cover - CI installs the torch extra
+    if UNDER_CI:
+        raise
+    pytest.skip("needs torch: pip install -e '.[torch]' (scripts/install.sh does)",
+                allow_module_level=True)
+
+import netreduce.torch as nrtorch     # noqa: E402 - after the torch check
+
+
+def test_import_netreduce_never_imports_torch() -> None:
+    code = "import sys, netreduce, netreduce.api; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.float64])
+def test_tensors_are_reduced_in_their_own_memory(dtype: torch.dtype) -> None:
+    n, count = 3, 1000
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        t = torch.from_numpy(rank_data(comm.rank, count, str(dtype).removeprefix("torch.")))
+        ptr = t.data_ptr()
+        assert comm.allreduce(t) is t and t.data_ptr() == ptr
+        out = torch.empty_like(t)
+        src = t.clone()
+        assert comm.allreduce(src, out=out) is out
+        assert torch.equal(src, t)                      # the input of an out= call: untouched
+        return t.numpy().copy(), out.numpy().copy()
+
+    results = run_ranks(n, body)
+    name = str(dtype).removeprefix("torch.")
+    want = np.sum([rank_data(r, count, name).astype(np.float64) for r in range(n)], axis=0)
+    for once, twice in results:
+        assert np.allclose(once, want, rtol=1e-5, atol=1e-4)
+        assert np.allclose(twice, want * n, rtol=1e-5, atol=1e-3)
+
+
+def test_bad_tensors_get_clear_errors_before_any_exchange() -> None:
+    def body(comm: Communicator, host: FakeHost) -> list[str]:
+        before = host.rings["ring"].posted
+        errors = []
+        for bad in (torch.ones(4, 6).t(),                       # non-contiguous
+                    torch.ones(4, dtype=torch.float16),
+                    torch.ones(4, dtype=torch.bfloat16),
+                    torch.ones(4, device="meta"),               # not on the CPU
+                    torch.ones(4).to_sparse()):
+            try:
+                comm.allreduce(bad)
+            except (TypeError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        try:
+            comm.allreduce(torch.ones(4), out=torch.ones(4, dtype=torch.float64))
+        except ValueError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        assert host.rings["ring"].posted == before
+        return errors
+
+    errors = run_ranks(2, body)[0]
+    assert errors[0] == ("ValueError: allreduce: array is a non-contiguous tensor (shape "
+                         "(6, 4), strides (1, 6)): reducing it in place needs contiguous "
+                         "memory (.contiguous() makes a copy to reduce)")
+    assert errors[1] == ("TypeError: allreduce: array has dtype torch.float16, which is not "
+                         "supported (supported: torch.int32, torch.int64, torch.float32, "
+                         "torch.float64)")
+    assert "dtype torch.bfloat16, which is not supported" in errors[2]
+    assert errors[3] == ("TypeError: allreduce: array is a tensor on device meta: netreduce "
+                         "reduces CPU tensors only (copy it with .cpu() and back)")
+    assert errors[4] == ("TypeError: allreduce: array is a torch.sparse_coo tensor: only dense "
+                         "(strided) tensors are supported")
+    assert errors[5] == "ValueError: allreduce: out must be a float32 array of shape (4,)"
+    assert len(errors) == 6
+
+
+def test_async_calls_complete_in_issue_order_with_the_sync_results() -> None:
+    n, sizes = 3, (10, 5000, 1, 300)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        arrays = [torch.from_numpy(rank_data(comm.rank + 7 * i, c, "float32"))
+                  for i, c in enumerate(sizes)]
+        order: list[int] = []
+        works = [comm.allreduce(a, async_op=True) for a in arrays]
+        for i, w in enumerate(works):
+            w.add_done_callback(lambda _w, i=i: order.append(i))
+        futures = [w.get_future() for w in works]
+        sync = comm.allreduce(np.full(4, comm.rank, dtype=np.int32))   # after all of them
+        done_before_sync = all(w.is_completed() for w in works)
+        got = [w.wait(timeout=10) for w in works]
+        assert all(g is a for g, a in zip(got, arrays))
+        assert [f.wait() is a for f, a in zip(futures, arrays)] == [True] * len(sizes)
+        return [g.numpy().copy() for g in got], order, done_before_sync, sync.copy()
+
+    for got, order, done_before_sync, sync in run_ranks(n, body):
+        assert order == [0, 1, 2, 3] and done_before_sync
+        assert np.array_equal(sync, np.full(4, 0 + 1 + 2))
+        for i, (c, g) in enumerate(zip(sizes, got)):
+            want = np.sum([rank_data(r + 7 * i, c, "float32").astype(np.float64)
+                           for r in range(n)], axis=0)
+            assert np.allclose(g, want, rtol=1e-5, atol=1e-5 * n)
+
+
+def test_async_errors_surface_from_wait_with_the_sync_message() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        count = 100 if comm.rank == 0 else 99
+        work = comm.allreduce(np.ones(count, dtype=np.int32), async_op=True)
+        future = comm.allreduce(np.ones(count, dtype=np.int32), async_op=True).get_future()
+        errors = []
+        with pytest.raises(AllreduceMismatch) as first:
+            work.wait()
+        errors.append(str(first.value))
+        with pytest.raises(AllreduceMismatch) as second:
+            future.wait()
+        errors.append(str(second.value))
+        try:
+            comm.allreduce(np.ones(count, dtype=np.int32))
+        except AllreduceMismatch as exc:
+            errors.append(str(exc))
+        with pytest.raises(TypeError, match="dtype float16 is not supported"):
+            comm.allreduce(np.ones(3, np.float16), async_op=True)     # raised at issue
+        return errors
+
+    for errors in run_ranks(2, body):
+        assert errors == [f"allreduce call #{i}: ranks disagree: int32[100] op=sum algo=ring "
+                          f"on rank 0; int32[99] op=sum algo=ring on rank 1" for i in range(3)]
+
+
+def test_close_waits_then_cancels_what_cannot_finish() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        if comm.rank == 1:
+            return None                    # never calls: rank 0's call cannot finish
+        running = comm.allreduce(np.ones(10, dtype=np.int32), async_op=True)
+        queued = comm.allreduce(np.ones(10, dtype=np.int32), async_op=True)
+        start = time.monotonic()
+        comm.close(timeout=1.0)
+        took = time.monotonic() - start
+        return running.exception(), queued.exception(), took
+
+    running, queued, took = run_ranks(2, body)[0]
+    assert isinstance(running, PeerFailure) and running.ranks == [0]
+    assert ("rank 0: allreduce call #0 (int32[10] op=sum algo=ring) failed: rank 0: "
+            "allreduce call (int32[10] op=sum algo=ring) was still running 1s after this "
+            "rank closed the communicator") in str(running)
+    assert isinstance(queued, CommunicatorError) and str(queued) == (
+        "netreduce: rank 0: allreduce call (int32[10] op=sum algo=ring) cancelled: the "
+        "communicator was closed before it started")
+    assert took < 1.0 + 3.0
+
+
+def in_threads(n: int, rank: Any) -> list[Any]:
+    """`rank(r)` for r < n, each on a thread of its own: what each returned or raised."""
+    out: list[Any] = [None] * n
+
+    def run(r: int) -> None:
+        try:
+            out[r] = rank(r)
+        except Exception as exc:      # noqa: BLE001 - the test inspects it
+            out[r] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    assert not any(isinstance(o, Exception) for o in out), out
+    return out
+
+
+class Bucket:
+    """What the hook uses of torch.distributed.GradBucket."""
+
+    def __init__(self, index: int, buffer: torch.Tensor) -> None:
+        self._index, self._buffer = index, buffer
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+
+def hook_data(rank: int, count: int, nan_rank: int | None) -> np.ndarray:
+    x = rank_data(rank, count, "float32")
+    if rank == nan_rank:
+        x[5] = np.nan
+        x[6] = np.inf
+    return x
+
+
+@pytest.mark.parametrize("hook", [nrtorch.allreduce_hook, nrtorch.allreduce_hook_sync])
+@pytest.mark.parametrize("nan_rank", [None, 1])
+def test_the_hook_averages_buckets_through_the_switch_and_nan_over_the_ring(
+        hook: Any, nan_rank: int | None) -> None:
+    n, count = 3, 2000
+    fabric = FakeFabric()
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        bucket = Bucket(4, torch.from_numpy(hook_data(comm.rank, count, nan_rank)))
+        value = hook(comm, bucket).wait()
+        other = hook(comm, Bucket(5, torch.ones(8))).wait()   # the next bucket: switch
+        assert value is bucket.buffer() and comm.last_algo == "switch"
+        return value.numpy().copy(), other.numpy().copy()
+
+    with warnings.catch_warnings(record=True) as caught:     # process-wide: every thread
+        warnings.simplefilter("always")
+        results = run_ranks(n, body, fabric=fabric, controller=FakeController(fabric))
+    warned = sorted(str(w.message) for w in caught
+                    if w.category is nrtorch.NonFiniteGradientWarning)
+    inputs = [hook_data(r, count, nan_rank).astype(np.float64) for r in range(n)]
+    want = np.sum(inputs, axis=0) / n
+    finite = np.isfinite(want)
+    m = max(np.abs(x[np.isfinite(x)]).max() for x in inputs)
+    for r, (value, other) in enumerate(results):
+        assert np.array_equal(other, np.ones(8))
+        assert value.tobytes() == results[0][0].tobytes()
+        if nan_rank is None:
+            assert warned == []
+            # the README's bound on the sum, divided by n, plus the division's rounding
+            bound = (n * n * m * 2.0 ** -30 * (1 + 2 ** -24) + 2 ** -24 * n * np.abs(want)) / n \
+                + 2 ** -24 * np.abs(want) + 2 ** -149
+            assert np.all(np.abs(value - want) <= bound)
+        else:
+            assert list(np.flatnonzero(~finite)) == [5, 6] and np.isnan(value[5]) \
+                and np.isnan(value[6]) == np.isnan(want[6])
+            assert np.allclose(value[finite], want[finite], rtol=1e-5, atol=1e-6)
+            assert len(warned) == n
+            assert warned[r].startswith(
+                f"netreduce: rank {r}: DDP gradient bucket 4 (2000 x torch.float32) holds NaN "
+                f"or Inf, which the switch cannot carry: reduced over the host ring instead")
+
+
+def test_the_rendezvous_passes_its_port_through_torchs_store() -> None:
+    n = 3
+    torch_port = free_port()
+    master = dist.TCPStore("127.0.0.1", torch_port, is_master=True,
+                           timeout=timedelta(seconds=10), wait_for_workers=False)
+    def rank(r: int) -> Any:
+        config = RendezvousConfig(r, n, "127.0.0.1", torch_port, timeout=10)
+        for generation in range(2):                 # a second init reads its own key
+            rdzv = Rendezvous(config)
+            try:
+                rdzv.join(nrtorch.store_port_exchange(config))
+                got = (rdzv.config.master_port, rdzv.all_gather("x", r * 10 + generation))
+            finally:
+                rdzv.close(timeout=5)
+        return got
+
+    out = in_threads(n, rank)
+    ports = {o[0] for o in out}
+    assert len(ports) == 1 and torch_port not in ports
+    assert all(o[1] == [0 + 1, 10 + 1, 20 + 1] for o in out)
+    del master
+
+
+def test_ddp_with_the_hook_averages_like_ddp_over_gloo() -> None:
+    """Real DDP (a gloo process group per rank thread, several buckets): one step with the
+    asynchronous hook through the (fake) switch gives gloo's averaged gradients."""
+    n = 2
+    store = dist.HashStore()
+    fabric = FakeFabric()
+    seeding = threading.Lock()
+
+    def grads(comm: Communicator, pg: Any, hook: bool) -> list[torch.Tensor]:
+        with seeding:                 # torch's RNG is process-wide: same init everywhere
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                        torch.nn.Linear(32, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg,
+                                                        bucket_cap_mb=0.001)
+        if hook:
+            ddp.register_comm_hook(nrtorch.HookState(comm), nrtorch.allreduce_hook)
+        x = torch.from_numpy(rank_data(comm.rank, 8 * 16, "float32").reshape(8, 16))
+        ddp(x).square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        pg = dist.ProcessGroup(store, comm.rank, n)      # per thread: no default group
+        gloo = dist.ProcessGroupGloo(store, comm.rank, n, timedelta(seconds=20))
+        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        want = grads(comm, pg, hook=False)
+        got = grads(comm, pg, hook=True)
+        return want, got, comm.last_algo
+
+    results = run_ranks(n, body, fabric=fabric, controller=FakeController(fabric))
+    assert not any(isinstance(r, Exception) for r in results), results
+    for want, got, algo in results:
+        assert algo == "switch"
+        for w, g in zip(want, got):
+            assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (g, w)
+
+
+RDZV_UNDER_TORCHRUN = """
+import os, sys
+from netreduce.tensors import torch_store_in_use
+from ring_setup.rendezvous import Rendezvous, RendezvousConfig
+assert torch_store_in_use(), "torchrun's environment not recognised"
+import netreduce.torch as nrtorch
+config = RendezvousConfig.resolve()
+rdzv = Rendezvous(config).join(nrtorch.store_port_exchange(config))
+got = rdzv.all_gather("who", [config.rank, int(os.environ["LOCAL_RANK"])])
+print("RDZV", os.environ["MASTER_PORT"], rdzv.config.master_port, got, flush=True)
+rdzv.close(timeout=10)
+"""
+
+
+def test_under_torchrun_the_store_port_goes_through_torchruns_store(tmp_path: Any) -> None:
+    """Real torchrun (its agent's store on MASTER_PORT): netreduce's rendezvous does not
+    bind MASTER_PORT, and every rank reaches rank 0's store."""
+    script = tmp_path / "rdzv.py"
+    script.write_text(RDZV_UNDER_TORCHRUN)
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                          "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                          "--master-port", str(port), str(script)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": "."})
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("RDZV"))
+    assert out.returncode == 0 and len(lines) == 2, out.stdout + out.stderr
+    ours = {line.split()[2] for line in lines}
+    assert {line.split()[1] for line in lines} == {str(port)}
+    assert len(ours) == 1 and ours != {str(port)}
+    assert all(line.endswith("[[0, 0], [1, 1]]") for line in lines), lines
+
+
+def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ProcessGroupNetreduce on 2 rank threads (its communicator on the fake fabric and
+    switch, its store port through the group's store): all_reduce SUM/AVG/MAX of float32
+    through netreduce (the switch, the ring), float16 / PRODUCT / broadcast through gloo,
+    DDP with no hook over it trains like DDP over gloo."""
+    n = 2
+    store = dist.HashStore()
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    seeding = threading.Lock()
+
+    def create(rank: int, world_size: int, *, port_exchange: Any, **_: Any) -> Communicator:
+        config = RendezvousConfig(rank, world_size, "127.0.0.1", 0, timeout=10)
+        rdzv = Rendezvous(config).join(port_exchange)
+        return Communicator.connect(rdzv, FakeHost(fabric, rank), CFG,
+                                    controller if rank == 0 else None)
+    monkeypatch.setattr(Communicator, "create", staticmethod(create))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    def rank(r: int) -> dict[str, Any]:
+        pg = nrtorch.ProcessGroupNetreduce(store, r, n, timedelta(seconds=20))
+        comm = pg.comm
+        try:
+            got: dict[str, Any] = {}
+
+            def allreduce(t: torch.Tensor, op: Any) -> tuple[torch.Tensor, int]:
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = op
+                before = comm._calls
+                pg.allreduce([t], opts).get_future().wait()
+                return t, comm._calls - before
+            got["sum"] = allreduce(torch.full((5,), float(r + 1)), dist.ReduceOp.SUM)
+            got["sum_algo"] = comm.last_algo
+            got["avg"] = allreduce(torch.full((5,), float(r + 1)), dist.ReduceOp.AVG)
+            got["max64"] = allreduce(torch.full((3,), float(r), dtype=torch.float64),
+                                     dist.ReduceOp.MAX)
+            got["max_algo"] = comm.last_algo
+            got["f16"] = allreduce(torch.full((3,), float(r + 1), dtype=torch.float16),
+                                   dist.ReduceOp.SUM)
+            got["prod"] = allreduce(torch.full((3,), float(r + 2)), dist.ReduceOp.PRODUCT)
+            b = torch.full((2,), float(r))
+            pg.broadcast([b]).wait()
+            got["bcast"] = b
+            with seeding:
+                torch.manual_seed(0)
+                model = torch.nn.Linear(4, 2)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+            ddp(torch.full((3, 4), float(r + 1))).sum().backward()
+            got["ddp"] = model.weight.grad.clone()
+            return got
+        finally:
+            comm.close(timeout=5)
+
+    out = in_threads(n, rank)
+    for got in out:
+        assert got["sum"][1] == 1 and torch.equal(got["sum"][0], torch.full((5,), 3.0))
+        assert got["sum_algo"] == "switch" and got["max_algo"] == "ring"
+        assert got["avg"][1] == 1 and torch.equal(got["avg"][0], torch.full((5,), 1.5))
+        assert got["max64"][1] == 1 and torch.equal(got["max64"][0], torch.full((3,), 1.0,
+                                                                                dtype=torch.float64))
+        assert got["f16"][1] == 0 and torch.equal(got["f16"][0], torch.full((3,), 3.0,
+                                                                             dtype=torch.float16))
+        assert got["prod"][1] == 0 and torch.equal(got["prod"][0], torch.full((3,), 6.0))
+        assert torch.equal(got["bcast"], torch.zeros(2))
+        # d/dW sum(W x + b) = sum of the rows of x: rank r's x is r + 1; averaged: 1.5 * 3
+        assert torch.allclose(got["ddp"], torch.full((2, 4), 4.5))
+
+
+def test_a_failed_bucket_reaches_ddp_as_an_error_naming_the_cause() -> None:
+    """The hook's future fails the way torch's C++ side sees (a failed callback), with the
+    netreduce error's type and message; the next bucket reports the broken communicator."""
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        count = 8 if comm.rank == 0 else 9
+        errors = []
+        for hook in (nrtorch.allreduce_hook, nrtorch.allreduce_hook_sync):
+            with pytest.raises(RuntimeError) as caught:
+                hook(comm, Bucket(3, torch.ones(count))).wait()
+            errors.append(str(caught.value).split("\n")[0])
+        return errors
+
+    for errors in run_ranks(2, body):
+        for i, error in enumerate(errors):
+            assert error == ("Got the following error when running the callback: "
+                             f"AllreduceMismatch: allreduce call #{i}: ranks disagree: "
+                             "float32[8] op=sum algo=ring on rank 0; float32[9] op=sum "
+                             "algo=ring on rank 1")
