@@ -1,5 +1,6 @@
 """The bench's figure: algbw against size for every algorithm, with the measured link rate
-B (the in-network ceiling) and the ring's theoretical ceiling B * n / (2(n-1))."""
+B (the in-network ceiling) and the ring's theoretical ceiling B * n / (2(n-1)); on a
+two-tier fabric beside it the bytes over the ToR-spine links per call, per byte of message."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,24 @@ def plot(results: list[Result], workers: int, dtype: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    spine = [r for r in results if r.spine_bytes_per_call is not None]
+    if spine:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        for algo in dict.fromkeys(r.algo for r in spine):
+            rows = sorted((r for r in spine if r.algo == algo), key=lambda r: r.size_bytes)
+            ax2.plot([r.size_bytes for r in rows],
+                     [r.spine_bytes_per_call / r.size_bytes for r in rows], "o-", label=algo)
+        ticks2 = sorted({r.size_bytes for r in spine})
+        ax2.set_xscale("log", base=2)
+        ax2.set_xticks(ticks2, [format_size(s) for s in ticks2])
+        ax2.set_xlabel(f"message size ({dtype})")
+        ax2.set_ylabel("bytes over ToR–spine links per call / message size")
+        ax2.set_ylim(bottom=0)
+        ax2.set_title("traffic through the spine (all links, both directions)")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize="small")
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
     link = sorted((r for r in results if r.algo == LINK), key=lambda r: r.size_bytes)
     if link:
         sizes = [r.size_bytes for r in link]
