@@ -236,6 +236,22 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def spine_lines(results: list[Result], algos: list[str]) -> list[str]:
+    """On a two-tier fabric: per size, each column's bytes over the ToR-spine links per call
+    and ring/switch, their ratio (nothing when no result has the figure)."""
+    spine = [r for r in results if r.spine_bytes_per_call is not None]
+    if not spine:
+        return []
+    out = ["Bytes over the ToR-spine links per call (both directions, all links):"]
+    for size in sorted({r.size_bytes for r in spine}):
+        per = {a: r.spine_bytes_per_call for a in algos for r in [_find(spine, a, size)] if r}
+        ratio = (f"  ring/switch {per['ring'] / per['switch']:.2f}"
+                 if per.get("switch") and "ring" in per else "")
+        out.append(f"{format_size(size):>9}" + "".join(f"  {a} {v:,.0f}" for a, v in per.items())
+                   + ratio)
+    return out
+
+
 def table(results: list[Result]) -> list[str]:
     """Per size: every column's algbw and busbw, then the two ratios."""
     algos = list(dict.fromkeys(r.algo for r in results))
@@ -251,19 +267,7 @@ def table(results: list[Result]) -> list[str]:
         row += f"{_fmt(ratio['switch_over_ring'], '.3f'):>13}"
         row += f"{_fmt(ratio['switch_over_link'], '.3f'):>13}"
         lines.append(row)
-    spine = [r for r in results if r.spine_bytes_per_call is not None]
-    if spine:
-        lines.append("Bytes over the ToR-spine links per call (both directions, all links):")
-        for ratio in per_size:
-            size = ratio["size_bytes"]
-            row = f"{format_size(size):>9}"
-            for a in algos:
-                r = _find(spine, a, size)
-                row += f"  {a} {_fmt(r and r.spine_bytes_per_call, ',.0f')}"
-            sw, ring = _find(spine, "switch", size), _find(spine, "ring", size)
-            if sw and ring and sw.spine_bytes_per_call:
-                row += f"  ring/switch {ring.spine_bytes_per_call / sw.spine_bytes_per_call:.2f}"
-            lines.append(row)
+    lines += spine_lines(results, algos)
     paired = [(r["size_bytes"], name, values) for r in per_size
               for name, values in r["per_round"].items() if values]
     if paired:
