@@ -120,3 +120,57 @@ def test_a_client_must_talk_to_the_switch_it_names(rpc: RpcFabric) -> None:
     Sim([1, 1], elements=64, control=rpc)
     with pytest.raises(ValueError, match="is 'tor1', not 'tor0'"):
         TorClient(0, rpc.addrs["tor1"], str(rpc.token))
+
+
+class FakeDataPlane:
+    """What role_pipeline reads of a DataPlane."""
+
+    ports = {1: "a", 2: "b", 100: "up"}
+
+    def static_port_of_mac(self, mac: str) -> int | None:
+        return None
+
+    def port_counters(self) -> dict:
+        return {}
+
+    def switch_counters(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--role", "tor", "--uplink", "100"], "--role tor needs --tor-id, --me, --spine"),
+    (["--role", "tor", "--tor-id", "0", "--uplink", "7", "--me", "02:00:00:00:00:01,10.0.0.1",
+      "--spine", "02:00:00:00:00:02,10.0.0.2"], "--uplink 7 is not one of the ports"),
+    (["--role", "spine", "--me", "02:00:00:00:00:02,10.0.0.2"], "--role spine needs"),
+    (["--role", "spine", "--me", "02:00:00:00:00:02,10.0.0.2",
+      "--tor", "0=9,02:00:00:00:00:01,10.0.0.1"], r"ToR\(s\) \[0\] on no port"),
+])
+def test_role_options_are_checked_and_named(argv: list[str], match: str) -> None:
+    from switch.__main__ import build_parser, role_pipeline
+    args = build_parser().parse_args(["--port", "1=a", *argv])
+    with pytest.raises(ValueError, match=match):
+        role_pipeline(args, FakeDataPlane())  # type: ignore[arg-type]
+
+
+def test_role_pipelines_are_the_fabric_switches() -> None:
+    from switch.__main__ import build_parser, role_pipeline
+    tor_args = build_parser().parse_args([
+        "--port", "1=a", "--role", "tor", "--tor-id", "3", "--uplink", "100",
+        "--me", "02:00:00:00:00:01,10.0.0.1", "--spine", "02:00:00:00:00:02,10.0.0.2",
+        "--mac", "02:4e:52:00:00:01=1", "--mac", "02:4e:52:00:00:09=100"])
+    _, tor = role_pipeline(tor_args, FakeDataPlane())  # type: ignore[arg-type]
+    assert isinstance(tor, TorSwitch) and tor.name == "tor3"
+    assert tor.counters()["static_macs"] == {"02:4e:52:00:00:01": 1}      # uplink left out
+    spine_args = build_parser().parse_args([
+        "--port", "1=a", "--role", "spine", "--me", "02:00:00:00:00:02,10.0.0.2",
+        "--tor", "0=1,02:00:00:00:00:01,10.0.0.1", "--tor", "1=2,02:00:00:00:00:03,10.0.0.3"])
+    _, spine = role_pipeline(spine_args, FakeDataPlane())  # type: ignore[arg-type]
+    assert isinstance(spine, SpineSwitch) and spine.name == "spine"
+
+
+def test_the_lab_spreads_hosts_over_racks_as_evenly_as_possible() -> None:
+    from switch.fabric_lab import rack_sizes
+    assert [rack_sizes(h, r) for h, r in ((4, 2), (5, 2), (6, 2), (7, 3), (2, 2))] == \
+        [[2, 2], [3, 2], [3, 3], [3, 2, 2], [1, 1]]
+    with pytest.raises(ValueError, match="3 racks for 2 hosts"):
+        rack_sizes(2, 3)
