@@ -15,7 +15,8 @@
 #    the hot spot, stays outside). CMD runs inside the VM as root, in its root namespace, with
 #    the repo shared read-write at the same path, PATH starting with the venv, and
 #    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCHES (the kinds CMD may restart the
-#    switch as: soft, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH) set.
+#    switch as: soft, racks, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH)
+#    and NR_LAB_RACKS (--racks) set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs are serialised
 # machine-wide with a lock (/run/lock/netreduce-lab.lock). CMD may restart the switch as soft

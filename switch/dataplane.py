@@ -223,13 +223,12 @@ class DataPlane:
         elif not frame[6] & 1 and self._static.get(src) != port.number:
             self._learn_new(src, port.number)
         fields = parse(frame)
+        interswitch = fields is None and is_interswitch(frame)   # a partial or a total
         if fields is not None:
             c.roce_packets += 1
-        elif is_interswitch(frame):            # a ToR's partial or the spine's total
+        elif interswitch:
             c.interswitch_packets += 1
-        else:
-            fields = ()
-        if fields != () and self.pipeline is not None:
+        if (fields is not None or interswitch) and self.pipeline is not None:
             try:
                 if self.pipeline.process(frame, port.number, self.emit):
                     return

@@ -55,7 +55,7 @@ def available_switches() -> tuple[str, ...]:
 
 
 def current_switch() -> str:
-    """The kind of switch running now ("soft", "bmv2" or "bridge")."""
+    """The kind of switch running now ("soft", "bmv2", "racks:R:PCT" or "bridge")."""
     path = lab_dir() / "switch.kind"
     try:
         return path.read_text().strip()
