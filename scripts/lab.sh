@@ -2,7 +2,7 @@
 # lab.sh — run a command on the NetReduce lab's hosts side, with the switch up.
 #
 #   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
-#                  [--memory SIZE] [--cpus N] -- CMD [ARGS...]
+#                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] -- CMD [ARGS...]
 #
 # The lab: hosts h0..hN-1 (network namespaces, rxe device each, 10.77.0.(I+1)), every host
 # cabled to a port of one switch; the switch process (python -m switch, with its controller
@@ -15,7 +15,8 @@
 #    the hot spot, stays outside). CMD runs inside the VM as root, in its root namespace, with
 #    the repo shared read-write at the same path, PATH starting with the venv, and
 #    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCHES (the kinds CMD may restart the
-#    switch as: soft, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH) set.
+#    switch as: soft, racks, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH)
+#    and NR_LAB_RACKS (--racks) set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs are serialised
 # machine-wide with a lock (/run/lock/netreduce-lab.lock). CMD may restart the switch as soft
@@ -25,6 +26,13 @@
 # switch process (a reference for what forwarding costs; no controller, no aggregation);
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
 # and BMv2 on PATH; rings through it must use RoCE path MTU 256).
+# --racks R (R >= 2) runs a two-tier fabric instead of the one switch (docs/multirack.md,
+# switch/fabric_lab.py): the hosts spread over R racks as evenly as possible in host order
+# (the host table says which rack), one ToR process per rack on its hosts' ports, one spine
+# process cabled to every ToR by a veth (and to the controller's leg), and the fabric's
+# controller on the same address; --link-loss PCT loses PCT % of the frames on every
+# ToR-spine link, both ways. The hosts' side may also restart the switch as kind
+# "racks:R[:PCT]" (and back to soft). --racks 1 is the single-switch lab.
 # Default: --hosts 4 --mtu 9000 --switch soft, --native when possible, else --vm.
 set -euo pipefail
 
@@ -34,7 +42,7 @@ PY=$VENV/bin/python
 LABDIR=$ROOT/.lab
 SWNS=nrlab
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
-hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2
+hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }
@@ -47,6 +55,8 @@ while [ $# -gt 0 ]; do
     --vm) mode=vm; shift ;;
     --native) mode=native; shift ;;
     --switch) switch=$2; shift 2 ;;
+    --racks) racks=$2; shift 2 ;;
+    --link-loss) link_loss=$2; shift 2 ;;
     --memory) memory=$2; shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -59,6 +69,12 @@ done
 [ -x "$PY" ] || die "no venv at $VENV: run scripts/install.sh first"
 [[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || die "--hosts must be 2..64"
 case $switch in soft|bridge|bmv2) ;; *) die "--switch must be soft, bridge or bmv2" ;; esac
+[[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] && [ "$racks" -le "$hosts" ] || die "--racks must be 1..--hosts"
+[[ $link_loss =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-loss must be a percentage"
+if [ "$racks" -gt 1 ]; then
+  [ "$switch" = soft ] || die "--racks $racks runs the software fabric: no --switch $switch"
+  switch="racks:$racks:$link_loss"
+fi
 
 native_ok() {
   modprobe rdma_rxe 2>/dev/null || return 1
@@ -76,7 +92,7 @@ LOCK=/run/lock/netreduce-lab.lock
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
-rm -f "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token}
+rm -f "$LABDIR"/fabric-* "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token}
 (umask 077; echo "lab $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" > "$LABDIR/controller.token")  # this run's controller secret
 
 supervisor_pid=""
@@ -106,7 +122,7 @@ ports=()
 if [ $mode = native ]; then
   say "native lab: kernel $(uname -r), $hosts hosts on veths"
   "$ROOT/scripts/setup_rxe.sh" down --switch-ns "$SWNS" >/dev/null 2>&1 || true
-  "$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --switch-ns "$SWNS" >&2
+  "$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --switch-ns "$SWNS" --racks "$racks" >&2
   for ((i = 0; i < hosts; i++)); do ports+=(--port "$((i + 1))=nrp$i"); done
 else
   kver=$(ls -d /lib/modules/*/vmlinuz 2>/dev/null | sed 's|/lib/modules/||; s|/vmlinuz||' | sort -V | tail -1)
@@ -142,7 +158,15 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   case $kind in
     soft) module=switch ;;
     bmv2) module=switch.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
-    *) switch_error="unknown switch kind '$kind' (soft or bmv2)"; return 1 ;;
+    racks:*)   # racks:R[:PCT]: the two-tier fabric, PCT % loss on its ToR-spine links
+      local r=${kind#racks:} loss=0
+      [[ $r == *:* ]] && { loss=${r#*:}; r=${r%%:*}; }
+      if ! [[ $r =~ ^[0-9]+$ && $r -ge 2 && $r -le $hosts && $loss =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+        switch_error="switch kind '$kind': racks:R[:PCT] with R in 2..$hosts"; return 1
+      fi
+      module=switch.fabric_lab
+      extra=(--racks "$r" --link-loss "$loss" --spine-port "$((hosts + 1))" --workdir "$LABDIR") ;;
+    *) switch_error="unknown switch kind '$kind' (soft, bmv2 or racks:R[:PCT])"; return 1 ;;
   esac
   rm -f "$LABDIR/switch.ready"
   echo "---- $(date -u +%T) starting the $kind switch" >> "$LABDIR/switch.log"
@@ -211,7 +235,7 @@ case $switch in
 esac
 switch_supervise &
 supervisor_pid=$!
-switch_kinds=soft                 # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
+switch_kinds="soft racks"        # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
 if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then switch_kinds+=" bmv2"; fi
 
 # --- the command ---------------------------------------------------------------------------
@@ -219,7 +243,7 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
   printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q\n' \
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token"
-  printf 'export NR_LAB_SWITCHES=%q\n' "$switch_kinds"
+  printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q\n' "$switch_kinds" "$racks"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
@@ -262,7 +286,7 @@ else
     { PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
         --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
         --qemu-opts="$qemu_opts $(kernel_log_opts "$console")" --append "console=hvc0 loglevel=7" \
-        --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
+        --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu $racks" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
     say "VM ran $(( $(date +%s) - t0 )) s; guest kernel log: ${console#"$ROOT"/}"
     if [ -f "$LABDIR/rc" ]; then
       rc=$(cat "$LABDIR/rc")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup_rxe.sh — the host side of the NetReduce lab on a Linux with per-namespace rxe (>= 7.1).
 #
-#   setup_rxe.sh up --hosts N [--mtu M] [--nic I=IFNAME|MAC ...] [--switch-ns NS]
+#   setup_rxe.sh up --hosts N [--mtu M] [--nic I=IFNAME|MAC ...] [--switch-ns NS] [--racks R]
 #   setup_rxe.sh down [--switch-ns NS]
 #   setup_rxe.sh status [--switch-ns NS]
 #
@@ -15,12 +15,14 @@
 #     Idempotent: what exists already is kept and checked. Returns once every rxeI opens
 #     through libibverbs from hI with its port ACTIVE (up to 30 s, else an error naming them).
 # down: removes the hosts' rxe devices and namespaces (veth peers go with them).
-# status: hosts, addresses, rxe devices, RoCEv2 GIDs, switch ports.
+# status: hosts, addresses, rxe devices, RoCEv2 GIDs, switch ports; with --racks R (R > 1,
+#     the lab's two-tier fabric) also each host's rack: N hosts spread over R racks as evenly
+#     as possible in host order, the first racks one larger (switch/fabric_lab.py).
 set -euo pipefail
 
 SUBNET=10.77.0
 MIN_KERNEL=7.1
-mtu=9000 hosts="" switch_ns=nrlab
+mtu=9000 hosts="" switch_ns=nrlab racks=1
 declare -A nic=()
 
 die() { echo "setup_rxe.sh: $*" >&2; exit 1; }
@@ -28,6 +30,15 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 
 host_ip() { echo "$SUBNET.$(($1 + 1))"; }
 host_mac() { printf '02:4e:52:00:00:%02x' $(($1 + 1)); }
+rack_of() {  # host I's rack (ToR id) for $hosts hosts over $racks racks
+  local i=$1 j first=0 size
+  for ((j = 0; j < racks; j++)); do
+    size=$((hosts / racks + (j < hosts % racks ? 1 : 0)))
+    if [ "$i" -lt $((first + size)) ]; then echo "$j"; return; fi
+    first=$((first + size))
+  done
+  echo -
+}
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 ns_exists() { ip netns list | awk '{print $1}' | grep -qx "$1"; }
 
@@ -162,7 +173,10 @@ cmd_down() {
 
 cmd_status() {
   local any=0 i
-  printf '%-4s %-8s %-15s %-17s %-6s %-6s %-40s %s\n' host netdev address mac mtu rxe gid switch-port
+  local rack_col=""
+  [ "$racks" -gt 1 ] && rack_col=" rack"
+  printf '%-4s %-8s %-15s %-17s %-6s %-6s %-40s %s\n' host netdev address mac mtu rxe gid "switch-port$rack_col"
+  [ -n "$hosts" ] || hosts=$(hosts_present | wc -w)
   for i in $(hosts_present); do
     any=1
     local addr mac mtu_ rxe gid port
@@ -180,6 +194,7 @@ cmd_status() {
     else
       port="$((i + 1)) (NIC)"
     fi
+    [ "$racks" -gt 1 ] && port+=" tor$(rack_of "$i")"
     printf '%-4s %-8s %-15s %-17s %-6s %-6s %-40s %s\n' "h$i" nr0 "${addr:--}" "$mac" "$mtu_" "$rxe" "$gid" "$port"
   done
   [ $any = 1 ] || echo "(no lab hosts)"
@@ -192,11 +207,13 @@ while [ $# -gt 0 ]; do
     --hosts) hosts=$2; shift 2 ;;
     --mtu) mtu=$2; shift 2 ;;
     --switch-ns) switch_ns=$2; shift 2 ;;
+    --racks) racks=$2; shift 2 ;;
     --nic) nic[${2%%=*}]=${2#*=}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
+[[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] || die "--racks must be a positive number"
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, rdma link)"
 case $cmd in
   up) cmd_up ;;

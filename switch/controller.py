@@ -102,6 +102,21 @@ class Target(ABC):
         return {"path_mtus": list(PATH_MTUS), "max_slots": MAX_SLOTS, "max_ranks": MAX_RANKS}
 
 
+class FabricSwitchTarget(Target):
+    """A ToR or the spine of a two-tier fabric (docs/multirack.md): it takes rings only from
+    the fabric's controller, with every rank's rack (RegisterRingRequest.racks)."""
+
+    @abstractmethod
+    def register_in_fabric(self, spec: RingSpec, slots: int, racks: tuple[int, ...]
+                           ) -> dict[str, Any]:
+        """As `register_ring`, `racks[r]` the ToR id of rank r's rack."""
+
+    def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
+        raise ValueError(f"ring {spec.ring_id}: this switch ({self.name}) is part of a "
+                         "two-tier fabric: register rings with the fabric's controller, which "
+                         "sends every rank's rack")
+
+
 class SoftwareTarget(Target):
     """The Python switch: an AggregationPipeline plus what its dataplane knows of ports.
 
@@ -286,7 +301,13 @@ class ControllerService:
             else:
                 self._check_room(spec, reg.slots, limits)
             try:
-                placed = self.target.register_ring(spec, reg.slots)
+                if isinstance(self.target, FabricSwitchTarget) and reg.racks:
+                    placed = self.target.register_in_fabric(spec, reg.slots, reg.racks)
+                elif reg.racks:
+                    raise ValueError(f"racks: given, but this switch ({self.target.name}) is "
+                                     "not a ToR or spine of a two-tier fabric")
+                else:
+                    placed = self.target.register_ring(spec, reg.slots)
             except ValueError as e:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
             memory = slot_memory(spec.world_size, reg.slots, spec.mtu)
@@ -366,6 +387,7 @@ class ControllerService:
             reply.ports.add(port=int(port), ifname=str(pc.get("ifname", "")),
                             counters={k: v for k, v in pc.items() if k != "ifname"})
         reply.switch.update({**got.get("switch", {}), **own})
+        reply.static_macs.update(got.get("static_macs", {}))
         size = reply.ByteSize()
         if size > REPLY_BUDGET:
             raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,

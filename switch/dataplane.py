@@ -1,7 +1,8 @@
 """The software switch's data plane: ports, L2 forwarding, port counters, the main loop.
 
-Every frame received on a port is first offered to the aggregation pipeline (if one is
-installed); whatever the pipeline does not consume is forwarded by L2 exactly as received.
+Every RoCEv2 frame (UDP 4791) and inter-switch frame of a two-tier fabric (UDP 4792,
+docs/multirack.md) received on a port is first offered to the pipeline (if one is
+installed: the single switch's, a ToR's or the spine's); whatever the pipeline does not consume is forwarded by L2 exactly as received.
 Invariants:
 - a frame never leaves by the port it arrived on (no reflection, no loops on one port);
 - static MAC entries (`--mac`) never move; learning fills at most `mac_table_size` other
@@ -11,12 +12,15 @@ Invariants:
   once per connection); forwarding and every other connection go on;
 - the receive buffer is reused for the next frame as soon as `_handle` returns, so the
   pipeline and `emit` must copy what they keep;
+- a port given a tx loss (`tx_loss`, a test's stand-in for netem where the kernel has
+  none) loses that fraction of the frames sent on it, counted as `tx_lost`;
 - counters only grow; they are read without locking (plain ints, written by one thread).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import select
 import socket
 import struct
@@ -25,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
+from switch.interswitch import is_interswitch
 from switch.packets import PSN_MASK, parse
 
 ETH_P_ALL = 0x0003
@@ -38,6 +43,7 @@ DEFAULT_MAC_TABLE_SIZE = 4096   # learned entries (static ones are not counted)
 DEFAULT_MAC_AGEING = 300.0      # s a learned entry lives unseen
 AGEING_SWEEP = 1.0              # s between sweeps of the learned entries
 MAX_LOGGED_FAULTS = 1024        # connections whose first pipeline error is logged
+INTERSWITCH_KEY = -1            # the "connection" of inter-switch messages in the error log
 log = logging.getLogger(__name__)
 
 
@@ -63,9 +69,11 @@ class PortCounters:
     tx_packets: int = 0
     tx_bytes: int = 0
     roce_packets: int = 0      # RoCEv2 frames received (IPv4, UDP dport 4791)
+    interswitch_packets: int = 0   # a fabric's partials/totals received (IPv4, UDP dport 4792)
     flooded: int = 0           # frames received here that were flooded (unknown/broadcast dst)
     tx_errors: int = 0         # frames the kernel refused to send on this port (dropped)
     rx_dropped: int = 0        # frames the kernel dropped before the switch read them (queue full)
+    tx_lost: int = 0           # frames deliberately lost on this port (--tx-loss, for tests)
 
 
 @dataclass
@@ -74,6 +82,7 @@ class Port:
     ifname: str
     sock: socket.socket
     counters: PortCounters = field(default_factory=PortCounters)
+    loss: float = 0.0          # probability that a frame sent here is lost (--tx-loss)
 
 
 def open_port(number: int, ifname: str) -> Port:
@@ -124,7 +133,8 @@ class DataPlane:
                  pipeline: Pipeline | None = None, *,
                  mac_table_size: int = DEFAULT_MAC_TABLE_SIZE,
                  mac_ageing: float = DEFAULT_MAC_AGEING,
-                 describe_connection: Callable[[int], Optional[str]] | None = None) -> None:
+                 describe_connection: Callable[[int], Optional[str]] | None = None,
+                 tx_loss: dict[int, float] | None = None) -> None:
         if not ports:
             raise ValueError("a switch needs at least one port")
         if mac_table_size < 0 or mac_ageing <= 0:
@@ -133,7 +143,14 @@ class DataPlane:
         for mac, port in static.items():
             if port not in ports:
                 raise ValueError(f"static MAC {format_mac(mac)} on unknown port {port}")
+        for port, loss in (tx_loss or {}).items():
+            if port not in ports or not 0 <= loss < 1:
+                raise ValueError(f"tx loss {loss} on port {port}: need a port of the switch "
+                                 "and 0 <= loss < 1")
         self.ports: dict[int, Port] = {n: open_port(n, ifname) for n, ifname in sorted(ports.items())}
+        for port, loss in (tx_loss or {}).items():
+            self.ports[port].loss = loss
+        self._random = random.Random(0x4E52)     # --tx-loss draws: reproducible per run
         self._by_fd = {p.sock.fileno(): p for p in self.ports.values()}
         self.mac_table: dict[bytes, int] = dict(static)   # what forwarding looks up
         self._static = static
@@ -170,6 +187,9 @@ class DataPlane:
     def emit(self, port: int, parts: Sequence[Buffer]) -> None:
         """Send one frame made of `parts` out of `port` (used by the pipeline)."""
         p = self.ports[port]
+        if p.loss and self._random.random() < p.loss:
+            p.counters.tx_lost += 1
+            return
         try:
             n = p.sock.sendmsg(parts)
         except OSError:
@@ -179,6 +199,9 @@ class DataPlane:
         p.counters.tx_bytes += n
 
     def _send(self, p: Port, frame: memoryview) -> None:
+        if p.loss and self._random.random() < p.loss:
+            p.counters.tx_lost += 1
+            return
         try:
             p.sock.send(frame)
         except OSError:
@@ -200,15 +223,18 @@ class DataPlane:
         elif not frame[6] & 1 and self._static.get(src) != port.number:
             self._learn_new(src, port.number)
         fields = parse(frame)
+        interswitch = fields is None and is_interswitch(frame)   # a partial or a total
         if fields is not None:
             c.roce_packets += 1
-            if self.pipeline is not None:
-                try:
-                    if self.pipeline.process(frame, port.number, self.emit):
-                        return
-                except Exception as e:  # noqa: BLE001 - one frame's fault stays that frame's
-                    self._pipeline_failed(fields[0], port.number, e)
+        elif interswitch:
+            c.interswitch_packets += 1
+        if (fields is not None or interswitch) and self.pipeline is not None:
+            try:
+                if self.pipeline.process(frame, port.number, self.emit):
                     return
+            except Exception as e:  # noqa: BLE001 - one frame's fault stays that frame's
+                self._pipeline_failed(fields[0] if fields else INTERSWITCH_KEY, port.number, e)
+                return
         out = None if frame[0] & 1 else self.mac_table.get(frame[0:6].tobytes())
         if out is None:
             c.flooded += 1
@@ -243,7 +269,8 @@ class DataPlane:
         owner = self.describe_connection(key) if self.describe_connection else None
         log.error("pipeline error on connection %s (%s) from port %d: %s: %s; frame dropped, "
                   "further errors of this connection are only counted (pipeline_errors)",
-                  describe_key(key), owner or "no registered ring", in_port,
+                  "of inter-switch messages" if key == INTERSWITCH_KEY else describe_key(key),
+                  owner or "no registered ring", in_port,
                   type(e).__name__, e, exc_info=e)
 
     def run(self) -> None:

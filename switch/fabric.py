@@ -28,17 +28,38 @@ log = logging.getLogger(__name__)
 PortCounters = Callable[[], dict[Any, dict[str, Any]]]
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a ring's ranks are: each rank's rack (ToR id) and, per ToR id, its local ranks'
+    IP -> host port (a switch of the fabric is told the racks and knows its own ports)."""
+
+    rack_of_rank: tuple[int, ...]
+    local_ports: dict[int, dict[str, int]]
+
+    @property
+    def tor_ids(self) -> list[int]:
+        return sorted(set(self.rack_of_rank))
+
+    @property
+    def routes(self) -> dict[int, int]:
+        """Rank -> its responder's rack, for the connections between racks."""
+        racks = self.rack_of_rank
+        n = len(racks)
+        return {r: racks[(r + 1) % n] for r in range(n) if racks[r] != racks[(r + 1) % n]}
+
+
 class TorControl(Protocol):
     """What the fabric controller needs of a ToR."""
 
     name: str
     tor_id: int
-    uplink: int
 
-    def register_ring(self, spec: RingSpec, slots: int, local_ports: dict[str, int]) -> None: ...
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None: ...
     def unregister_ring(self, ring_id: str) -> None: ...
     def counters(self) -> dict[str, Any]: ...
-    def port_of_mac(self, mac: str) -> Optional[int]: ...
+    def port_of_mac(self, mac: str) -> Optional[int]:
+        """The host port of `mac` on this ToR (None: not on a host port here)."""
+        ...
 
 
 class SpineControl(Protocol):
@@ -46,8 +67,7 @@ class SpineControl(Protocol):
 
     name: str
 
-    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int,
-                      routes: dict[int, int]) -> None: ...
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None: ...
     def unregister_ring(self, ring_id: str) -> None: ...
     def counters(self) -> dict[str, Any]: ...
 
@@ -64,18 +84,20 @@ class TorTarget:
         self._port_of_mac = port_of_mac
         self._port_counters = port_counters
 
-    def register_ring(self, spec: RingSpec, slots: int, local_ports: dict[str, int]) -> None:
-        self.pipeline.register_ring(spec, local_ports, slots)
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None:
+        self.pipeline.register_ring(spec, placement.local_ports[self.tor_id], slots)
 
     def unregister_ring(self, ring_id: str) -> None:
         self.pipeline.unregister_ring(ring_id)
 
     def counters(self) -> dict[str, Any]:
         return {"rings": self.pipeline.counters(), "interswitch": dict(self.pipeline.interswitch),
-                "ports": {str(p): c for p, c in self._port_counters().items()}}
+                "ports": {str(p): c for p, c in self._port_counters().items()},
+                "uplink": self.uplink}
 
     def port_of_mac(self, mac: str) -> Optional[int]:
-        return self._port_of_mac(mac)
+        port = self._port_of_mac(mac)
+        return None if port == self.uplink else port
 
 
 class SpineTarget:
@@ -87,9 +109,9 @@ class SpineTarget:
         self.pipeline = pipeline
         self._port_counters = port_counters
 
-    def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int,
-                      routes: dict[int, int]) -> None:
-        self.pipeline.register_ring(ring_id, tor_ids, slots, mtu, routes)
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None:
+        self.pipeline.register_ring(spec.ring_id, placement.tor_ids, slots, spec.mtu,
+                                    placement.routes)
 
     def unregister_ring(self, ring_id: str) -> None:
         self.pipeline.unregister_ring(ring_id)
@@ -97,25 +119,6 @@ class SpineTarget:
     def counters(self) -> dict[str, Any]:
         return {"rings": self.pipeline.counters(), "interswitch": dict(self.pipeline.interswitch),
                 "ports": {str(p): c for p, c in self._port_counters().items()}}
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a ring's ranks are: per ToR id, its local ranks' IP -> host port."""
-
-    rack_of_rank: tuple[int, ...]
-    local_ports: dict[int, dict[str, int]]
-
-    @property
-    def tor_ids(self) -> list[int]:
-        return sorted(self.local_ports)
-
-    @property
-    def routes(self) -> dict[int, int]:
-        """Rank -> its responder's rack, for the connections between racks."""
-        racks = self.rack_of_rank
-        n = len(racks)
-        return {r: racks[(r + 1) % n] for r in range(n) if racks[r] != racks[(r + 1) % n]}
 
 
 class FabricTarget(Target):
@@ -138,7 +141,7 @@ class FabricTarget(Target):
         for c in spec.connections:
             mac = normalize_mac(c.src_mac)
             seen = [(t.tor_id, port) for t in self.tors.values()
-                    for port in [t.port_of_mac(mac)] if port is not None and port != t.uplink]
+                    for port in [t.port_of_mac(mac)] if port is not None]
             if len(seen) != 1:
                 where = "no rack" if not seen else f"racks {[t for t, _ in seen]}"
                 raise ValueError(f"ring {spec.ring_id}: rank {c.rank} ({c.src_ip}, MAC {mac}) "
@@ -156,11 +159,10 @@ class FabricTarget(Target):
                 raise ValueError(f"ring {spec.ring_id} is already registered differently")
             return self._reply(spec, slots, placement)
         steps: list[tuple[TorControl | SpineControl, Callable[[], None]]] = [
-            (self.tors[t], lambda t=t: self.tors[t].register_ring(
-                spec, slots, placement.local_ports[t])) for t in placement.tor_ids]
+            (self.tors[t], lambda t=t: self.tors[t].register_ring(spec, slots, placement))
+            for t in placement.tor_ids]
         if len(placement.tor_ids) > 1:
-            steps.append((self.spine, lambda: self.spine.register_ring(
-                spec.ring_id, placement.tor_ids, slots, spec.mtu, placement.routes)))
+            steps.append((self.spine, lambda: self.spine.register_ring(spec, slots, placement)))
         done: list[TorControl | SpineControl] = []
         for switch, install in steps:
             try:
@@ -206,7 +208,7 @@ class FabricTarget(Target):
         connections by rank, next_emit of the slowest ToR) and, beside it, `racks` and each
         switch's own counters for the ring (`switches`). Ports are numbered 1.. over the
         fabric, switch by switch; each says which switch and port it is in `ifname`
-        ('tor0:3')."""
+        ('tor0:3'; a ToR's uplink is 'tor0:uplink': the ToR-spine links are the uplinks)."""
         per_switch = {s.name: s.counters() for s in [*self.tors.values(), self.spine]}
         rings = {}
         for rid, (spec, slots, placement) in self._rings.items():
@@ -225,7 +227,8 @@ class FabricTarget(Target):
         ports = {}
         for name, snap in per_switch.items():
             for p, c in snap["ports"].items():
-                ports[str(len(ports) + 1)] = {**c, "ifname": f"{name}:{p}"}
+                where = "uplink" if p == str(snap.get("uplink")) else p
+                ports[str(len(ports) + 1)] = {**c, "ifname": f"{name}:{where}"}
         interswitch = {name: snap["interswitch"] for name, snap in per_switch.items()}
         return {"target": self.name, "rings": rings, "ports": ports, "interswitch": interswitch}
 
@@ -233,7 +236,7 @@ class FabricTarget(Target):
         """The host port of `mac` on its rack's ToR (None when no ToR has it on a host port)."""
         for t in self.tors.values():
             port = t.port_of_mac(mac)
-            if port is not None and port != t.uplink:
+            if port is not None:
                 return port
         return None
 

@@ -245,7 +245,8 @@ class Sim:
                  slots: int = 0,
                  host_faults: Faults = Faults(), uplink_faults: Faults = Faults(),
                  seed: int = 0, timeout: float = 60.0, ring_id: str = "mr",
-                 drop: Optional[Callable[[Node, bytes], bool]] = None):
+                 drop: Optional[Callable[[Node, bytes], bool]] = None,
+                 control: Callable[[list[TorTarget], SpineTarget], FabricTarget] = FabricTarget):
         self.rack_of = rack_of_rank(racks)
         n = len(self.rack_of)
         self.rng = random.Random(seed)
@@ -258,7 +259,7 @@ class Sim:
         self.links: dict[Node, tuple[Node, Faults]] = {}
         self.stats: dict[tuple[Node, Node], LinkStats] = defaultdict(LinkStats)
         self._wire(host_faults, uplink_faults)
-        self.fabric = FabricTarget(
+        self.fabric = control(   # the controller over the switches (in-process by default)
             [TorTarget(self.switches[f"tor{j}"].pipeline, self.switches[f"tor{j}"].port_of_mac,
                        self.switches[f"tor{j}"].port_counters) for j in range(len(racks))],
             SpineTarget(self.switches["spine"].pipeline, self.switches["spine"].port_counters))

@@ -279,3 +279,26 @@ def test_the_worker_measures_link_and_ring_and_verifies_on_the_fake_fabric() -> 
             (algo, size, job) for size in plan.sizes for job in (-1, 0, 1)
             for algo in ("link", "ring")]
         assert all(r.ok and r.ns > 0 for r in records)
+
+
+def test_spine_bytes_per_call_in_the_table_the_json_and_the_plot(tmp_path: Path) -> None:
+    """On a two-tier fabric rank 0's records carry the bytes over the ToR-spine links: the
+    figure is per call (warmup included), ring/switch is their ratio, the plot gets a panel."""
+    results = []
+    for algo, per_call in (("switch", 2_100_000), ("ring", 3_000_000)):
+        r = Result(algo, MiB, 4)
+        for job in (-1, 0, 1):
+            r.add(Record(algo, MiB, job, 1000 + job, True,
+                         {"spine_bytes": per_call, "sent_pkts": 3}))
+        results.append(r)
+    assert [r.spine_bytes_per_call for r in results] == [2_100_000, 3_000_000]
+    assert results[0].rxe == {"sent_pkts": 9}                  # not mixed with rxe's
+    lines = table(results)
+    i = lines.index("Bytes over the ToR-spine links per call (both directions, all links):")
+    assert lines[i + 1] == "    1 MiB  switch 2,100,000  ring 3,000,000  ring/switch 1.43"
+    doc = json.loads(json.dumps(document({}, results)))
+    assert [r["spine_bytes_per_call"] for r in doc["results"]] == [2_100_000, 3_000_000]
+    assert Result("ring", MiB, 4).spine_bytes_per_call is None       # single switch
+    from netreduce.bench.plot import plot
+    plot(results, 4, "int32", tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

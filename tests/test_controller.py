@@ -221,7 +221,7 @@ def _len(number: int, payload: bytes) -> bytes:
     (_len(1, _field(3, 5, bytes(4))), "spec.mtu: a value of the wrong type (wire type 5)"),
     (_len(1, _field(1, 0, b"\x05")), "spec.ring_id: a value of the wrong type (wire type 0)"),
     (_len(1, _len(6, _field(2, 0, b"\x01"))), "spec.connections[0].src_ip: a value of the wrong"),
-    (_field(9, 0, b"\x01"), "RegisterRingRequest: field number 9 is not part of"),
+    (_field(12, 0, b"\x01"), "RegisterRingRequest: field number 12 is not part of"),
     (_field(2, 0, b"\x85\x80\x80\x80\x80\x20"), "slots: 1099511627781 is not an unsigned 32-bit"),
     (_field(2, 0, b"\x01") + _field(2, 0, b"\x02"), "slots: given more than once"),
     (_len(1, _len(6, b"") + _len(6, _field(8, 0, b"\x80\x80\x80\x80\x10"))),

@@ -326,7 +326,8 @@ import netreduce.torch as nrtorch
 config = RendezvousConfig.resolve()
 rdzv = Rendezvous(config).join(nrtorch.store_port_exchange(config))
 got = rdzv.all_gather("who", [config.rank, int(os.environ["LOCAL_RANK"])])
-print("RDZV", os.environ["MASTER_PORT"], rdzv.config.master_port, got, flush=True)
+# one write per line: torchrun's ranks share stdout, unbuffered
+os.write(1, f"RDZV {os.environ['MASTER_PORT']} {rdzv.config.master_port} {got}\\n".encode())
 rdzv.close(timeout=10)
 """
 

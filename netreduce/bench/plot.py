@@ -1,12 +1,27 @@
 """The bench's figure: algbw against size for every algorithm, with the measured link rate
-B (the in-network ceiling) and the ring's theoretical ceiling B * n / (2(n-1))."""
+B (the in-network ceiling) and the ring's theoretical ceiling B * n / (2(n-1)); on a
+two-tier fabric beside it the bytes over the ToR-spine links per call, per byte of message."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from netreduce.bench.plan import LINK, format_size
 from netreduce.bench.report import Result
+
+
+def _size_axes(ax: Any, results: list[Result], dtype: str, ylabel: str, title: str) -> None:
+    """Message sizes on a log2 x axis, `ylabel` from 0, a grid and the legend."""
+    ticks = sorted({r.size_bytes for r in results})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [format_size(s) for s in ticks])
+    ax.set_xlabel(f"message size ({dtype})")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
 
 
 def plot(results: list[Result], workers: int, dtype: str, path: Path) -> None:
@@ -17,7 +32,17 @@ def plot(results: list[Result], workers: int, dtype: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    spine = [r for r in results if r.spine_bytes_per_call is not None]
+    if spine:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        for algo in dict.fromkeys(r.algo for r in spine):
+            rows = sorted((r for r in spine if r.algo == algo), key=lambda r: r.size_bytes)
+            ax2.plot([r.size_bytes for r in rows],
+                     [r.spine_bytes_per_call / r.size_bytes for r in rows], "o-", label=algo)
+        _size_axes(ax2, spine, dtype, "bytes over ToR–spine links per call / message size",
+                   "traffic through the spine (all links, both directions)")
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
     link = sorted((r for r in results if r.algo == LINK), key=lambda r: r.size_bytes)
     if link:
         sizes = [r.size_bytes for r in link]
@@ -31,15 +56,7 @@ def plot(results: list[Result], workers: int, dtype: str, path: Path) -> None:
         rows = sorted((r for r in results if r.algo == algo), key=lambda r: r.size_bytes)
         ax.plot([r.size_bytes for r in rows], [r.algbw_gbps for r in rows], "o-",
                 label=f"{algo} allreduce algbw")
-    ticks = sorted({r.size_bytes for r in results})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [format_size(s) for s in ticks])
-    ax.set_xlabel(f"message size ({dtype})")
-    ax.set_ylabel("Gbit/s")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"NetReduce allreduce, {workers} workers")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    _size_axes(ax, results, dtype, "Gbit/s", f"NetReduce allreduce, {workers} workers")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

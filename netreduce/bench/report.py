@@ -18,6 +18,7 @@ from netreduce.bench.plan import LINK, format_size
 
 PREFIX = "NRBENCH "        # a worker's stdout line carrying one Record
 CPU = "cpu_"               # Record.counters keys holding CPU time by state
+SPINE = "spine_bytes"      # Record.counters key: bytes over a fabric's ToR-spine links
 
 
 def gbps(nbytes: int, ns: float) -> float:
@@ -31,7 +32,10 @@ class Record:
     job. `counters`: what moved during the job: the rank's rxe hw_counters (its barrier
     included: sent_pkts, rcvd_seq_err, completer_retry_err, ...) and, from rank 0 only, the
     lab's CPU time by state over the timed part (`CPU` + user/system/softirq/idle/..., clock
-    ticks of /proc/stat, which every host namespace shares)."""
+    ticks of /proc/stat, which every host namespace shares) and, on a two-tier fabric, the
+    bytes that crossed its ToR-spine links (`SPINE`, both directions, from the ToRs' uplink
+    port counters; from just before the job's barrier to after the barrier that follows
+    it: a one-element ring allreduce each, ~2 x 60 B per link, in the figure)."""
 
     algo: str
     size: int
@@ -104,17 +108,25 @@ class Result:
     jobs: list[int] = field(default_factory=list)
     verified: bool = True
     counters: Counter[str] = field(default_factory=Counter)    # summed over every job
+    calls: int = 0                                             # every job, warmup included
 
     def add(self, job: Record) -> None:
         self.verified = self.verified and job.ok
         self.counters.update(job.counters)
+        self.calls += 1
         if not job.warmup:
             self.jobs.append(job.ns)
 
     @property
     def rxe(self) -> dict[str, int]:
         """The rxe hw_counters that moved, all ranks, all jobs (warmup included)."""
-        return {k: v for k, v in sorted(self.counters.items()) if not k.startswith(CPU)}
+        return {k: v for k, v in sorted(self.counters.items())
+                if not k.startswith(CPU) and k != SPINE}
+
+    @property
+    def spine_bytes_per_call(self) -> float | None:
+        """Bytes over the ToR-spine links per job (None: not a two-tier fabric)."""
+        return self.counters[SPINE] / self.calls if SPINE in self.counters else None
 
     @property
     def vm_cpu(self) -> dict[str, float]:
@@ -163,7 +175,8 @@ class Result:
         return {"algo": self.algo, "size_bytes": self.size_bytes, "jobs": list(self.jobs),
                 "median_ns": self.median_ns, "algbw_gbps": self.algbw_gbps,
                 "busbw_gbps": self.busbw_gbps, "verified": self.verified,
-                "rxe": self.rxe, "vm_cpu": self.vm_cpu}
+                "rxe": self.rxe, "vm_cpu": self.vm_cpu,
+                "spine_bytes_per_call": self.spine_bytes_per_call}
 
 
 def _find(results: list[Result], algo: str, size: int) -> Result | None:
@@ -223,6 +236,22 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def spine_lines(results: list[Result], algos: list[str]) -> list[str]:
+    """On a two-tier fabric: per size, each column's bytes over the ToR-spine links per call
+    and ring/switch, their ratio (nothing when no result has the figure)."""
+    spine = [r for r in results if r.spine_bytes_per_call is not None]
+    if not spine:
+        return []
+    out = ["Bytes over the ToR-spine links per call (both directions, all links):"]
+    for size in sorted({r.size_bytes for r in spine}):
+        per = {a: r.spine_bytes_per_call for a in algos for r in [_find(spine, a, size)] if r}
+        ratio = (f"  ring/switch {per['ring'] / per['switch']:.2f}"
+                 if per.get("switch") and "ring" in per else "")
+        out.append(f"{format_size(size):>9}" + "".join(f"  {a} {v:,.0f}" for a, v in per.items())
+                   + ratio)
+    return out
+
+
 def table(results: list[Result]) -> list[str]:
     """Per size: every column's algbw and busbw, then the two ratios."""
     algos = list(dict.fromkeys(r.algo for r in results))
@@ -238,6 +267,7 @@ def table(results: list[Result]) -> list[str]:
         row += f"{_fmt(ratio['switch_over_ring'], '.3f'):>13}"
         row += f"{_fmt(ratio['switch_over_link'], '.3f'):>13}"
         lines.append(row)
+    lines += spine_lines(results, algos)
     paired = [(r["size_bytes"], name, values) for r in per_size
               for name, values in r["per_round"].items() if values]
     if paired:

@@ -6,13 +6,15 @@ For every size of the plan, `warmup` + `jobs` rounds; a round runs one job of ev
 in order -- the link (netreduce.bench.link), then each allreduce algorithm -- so that a slow
 spell of the lab hits every column alike. A job: prepare, barrier (a one-element ring
 allreduce: nobody leaves it before every rank entered it), run (timed), verify, read the
-rxe counters (and, rank 0, the lab's CPU time by state). One `Record` line per job goes
+rxe counters (and, rank 0, the lab's CPU time by state and, on a two-tier fabric, the bytes
+that crossed its ToR-spine links, read around the job's barriers). One `Record` line per job goes
 to stdout. Inputs are deterministic (seed, rank, size), so every rank computes the numpy
 reference of the sum itself.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Callable, Protocol
@@ -22,10 +24,12 @@ import numpy as np
 import netreduce
 from netreduce.bench.link import LinkProbe
 from netreduce.bench.plan import LINK, BenchPlan
-from netreduce.bench.report import CPU, Record
+from netreduce.bench.report import CPU, SPINE, Record
 from netreduce.reference import Reference
+from netreduce.registration import SWITCH_ENV
 from netreduce.reference import rank_input as seeded_input
 from ring_setup.device import hw_counters
+from switch.api.client import ControllerClient
 
 CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -88,6 +92,33 @@ def lab_cpu() -> dict[str, int]:
     return {CPU + state: int(t) for state, t in zip(CPU_STATES, ticks)}
 
 
+class SpineMeter:
+    """Rank 0's reading of the bytes that crossed a two-tier fabric's ToR-spine links (the
+    ToRs' uplink port counters, tx + rx, through the job's controller); {} on other ranks
+    and when the controller is not a fabric's."""
+
+    def __init__(self, comm: netreduce.Communicator) -> None:
+        self.client: ControllerClient | None = None
+        addr = os.environ.get(SWITCH_ENV)
+        if comm.rank == 0 and addr and comm.switch.registered:
+            client = ControllerClient(addr)
+            if client.ping()["target"] == "fabric":
+                self.client = client
+            else:
+                client.close()
+
+    def read(self) -> dict[str, int]:
+        if self.client is None:
+            return {}
+        ports = self.client.counters(connections=False)["ports"]
+        return {SPINE: sum(int(p["tx_bytes"]) + int(p["rx_bytes"]) for p in ports.values()
+                           if str(p["ifname"]).endswith(":uplink"))}
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
 def _moved(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
@@ -99,6 +130,7 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
                            f"{comm.switch.note}")
     token = np.zeros(1, dtype=np.int32)
     probe = LinkProbe(comm, max(plan.sizes))
+    spine = SpineMeter(comm)
     try:
         for size in plan.sizes:
             x = rank_input(plan, comm.rank, size)
@@ -110,16 +142,21 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
             for i in range(-plan.warmup, plan.jobs):
                 for column, job in jobs.items():
                     job.prepare()
+                    crossed = spine.read()
                     comm.allreduce(token, algo="ring")           # the barrier
                     cpu = lab_cpu() if comm.rank == 0 else {}
                     t0 = time.perf_counter_ns()
                     job.run()
                     ns = time.perf_counter_ns() - t0
                     cpu = _moved(cpu, lab_cpu()) if comm.rank == 0 else {}
+                    comm.allreduce(token, algo="ring")           # every rank is done
+                    crossed = _moved(crossed, spine.read())
                     now = hw_counters(comm.device)
-                    emit(Record(column, size, i, ns, job.check(), _moved(counters, now) | cpu))
+                    emit(Record(column, size, i, ns, job.check(),
+                                _moved(counters, now) | cpu | crossed))
                     counters = now
     finally:
+        spine.close()
         probe.close()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import grpc
 
@@ -70,7 +70,8 @@ def _connection_dict(c: pb.ConnectionCounters) -> dict[str, Any]:
 
 def counters_dict(reply: pb.CountersReply) -> dict[str, Any]:
     """{"target", "rings": {id: {world_size, slots, next_emit, counters, connections}},
-    "ports": {"N": {ifname, ...}}, "leases": {id: {owner, remaining_ms}}, "switch": {...}}."""
+    "ports": {"N": {ifname, ...}}, "leases": {id: {owner, remaining_ms}}, "switch": {...},
+    "static_macs": {mac: port}}."""
     return {"target": reply.target,
             "rings": {r.ring_id: {"world_size": r.world_size, "slots": r.slots,
                                   "next_emit": r.next_emit, "counters": dict(r.counters),
@@ -80,7 +81,7 @@ def counters_dict(reply: pb.CountersReply) -> dict[str, Any]:
                       for p in reply.ports},
             "leases": {r.ring_id: {"owner": r.owner, "remaining_ms": r.lease_remaining_ms}
                        for r in reply.rings},
-            "switch": dict(reply.switch)}
+            "switch": dict(reply.switch), "static_macs": dict(reply.static_macs)}
 
 
 class ControllerClient:
@@ -120,10 +121,12 @@ class ControllerClient:
                 "auth_required": reply.auth_required}
 
     def register_ring(self, spec: RingSpec, slots: Optional[int] = None,
-                      lease_ms: Optional[int] = None) -> dict[str, Any]:
-        """Register `spec` (slots / lease_ms None: the switch's defaults)."""
+                      lease_ms: Optional[int] = None, racks: Sequence[int] = ()
+                      ) -> dict[str, Any]:
+        """Register `spec` (slots / lease_ms None: the switch's defaults; `racks`: every
+        rank's ToR id, only when a fabric's controller programs one of its switches)."""
         reply = self._call("RegisterRing", pb.RegisterRingRequest(
-            spec=spec_message(spec), slots=slots or 0, lease_ms=lease_ms or 0))
+            spec=spec_message(spec), slots=slots or 0, lease_ms=lease_ms or 0, racks=racks))
         return {"ring_id": reply.ring_id, "slots": reply.slots, "ports": dict(reply.ports),
                 "lease_ms": reply.lease_ms}
 

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18switch/api/control.proto\x12\x14netreduce.control.v1\"\xcd\x01\n\x0cTargetLimits\x12\x11\n\tpath_mtus\x18\x01 \x03(\r\x12\x11\n\tmax_slots\x18\x02 \x01(\r\x12\x11\n\tmax_ranks\x18\x03 \x01(\r\x12\x11\n\tmax_rings\x18\x04 \x01(\r\x12\x12\n\nfree_rings\x18\x05 \x01(\r\x12\x17\n\x0fmax_slot_memory\x18\x06 \x01(\x04\x12\x18\n\x10\x64\x65\x66\x61ult_lease_ms\x18\x07 \x01(\r\x12\x15\n\rmax_in_flight\x18\x08 \x01(\r\x12\x13\n\x0b\x61\x63k_timeout\x18\t \x01(\r\"\r\n\x0bPingRequest\"f\n\tPingReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x32\n\x06limits\x18\x02 \x01(\x0b\x32\".netreduce.control.v1.TargetLimits\x12\x15\n\rauth_required\x18\x03 \x01(\x08\"\x8c\x01\n\nConnection\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07src_mac\x18\x04 \x01(\t\x12\x0f\n\x07\x64st_mac\x18\x05 \x01(\t\x12\x0f\n\x07src_qpn\x18\x06 \x01(\r\x12\x0f\n\x07\x64st_qpn\x18\x07 \x01(\r\x12\x0c\n\x04psn0\x18\x08 \x01(\r\"\x95\x01\n\x08RingSpec\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x0b\n\x03mtu\x18\x03 \x01(\r\x12\x10\n\x08msg_size\x18\x04 \x01(\r\x12\x0e\n\x06window\x18\x05 \x01(\r\x12\x35\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32 .netreduce.control.v1.Connection\"d\n\x13RegisterRingRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.netreduce.control.v1.RingSpec\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\"\xb6\x01\n\x11RegisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x41\n\x05ports\x18\x03 \x03(\x0b\x32\x32.netreduce.control.v1.RegisterRingReply.PortsEntry\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"$\n\x11RenewLeaseRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"4\n\x0fRenewLeaseReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"(\n\x15UnregisterRingRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"&\n\x13UnregisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"7\n\x0f\x43ountersRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\x08\"1\n\x04Reth\x12\n\n\x02va\x18\x01 \x01(\x04\x12\x0c\n\x04rkey\x18\x02 \x01(\r\x12\x0f\n\x07\x64ma_len\x18\x03 \x01(\r\"\xa9\x02\n\x12\x43onnectionCounters\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07\x64st_qpn\x18\x04 \x01(\r\x12\x0c\n\x04psn0\x18\x05 \x01(\r\x12\x0f\n\x07in_port\x18\x06 \x01(\r\x12\x10\n\x08out_port\x18\x07 \x01(\r\x12(\n\x04reth\x18\x08 \x01(\x0b\x32\x1a.netreduce.control.v1.Reth\x12H\n\x08\x63ounters\x18\t \x03(\x0b\x32\x36.netreduce.control.v1.ConnectionCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xb4\x02\n\x0cRingCounters\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r\x12\x11\n\tnext_emit\x18\x04 \x01(\r\x12\x42\n\x08\x63ounters\x18\x05 \x03(\x0b\x32\x30.netreduce.control.v1.RingCounters.CountersEntry\x12=\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32(.netreduce.control.v1.ConnectionCounters\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x1a\n\x12lease_remaining_ms\x18\x08 \x01(\r\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa1\x01\n\x0cPortCounters\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ifname\x18\x02 \x01(\t\x12\x42\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x30.netreduce.control.v1.PortCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xf5\x01\n\rCountersReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x31\n\x05rings\x18\x02 \x03(\x0b\x32\".netreduce.control.v1.RingCounters\x12\x31\n\x05ports\x18\x03 \x03(\x0b\x32\".netreduce.control.v1.PortCounters\x12?\n\x06switch\x18\x04 \x03(\x0b\x32/.netreduce.control.v1.CountersReply.SwitchEntry\x1a-\n\x0bSwitchEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xdc\x03\n\nController\x12J\n\x04Ping\x12!.netreduce.control.v1.PingRequest\x1a\x1f.netreduce.control.v1.PingReply\x12\x62\n\x0cRegisterRing\x12).netreduce.control.v1.RegisterRingRequest\x1a\'.netreduce.control.v1.RegisterRingReply\x12\\\n\nRenewLease\x12\'.netreduce.control.v1.RenewLeaseRequest\x1a%.netreduce.control.v1.RenewLeaseReply\x12h\n\x0eUnregisterRing\x12+.netreduce.control.v1.UnregisterRingRequest\x1a).netreduce.control.v1.UnregisterRingReply\x12V\n\x08\x43ounters\x12%.netreduce.control.v1.CountersRequest\x1a#.netreduce.control.v1.CountersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18switch/api/control.proto\x12\x14netreduce.control.v1\"\xcd\x01\n\x0cTargetLimits\x12\x11\n\tpath_mtus\x18\x01 \x03(\r\x12\x11\n\tmax_slots\x18\x02 \x01(\r\x12\x11\n\tmax_ranks\x18\x03 \x01(\r\x12\x11\n\tmax_rings\x18\x04 \x01(\r\x12\x12\n\nfree_rings\x18\x05 \x01(\r\x12\x17\n\x0fmax_slot_memory\x18\x06 \x01(\x04\x12\x18\n\x10\x64\x65\x66\x61ult_lease_ms\x18\x07 \x01(\r\x12\x15\n\rmax_in_flight\x18\x08 \x01(\r\x12\x13\n\x0b\x61\x63k_timeout\x18\t \x01(\r\"\r\n\x0bPingRequest\"f\n\tPingReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x32\n\x06limits\x18\x02 \x01(\x0b\x32\".netreduce.control.v1.TargetLimits\x12\x15\n\rauth_required\x18\x03 \x01(\x08\"\x8c\x01\n\nConnection\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07src_mac\x18\x04 \x01(\t\x12\x0f\n\x07\x64st_mac\x18\x05 \x01(\t\x12\x0f\n\x07src_qpn\x18\x06 \x01(\r\x12\x0f\n\x07\x64st_qpn\x18\x07 \x01(\r\x12\x0c\n\x04psn0\x18\x08 \x01(\r\"\x95\x01\n\x08RingSpec\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x0b\n\x03mtu\x18\x03 \x01(\r\x12\x10\n\x08msg_size\x18\x04 \x01(\r\x12\x0e\n\x06window\x18\x05 \x01(\r\x12\x35\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32 .netreduce.control.v1.Connection\"s\n\x13RegisterRingRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.netreduce.control.v1.RingSpec\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\r\n\x05racks\x18\t \x03(\r\"\xb6\x01\n\x11RegisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x41\n\x05ports\x18\x03 \x03(\x0b\x32\x32.netreduce.control.v1.RegisterRingReply.PortsEntry\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"$\n\x11RenewLeaseRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"4\n\x0fRenewLeaseReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"(\n\x15UnregisterRingRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"&\n\x13UnregisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"7\n\x0f\x43ountersRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\x08\"1\n\x04Reth\x12\n\n\x02va\x18\x01 \x01(\x04\x12\x0c\n\x04rkey\x18\x02 \x01(\r\x12\x0f\n\x07\x64ma_len\x18\x03 \x01(\r\"\xa9\x02\n\x12\x43onnectionCounters\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07\x64st_qpn\x18\x04 \x01(\r\x12\x0c\n\x04psn0\x18\x05 \x01(\r\x12\x0f\n\x07in_port\x18\x06 \x01(\r\x12\x10\n\x08out_port\x18\x07 \x01(\r\x12(\n\x04reth\x18\x08 \x01(\x0b\x32\x1a.netreduce.control.v1.Reth\x12H\n\x08\x63ounters\x18\t \x03(\x0b\x32\x36.netreduce.control.v1.ConnectionCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xb4\x02\n\x0cRingCounters\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r\x12\x11\n\tnext_emit\x18\x04 \x01(\r\x12\x42\n\x08\x63ounters\x18\x05 \x03(\x0b\x32\x30.netreduce.control.v1.RingCounters.CountersEntry\x12=\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32(.netreduce.control.v1.ConnectionCounters\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x1a\n\x12lease_remaining_ms\x18\x08 \x01(\r\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa1\x01\n\x0cPortCounters\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ifname\x18\x02 \x01(\t\x12\x42\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x30.netreduce.control.v1.PortCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xf2\x02\n\rCountersReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x31\n\x05rings\x18\x02 \x03(\x0b\x32\".netreduce.control.v1.RingCounters\x12\x31\n\x05ports\x18\x03 \x03(\x0b\x32\".netreduce.control.v1.PortCounters\x12?\n\x06switch\x18\x04 \x03(\x0b\x32/.netreduce.control.v1.CountersReply.SwitchEntry\x12H\n\x0bstatic_macs\x18\t \x03(\x0b\x32\x33.netreduce.control.v1.CountersReply.StaticMacsEntry\x1a-\n\x0bSwitchEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x31\n\x0fStaticMacsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xdc\x03\n\nController\x12J\n\x04Ping\x12!.netreduce.control.v1.PingRequest\x1a\x1f.netreduce.control.v1.PingReply\x12\x62\n\x0cRegisterRing\x12).netreduce.control.v1.RegisterRingRequest\x1a\'.netreduce.control.v1.RegisterRingReply\x12\\\n\nRenewLease\x12\'.netreduce.control.v1.RenewLeaseRequest\x1a%.netreduce.control.v1.RenewLeaseReply\x12h\n\x0eUnregisterRing\x12+.netreduce.control.v1.UnregisterRingRequest\x1a).netreduce.control.v1.UnregisterRingReply\x12V\n\x08\x43ounters\x12%.netreduce.control.v1.CountersRequest\x1a#.netreduce.control.v1.CountersReplyb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switch.api.control_pb2', globals())
@@ -30,6 +30,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _PORTCOUNTERS_COUNTERSENTRY._serialized_options = b'8\001'
   _COUNTERSREPLY_SWITCHENTRY._options = None
   _COUNTERSREPLY_SWITCHENTRY._serialized_options = b'8\001'
+  _COUNTERSREPLY_STATICMACSENTRY._options = None
+  _COUNTERSREPLY_STATICMACSENTRY._serialized_options = b'8\001'
   _TARGETLIMITS._serialized_start=51
   _TARGETLIMITS._serialized_end=256
   _PINGREQUEST._serialized_start=258
@@ -41,39 +43,41 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _RINGSPEC._serialized_start=521
   _RINGSPEC._serialized_end=670
   _REGISTERRINGREQUEST._serialized_start=672
-  _REGISTERRINGREQUEST._serialized_end=772
-  _REGISTERRINGREPLY._serialized_start=775
-  _REGISTERRINGREPLY._serialized_end=957
-  _REGISTERRINGREPLY_PORTSENTRY._serialized_start=913
-  _REGISTERRINGREPLY_PORTSENTRY._serialized_end=957
-  _RENEWLEASEREQUEST._serialized_start=959
-  _RENEWLEASEREQUEST._serialized_end=995
-  _RENEWLEASEREPLY._serialized_start=997
-  _RENEWLEASEREPLY._serialized_end=1049
-  _UNREGISTERRINGREQUEST._serialized_start=1051
-  _UNREGISTERRINGREQUEST._serialized_end=1091
-  _UNREGISTERRINGREPLY._serialized_start=1093
-  _UNREGISTERRINGREPLY._serialized_end=1131
-  _COUNTERSREQUEST._serialized_start=1133
-  _COUNTERSREQUEST._serialized_end=1188
-  _RETH._serialized_start=1190
-  _RETH._serialized_end=1239
-  _CONNECTIONCOUNTERS._serialized_start=1242
-  _CONNECTIONCOUNTERS._serialized_end=1539
-  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_start=1492
-  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_end=1539
-  _RINGCOUNTERS._serialized_start=1542
-  _RINGCOUNTERS._serialized_end=1850
-  _RINGCOUNTERS_COUNTERSENTRY._serialized_start=1492
-  _RINGCOUNTERS_COUNTERSENTRY._serialized_end=1539
-  _PORTCOUNTERS._serialized_start=1853
-  _PORTCOUNTERS._serialized_end=2014
-  _PORTCOUNTERS_COUNTERSENTRY._serialized_start=1492
-  _PORTCOUNTERS_COUNTERSENTRY._serialized_end=1539
-  _COUNTERSREPLY._serialized_start=2017
-  _COUNTERSREPLY._serialized_end=2262
-  _COUNTERSREPLY_SWITCHENTRY._serialized_start=2217
-  _COUNTERSREPLY_SWITCHENTRY._serialized_end=2262
-  _CONTROLLER._serialized_start=2265
-  _CONTROLLER._serialized_end=2741
+  _REGISTERRINGREQUEST._serialized_end=787
+  _REGISTERRINGREPLY._serialized_start=790
+  _REGISTERRINGREPLY._serialized_end=972
+  _REGISTERRINGREPLY_PORTSENTRY._serialized_start=928
+  _REGISTERRINGREPLY_PORTSENTRY._serialized_end=972
+  _RENEWLEASEREQUEST._serialized_start=974
+  _RENEWLEASEREQUEST._serialized_end=1010
+  _RENEWLEASEREPLY._serialized_start=1012
+  _RENEWLEASEREPLY._serialized_end=1064
+  _UNREGISTERRINGREQUEST._serialized_start=1066
+  _UNREGISTERRINGREQUEST._serialized_end=1106
+  _UNREGISTERRINGREPLY._serialized_start=1108
+  _UNREGISTERRINGREPLY._serialized_end=1146
+  _COUNTERSREQUEST._serialized_start=1148
+  _COUNTERSREQUEST._serialized_end=1203
+  _RETH._serialized_start=1205
+  _RETH._serialized_end=1254
+  _CONNECTIONCOUNTERS._serialized_start=1257
+  _CONNECTIONCOUNTERS._serialized_end=1554
+  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_start=1507
+  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_end=1554
+  _RINGCOUNTERS._serialized_start=1557
+  _RINGCOUNTERS._serialized_end=1865
+  _RINGCOUNTERS_COUNTERSENTRY._serialized_start=1507
+  _RINGCOUNTERS_COUNTERSENTRY._serialized_end=1554
+  _PORTCOUNTERS._serialized_start=1868
+  _PORTCOUNTERS._serialized_end=2029
+  _PORTCOUNTERS_COUNTERSENTRY._serialized_start=1507
+  _PORTCOUNTERS_COUNTERSENTRY._serialized_end=1554
+  _COUNTERSREPLY._serialized_start=2032
+  _COUNTERSREPLY._serialized_end=2402
+  _COUNTERSREPLY_SWITCHENTRY._serialized_start=2306
+  _COUNTERSREPLY_SWITCHENTRY._serialized_end=2351
+  _COUNTERSREPLY_STATICMACSENTRY._serialized_start=2353
+  _COUNTERSREPLY_STATICMACSENTRY._serialized_end=2402
+  _CONTROLLER._serialized_start=2405
+  _CONTROLLER._serialized_end=2881
 # @@protoc_insertion_point(module_scope)

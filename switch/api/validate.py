@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError, Message
 from ring_setup.spec import Connection, RingSpec
 from switch.api import control_pb2 as pb
 from switch.pipeline import RXE_MAX_INFLIGHT, required_slots
+from switch.tor import MAX_RACKS
 
 MAX_RING_ID = 128
 MAX_LEASE_MS = 3_600_000
@@ -172,11 +173,13 @@ def _u24(value: int, field: str) -> int:
 
 @dataclass(frozen=True)
 class Registration:
-    """A validated RegisterRing request: the spec, its slots, the lease it asks for."""
+    """A validated RegisterRing request: the spec, its slots, the lease it asks for, and
+    (from a fabric's controller only) every rank's rack, () for a single switch."""
 
     spec: RingSpec
     slots: int
     lease_ms: int
+    racks: tuple[int, ...] = ()
 
 
 def registration(req: pb.RegisterRingRequest, limits: dict[str, Any], default_slots: int,
@@ -200,7 +203,14 @@ def registration(req: pb.RegisterRingRequest, limits: dict[str, Any], default_sl
     lease_ms = req.lease_ms or default_lease_ms
     if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
         raise InvalidArgument(f"lease_ms: {lease_ms} is not in {MIN_LEASE_MS}..{MAX_LEASE_MS}")
-    return Registration(spec, slots, lease_ms)
+    racks = tuple(req.racks)
+    if racks and len(racks) != spec.world_size:
+        raise InvalidArgument(f"racks: {len(racks)} entries for spec.world_size "
+                              f"{spec.world_size} (one per rank, or none)")
+    for rank, rack in enumerate(racks):
+        if rack >= MAX_RACKS:
+            raise InvalidArgument(f"racks[{rank}]: ToR id {rack} >= {MAX_RACKS}")
+    return Registration(spec, slots, lease_ms, racks)
 
 
 def ring_spec(m: pb.RingSpec, limits: dict[str, Any]) -> RingSpec:

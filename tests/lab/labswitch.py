@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tests.lab.labhosts import CONTROLLER, in_host
 
-KINDS = ("soft", "bmv2")
+KINDS = ("soft", "bmv2", "racks")   # racks: "racks:R[:PCT]", the two-tier fabric (lab.sh --racks)
 RESTART_TIMEOUT = 180.0      # s: stop, (first bmv2 start: compile switch/p4), start, Ping
 POLL = 0.2
 
@@ -35,9 +35,9 @@ class LabSwitchError(RuntimeError):
 
 @dataclass(frozen=True)
 class LabSwitch:
-    kind: str            # "soft" or "bmv2"
+    kind: str            # "soft", "bmv2" or "racks:R[:PCT]"
     pid: int             # the switch process on the machine (its own process group)
-    target: str          # what its controller's Ping says ("software" or "bmv2")
+    target: str          # what its controller's Ping says ("software", "bmv2" or "fabric")
     seconds: float       # how long the restart took, Ping included
 
 
@@ -55,7 +55,7 @@ def available_switches() -> tuple[str, ...]:
 
 
 def current_switch() -> str:
-    """The kind of switch running now ("soft", "bmv2" or "bridge")."""
+    """The kind of switch running now ("soft", "bmv2", "racks:R:PCT" or "bridge")."""
     path = lab_dir() / "switch.kind"
     try:
         return path.read_text().strip()
@@ -67,9 +67,10 @@ def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) ->
     """Stop the lab's switch and start `kind` (None: the kind running now) on the same
     ports, with the same controller address and fresh state; return once it answers."""
     kind = kind or current_switch()
-    if kind not in KINDS:
+    family = kind.split(":")[0]
+    if family not in KINDS:
         raise LabSwitchError(f"restart_switch({kind!r}): the lab's switch is one of {KINDS}")
-    if kind not in available_switches():
+    if family not in available_switches():
         raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh can start only "
                              f"{available_switches()} here (bmv2 needs p4c and "
                              f"simple_switch_grpc on its PATH: scripts/install.sh)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import flowctl.stream
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
@@ -28,9 +28,10 @@ from netreduce.comm import RINGS, Communicator
 from netreduce.meta import control_bytes
 from netreduce.registration import SwitchStatus
 from ring_setup.rendezvous import PeerFailed
-from rcmodel.fabric import Fabric, Faults
+from rcmodel.fabric import Fabric, FaultRates, Faults
 from rcmodel.rxe import QP, Device, Peer, QPAttr
 from rcmodel.sim import Simulation, Turns
+from rcmodel.tiers import TwoTierFabric
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
 from ring_setup.spec import RingSpec
@@ -121,18 +122,28 @@ class World:
     `psn0s`: the initial send PSN of every QP, by (rank, ring) (default: drawn from `seed`;
     give values near 2^24 to cross the PSN wrap). `slots=None` registers the "inc" ring
     with the controller's default; `switch=False` registers nothing (the ring forwards).
+    `racks` (rack sizes, contiguous ranks): a two-tier fabric instead of the one switch
+    (rcmodel.tiers), its ToR-spine links with `uplink_faults`.
     """
 
     def __init__(self, n: int, config: FlowConfig, *, faults: Faults = Faults(),
                  slots: Optional[int] = DEFAULT_SLOTS, switch: bool = True,
                  attr: Optional[QPAttr] = None, seed: int = 0,
                  psn0s: Optional[dict[tuple[int, str], int]] = None,
-                 max_time: float = 600.0, max_events: int = 2_000_000) -> None:
+                 max_time: float = 600.0, max_events: int = 2_000_000,
+                 racks: Optional[Sequence[int]] = None,
+                 uplink_faults: FaultRates = FaultRates()) -> None:
         self.n, self.config = n, config
         self.sim = Simulation(max_time, max_events)
         self.turns = Turns(self.sim)
         self.pipeline = AggregationPipeline()
-        self.fabric = Fabric(self.sim, self.pipeline, faults)
+        self.fabric: Fabric | TwoTierFabric
+        if racks is None:
+            self.fabric = Fabric(self.sim, self.pipeline, faults)
+        else:
+            if sum(racks) != n:
+                raise ValueError(f"racks {list(racks)} hold {sum(racks)} ranks, not {n}")
+            self.fabric = TwoTierFabric(self.sim, racks, faults, uplink_faults)
         attr = attr or QPAttr(mtu=config.mtu)
         draw = random.Random(seed)
         psn0s = psn0s or {}
@@ -166,8 +177,11 @@ class World:
         self.slots: Optional[int] = None
         if switch:
             self.slots = DEFAULT_SLOTS if slots is None else slots
-            self.pipeline.register_ring(self.spec, {d.ip: r + 1 for r, d in
-                                                    enumerate(self.devices)}, self.slots)
+            if isinstance(self.fabric, TwoTierFabric):
+                self.fabric.register(self.spec, self.slots)
+            else:
+                self.pipeline.register_ring(self.spec, {d.ip: r + 1 for r, d in
+                                                        enumerate(self.devices)}, self.slots)
             status = SwitchStatus("model", self.spec.ring_id, self.slots)
         self.comms = []
         failures: dict[int, str] = {}           # what the store would tell every rank
@@ -195,5 +209,8 @@ class World:
         return [dict(dev.counters) for dev in self.devices]
 
     def switch_counters(self) -> dict[str, Any]:
-        """The "inc" ring's counters, as the controller reports them."""
+        """The "inc" ring's counters, as the controller reports them (on a two-tier fabric:
+        its ToRs' sums, with `racks` and each switch's own counters, `switches`)."""
+        if isinstance(self.fabric, TwoTierFabric):
+            return self.fabric.target.counters()["rings"][self.spec.ring_id]
         return self.pipeline.counters()[self.spec.ring_id]

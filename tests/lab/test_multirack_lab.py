@@ -1,0 +1,129 @@
+"""In-network allreduce over the lab's two-tier fabric (docs/multirack.md): 2 racks, one ToR
+process per rack, a spine process, the fabric's controller on the job's address; the hosts
+run the unchanged user program (netreduce.init + allreduce, allreduce_worker.py).
+
+The lab boots once for all lab tests: this module restarts the lab's switch as the fabric
+("racks:2", "racks:2:1" for 1% loss on the ToR-spine links; tests/lab/labswitch.py) and
+back to the single switch at the end. Which fabrics it tests follows the boot's hosts: the
+CI boot (4 hosts) runs 2 racks x 2; a boot of 6 hosts (`scripts/lab.sh --hosts 6 --racks 2`)
+runs 2 racks x 3 and 5 hosts (3 + 2, uneven).
+Sums are checked against numpy by every rank (allreduce_worker.py); the fabric's counters
+show that each ToR's partials crossed its spine link (one per slot, a few more under loss).
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pytest
+
+from netreduce.launch import LaunchResult
+from tests.lab.labhosts import HOSTS, switch_counters
+from tests.lab.labswitch import current_switch, restart_switch
+from tests.lab.test_allreduce import lines, run_worker
+from tests.lab.test_switch_allreduce import BIG, STRUCTURAL_DROPS, expected_packets, host_loss
+
+pytestmark = pytest.mark.lab
+
+RACKS = 2
+WORLDS = [4] if HOSTS < 6 else [6, 5]      # ranks of each run (hosts 0..n-1)
+
+
+def rack_sizes(n: int) -> list[int]:
+    """What scripts/lab.sh --racks does with the boot's hosts, cut to ranks 0..n-1."""
+    sizes = [HOSTS // RACKS + (j < HOSTS % RACKS) for j in range(RACKS)]
+    first = sizes[0]
+    return [min(first, n), max(0, n - first)]
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[None]:
+    before = current_switch()
+    restart_switch(f"racks:{RACKS}")
+    try:
+        yield
+    finally:
+        restart_switch(before)
+
+
+def spine_link_packets() -> dict[str, dict[str, int]]:
+    """The port counters of both ends of every ToR-spine link, by fabric port name: each
+    ToR's uplink ("tor0:uplink") and the spine's ToR ports ("spine:1" .. "spine:R")."""
+    ports = switch_counters()["ports"]
+    ends = {f"spine:{j + 1}" for j in range(RACKS)}
+    return {p["ifname"]: {k: int(v) for k, v in p.items() if k != "ifname"}
+            for p in ports.values() if p["ifname"].endswith(":uplink") or p["ifname"] in ends}
+
+
+def check_fabric_run(result: LaunchResult, n: int, sizes: list[int],
+                     before: dict[str, dict[str, int]], lossy: bool) -> dict[str, int]:
+    """Every rank passed (exact sums); the fabric's ring counters: every contribution at
+    least once, every connection's result sent, no structural drop; every ToR received
+    at least one total per slot of every call and sent its partials up."""
+    assert result.ok, f"exit {result.exit_code}"
+    for r in range(n):
+        assert lines(result, r, "OK switch"), result.ranks[r].output
+    (raw,) = lines(result, 0, "SWITCH_RING ")
+    counters = json.loads(raw)
+    p = expected_packets(sizes, n)
+    assert counters["aggregated"] >= n * p, (counters, p)
+    assert counters["results_sent"] >= n * p, (counters, p)
+    if not lossy:
+        assert counters["results_sent"] == n * p, (counters, p)
+    for drop in STRUCTURAL_DROPS:
+        assert counters[drop] == 0, counters
+    after = spine_link_packets()
+    assert len(after) == 2 * RACKS, after
+    for link, c in after.items():       # a ToR receives totals, the spine partials
+        totals = c["interswitch_packets"] - before.get(link, {}).get("interswitch_packets", 0)
+        assert totals >= p - 2 * 64, (link, totals, p)     # the last totals may still come
+    return counters
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_fabric_allreduce_matches_numpy(fabric: None, n: int,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """int32 and float32 of 1 element, 1000 elements and, at the largest world, 16 MiB in a
+    boot of 6 hosts, 1 MiB in the CI boot (its time budget: the 16 MiB pair costs ~2 min)."""
+    sizes = [1, 1000] + ([BIG if HOSTS >= 6 else 2**18] if n == max(WORLDS) else [])
+    before = spine_link_packets()
+    result = run_worker(n, "switch", "--sizes", ",".join(map(str, sizes)), "--timed", "0",
+                        timeout=900)
+    counters = check_fabric_run(result, n, sizes, before, lossy=False)
+    with capsys.disabled():
+        print(f"\n[fabric {rack_sizes(n)}, no loss] counters {counters}")
+
+
+@pytest.mark.parametrize("where", ["hosts", "spine-links"])
+def test_fabric_allreduce_survives_one_percent_loss(fabric: None, where: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """256 KiB + 4 B, int32 and float32, with 1% loss on every host link (netem in the
+    hosts) or on every ToR-spine link (both ways: the switches' --tx-loss)."""
+    n = max(WORLDS)
+    sizes = [2**16 + 1]
+    if where == "spine-links":
+        restart_switch(f"racks:{RACKS}:1")
+    try:
+        before = spine_link_packets()
+        with host_loss("1%" if where == "hosts" else "0%"):
+            result = run_worker(n, "switch", "--sizes", str(sizes[0]), "--timed", "0",
+                                timeout=900)
+        counters = check_fabric_run(result, n, sizes, before, lossy=True)
+        lost = sum(c["tx_lost"] for c in spine_link_packets().values())
+        assert (lost > 0) == (where == "spine-links"), lost
+    finally:
+        if where == "spine-links":
+            restart_switch(f"racks:{RACKS}")
+    with capsys.disabled():
+        print(f"\n[fabric {rack_sizes(n)}, 1% loss on {where}] counters {counters}; "
+              f"uplink frames lost {lost}")
+
+
+def test_ring_algorithm_on_the_fabric(fabric: None) -> None:
+    """algo="ring" through the same fabric: the switches only forward, sums exact."""
+    n = max(WORLDS)
+    result = run_worker(n, "correctness", "--algo", "ring", "--sizes", "1,1000,65536",
+                        "--timed", "0", timeout=900)
+    assert result.ok, f"exit {result.exit_code}"
+    for r in range(n):
+        assert lines(result, r, "OK correctness"), result.ranks[r].output
