@@ -2,7 +2,9 @@
 # test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
 # switch/p4 compiled by p4c and the conformance vectors run on BMv2, none skipped; then all
 # lab tests inside ONE lab boot (scripts/lab.sh: 4 Soft-RoCE hosts behind the software switch;
-# tests/lab/test_bmv2_allreduce.py restarts it as BMv2 and back). Extra arguments go to the
+# tests/lab/test_bmv2_allreduce.py restarts it as BMv2 and back), and a second boot of 6
+# hosts in 2 racks for the multi-rack tests that need more than 4 ranks (2 x 3, uneven
+# 3 + 2). Extra arguments go to the
 # unit and lab pytest runs (e.g. -k name, -x). Exit code: non-zero when any test failed or
 # none ran.
 set -euo pipefail
@@ -30,3 +32,7 @@ fi
 
 echo "==> [test] lab tests (inside the lab, one boot)"
 "$ROOT/scripts/lab.sh" --hosts 4 -- python -m pytest -q -rs -m lab tests/lab "$@"
+
+echo "==> [test] multi-rack lab tests with 6 hosts in 2 racks (a second boot: 2 x 3, uneven 3 + 2)"
+"$ROOT/scripts/lab.sh" --racks 2 --hosts 6 -- python -m pytest -q -rs -m lab \
+  tests/lab/test_multirack_lab.py "$@"
