@@ -149,7 +149,7 @@ wait_usable() {  # hosts: until libibverbs in hI opens rxeI and its port is ACTI
     "(udev settled in ${settled} s; ${late:-every device} ${late:+not usable at first, }usable after $rounds round(s))" >&2
 }
 
-hosts_present() { ip netns list | awk '{print $1}' | grep -E '^h[0-9]+$' | sed 's/^h//' | sort -n; }
+hosts_present() { ip netns list | awk '{print $1}' | { grep -E '^h[0-9]+$' || true; } | sed 's/^h//' | sort -n; }
 
 cmd_up() {
   [ -n "$hosts" ] || die "up needs --hosts N"
