@@ -170,7 +170,6 @@ def ack_time(exponent: int) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-
 def fit_inc_ring(rendezvous: Rendezvous, config: FlowConfig, pinned: frozenset[str],
                  controller: Controller | None) -> RingFit:
     """Collective: rank 0 fits `config` to its controller's target (others pass anything,
