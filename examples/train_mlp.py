@@ -16,7 +16,8 @@ teacher; rank r draws its own batches from (seed, rank, step). Modes (`--modes`)
   nocomm      a hook that returns the local gradient (no communication: compute time)
   backend     no hook: DDP over a `dist.new_group(backend="netreduce")` process group
               (netreduce.torch.ProcessGroupNetreduce; not in the default modes)
-Rank 0 prints the loss every `--log-every` steps and a summary: median step time per mode,
+The modes run interleaved (step s of every mode, then step s + 1), so that step times
+compare within one run. Rank 0 prints the loss every `--log-every` steps and a summary: median step time per mode,
 max |loss - gloo's loss| over all steps and ranks, max |parameter - gloo's| at the end, and
 how much of the communication the asynchronous hook hides:
 (sync - async) / (sync - nocomm). `--max-param-diff D` exits 1 if a netreduce mode ends
@@ -69,35 +70,54 @@ def hook_for(mode: str, comm: netreduce.Communicator) -> tuple[Any, Any] | None:
             "nocomm": (None, local_hook)}[mode]
 
 
-def train(mode: str, comm: netreduce.Communicator, args: argparse.Namespace
-          ) -> tuple[list[float], list[float], torch.Tensor]:
-    """`args.steps` SGD steps in `mode`: (losses, step times in s, final parameters)."""
-    torch.manual_seed(args.seed)
-    group = dist.new_group(backend="netreduce") if mode == "backend" else None
-    model = DistributedDataParallel(mlp(args.hidden), bucket_cap_mb=args.bucket_cap_mb,
-                                    process_group=group)
-    hook = None if mode == "backend" else hook_for(mode, comm)
-    if hook is not None:
-        model.register_comm_hook(*hook)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    losses, times = [], []
+class Run:
+    """One mode's DDP model, optimiser and record; every mode starts from the same parameters
+    (seed) and sees the same batches, so any difference between modes is the reduction's."""
+
+    def __init__(self, mode: str, comm: netreduce.Communicator, args: argparse.Namespace):
+        torch.manual_seed(args.seed)
+        self.mode, self.comm, self.args = mode, comm, args
+        self.group = dist.new_group(backend="netreduce") if mode == "backend" else None
+        self.model = DistributedDataParallel(mlp(args.hidden), bucket_cap_mb=args.bucket_cap_mb,
+                                             process_group=self.group)
+        hook = None if mode == "backend" else hook_for(mode, comm)
+        if hook is not None:
+            self.model.register_comm_hook(*hook)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.losses: list[float] = []
+        self.times: list[float] = []      # s per step
+
+    def step(self, step: int) -> None:
+        x, y = batch(self.args.seed, self.comm.rank, step, self.args.batch)
+        t0 = time.perf_counter()
+        self.opt.zero_grad()
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        self.times.append(time.perf_counter() - t0)
+        self.losses.append(loss.item())
+        if self.comm.rank == 0 and (step % self.args.log_every == 0
+                                    or step == self.args.steps - 1):
+            print(f"{self.mode:11s} step {step:4d} loss {self.losses[-1]:.6f} "
+                  f"{self.times[-1] * 1e3:8.1f} ms/step ({ran(self.mode, self.comm, self.group)})",
+                  flush=True)
+
+    def params(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.model.module.parameters()])
+
+
+def train(modes: list[str], comm: netreduce.Communicator, args: argparse.Namespace
+          ) -> dict[str, tuple[list[float], list[float], torch.Tensor]]:
+    """`args.steps` SGD steps per mode, interleaved: step s of every mode, then step s + 1,
+    so a slow patch of the lab slows every mode alike and step times compare within a run.
+    Per mode: (losses, step times in s, final parameters)."""
+    runs = [Run(mode, comm, args) for mode in modes]
     dist.barrier()
     for step in range(args.steps):
-        x, y = batch(args.seed, comm.rank, step, args.batch)
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-        if comm.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-            print(f"{mode:11s} step {step:4d} loss {loss.item():.6f} "
-                  f"{times[-1] * 1e3:8.1f} ms/step ({ran(mode, comm, group)})",
-                  flush=True)
-    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
-    return losses, times, params
+        for run in runs:
+            run.step(step)
+    return {run.mode: (run.losses, run.times, run.params()) for run in runs}
 
 
 def ran(mode: str, comm: netreduce.Communicator, group: Any) -> str:
@@ -133,7 +153,7 @@ def main() -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     comm = netreduce.init()     # its store's port goes through torch's store (MASTER_PORT)
-    results = {mode: train(mode, comm, args) for mode in modes}
+    results = train(modes, comm, args)
     failed = False
     if "gloo" in results:
         ref_losses, _, ref_params = results["gloo"]

@@ -31,8 +31,8 @@ else
 fi
 
 echo "==> [test] lab tests (inside the lab, one boot)"
-"$ROOT/scripts/lab.sh" --hosts 4 -- python -m pytest -q -rs -m lab tests/lab "$@"
+"$ROOT/scripts/lab.sh" --hosts 4 -- python -m pytest -q -rs --durations=12 -m lab tests/lab "$@"
 
 echo "==> [test] multi-rack lab tests with 6 hosts in 2 racks (a second boot: 2 x 3, uneven 3 + 2)"
-"$ROOT/scripts/lab.sh" --racks 2 --hosts 6 -- python -m pytest -q -rs -m lab \
+"$ROOT/scripts/lab.sh" --racks 2 --hosts 6 -- python -m pytest -q -rs --durations=8 -m lab \
   tests/lab/test_multirack_lab.py "$@"

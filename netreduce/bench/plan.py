@@ -63,6 +63,7 @@ class BenchPlan:
     msg_size: int = 256 * 1024
     mtu: int = 4096
     seed: int = 1
+    ack_timeout: int | None = None     # the QPs' local ACK timeout exponent; None: init's
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.jobs < 1 or self.warmup < 0:

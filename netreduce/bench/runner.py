@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--msg-size", type=_option(parse_size), default=256 * 1024,
                    help="flow-control message size (a multiple of --mtu; default 256K)")
     p.add_argument("--mtu", type=int, default=4096, help="RoCE path MTU")
+    p.add_argument("--ack-timeout", type=int, default=None, metavar="EXP",
+                   help="the QPs' local ACK timeout, 4.096 us x 2^EXP (rxe's retransmit timer; "
+                        "default: netreduce.init's, 14 = 67 ms, or the target's pace)")
     p.add_argument("--seed", type=int, default=1, help="seed of the inputs")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", type=Path, metavar="PATH", help="write algbw vs size as PNG")
@@ -121,7 +124,8 @@ def _git(*args: str) -> str | None:
 
 def meta(plan: BenchPlan, started_at: datetime) -> dict[str, Any]:
     return {"workers": plan.workers, "dtype": plan.dtype, "mtu": plan.mtu,
-            "window": plan.window, "msg_size": plan.msg_size, "kernel": platform.release(),
+            "window": plan.window, "msg_size": plan.msg_size,
+            "ack_timeout": plan.ack_timeout, "kernel": platform.release(),
             "git_commit": _git("rev-parse", "HEAD"),
             "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "started_at": started_at.isoformat(timespec="seconds"),
@@ -135,7 +139,7 @@ def plan_of(args: argparse.Namespace) -> BenchPlan:
     return BenchPlan(workers=args.workers, sizes=tuple(args.sizes), algos=tuple(algos),
                      dtype=args.dtype, jobs=args.jobs, warmup=args.warmup,
                      window=args.window, msg_size=args.msg_size, mtu=args.mtu,
-                     seed=args.seed)
+                     seed=args.seed, ack_timeout=args.ack_timeout)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="the BenchPlan as JSON")
     plan = BenchPlan.from_json(parser.parse_args(argv).plan)
     comm = netreduce.init(mtu=plan.mtu, msg_size=plan.msg_size, window=plan.window,
+                          ack_timeout=plan.ack_timeout,
                           switch=None if "switch" in plan.algos else "")  # None: $NR_CONTROLLER
     run(comm, plan, lambda record: print(record.line(), flush=True))
     netreduce.finalize()

@@ -85,9 +85,10 @@ def die(comm: netreduce.Communicator, victim: int) -> None:
 def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
     args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
                                  bucket_cap_mb=0.1, log_every=1)
-    _, _, want = train("gloo", comm, args)
-    for mode, algo in (("switch", "switch"), ("ring", "ring"), ("backend", "backend: switch")):
-        _, _, got = train(mode, comm, args)
+    results = train(["gloo", "switch", "ring", "backend"], comm, args)
+    want = results["gloo"][2]
+    for mode in ("switch", "ring", "backend"):
+        got = results[mode][2]
         diff = global_max(float((got - want).abs().max()))
         if diff > 1e-5:
             sys.exit(f"FAIL {mode}: parameters {diff:.3g} from gloo's after {steps} steps")
