@@ -27,6 +27,10 @@ from switch.p4program import DEFAULT_BUILD, compile_program
 from switch.report import report
 
 SIMPLE_SWITCH = "simple_switch_grpc"
+# BMv2's log level defaults to 'trace' even with no log sink (no --log-console/--log-file):
+# it then formats every trace message per table, action and field, for nothing. Off, this
+# build spends half the CPU per packet (switch/p4/README.md, "Cost per packet").
+LOG_OFF = ("--log-level", "off")
 START_TIMEOUT = 30.0
 # BMv2's pace, published to clients (--max-in-flight / --ack-timeout default to these here).
 # In the TCG lab BMv2 spends about 4.5 ms of CPU per contribution (docs/benchmarks.md). With
@@ -54,7 +58,8 @@ class Bmv2Switch:
                                "p4lang/behavioral-model (see switch/p4/README.md)")
         build = compile_program(build_dir)
         grpc_addr = f"127.0.0.1:{grpc_port}"
-        cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port)]
+        cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port),
+               *LOG_OFF]
         for num, ifname in sorted(ports.items()):
             cmd += ["-i", f"{num}@{ifname}"]
         cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
