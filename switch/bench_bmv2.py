@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import Iterator, Optional, Sequence
 from switch.bench_pipeline import frames, lab_ring
 from switch.bench_targets import replay
 from switch.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
-from switch.bmv2_lab import SIMPLE_SWITCH
+from switch.bmv2_lab import SIMPLE_SWITCH, wait_listening
 from switch.dataplane import Port, open_port
 from switch.p4program import build_paths
 
@@ -97,19 +96,6 @@ def veth_pairs(prefix: str, ranks: int) -> Iterator[dict[int, tuple[str, str]]]:
             subprocess.run(["ip", "link", "del", sw], capture_output=True)
 
 
-def _wait_listening(proc: subprocess.Popen, port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{SIMPLE_SWITCH} exited at start ({proc.returncode})")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{SIMPLE_SWITCH} did not listen on port {port} in {timeout:.0f} s")
-
-
 def _drain(drivers: dict[int, Port]) -> None:
     """Drop what an earlier run left in the driver sockets (late frames)."""
     for port in drivers.values():
@@ -131,7 +117,7 @@ def run_once(name: str, build_dir: Path, log_level: str, mode: str, ranks: int,
     cmd += ["--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_listening(proc, GRPC_PORT)
+        wait_listening(proc, GRPC_PORT)
         target = Bmv2Target(ShellSession(f"127.0.0.1:{GRPC_PORT}", build_paths(build_dir)),
                             {n: sw for n, (sw, _) in links.items()},
                             {c.src_mac: c.rank + 1 for c in spec.connections},

@@ -38,9 +38,26 @@ START_TIMEOUT = 30.0
 # drain: every timer fires, go-back-N resends everything, and retransmissions then take
 # most of BMv2's time (a 256 KiB call stalled). 32 packets per connection keep BMv2 busy
 # (the hosts answer in far less than BMv2 takes) and 4 ranks x 32 x 4.5 ms ~ 0.6 s sits well
-# inside a 2^18 x 4.096 us = 1.07 s timer.
+# inside a 2^18 x 4.096 us = 1.07 s timer. Since the program and the log level were made
+# cheaper (switch/p4/README.md, "Cost per packet": ~4-5x less CPU per contribution on veth
+# pairs) the same pace leaves more margin; it was not re-tuned without a lab run.
 BMV2_MAX_IN_FLIGHT = 32
 BMV2_ACK_TIMEOUT = 18
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIMEOUT) -> None:
+    """Until `proc` (a simple_switch_grpc) listens on 127.0.0.1:`port`; RuntimeError if it
+    exits first or takes longer than `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{SIMPLE_SWITCH} exited at start ({proc.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{SIMPLE_SWITCH} did not listen on port {port} in {timeout:.0f} s")
 
 
 class Bmv2Switch:
@@ -66,26 +83,13 @@ class Bmv2Switch:
         with open(log or os.devnull, "ab") as out:     # the child keeps its own copy
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
-            self._wait_listening(grpc_port)
+            wait_listening(self.proc, grpc_port)
             self.target = Bmv2Target(ShellSession(grpc_addr, build), ports, macs,
                                      ThriftRegisters(thrift_port))
         except BaseException:
             self._stop_process()
             raise
         self._open = True
-
-    def _wait_listening(self, port: int) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{SIMPLE_SWITCH} exited at start ({self.proc.returncode})")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{SIMPLE_SWITCH} did not listen on port {port} in "
-                           f"{START_TIMEOUT:.0f} s")
 
     def _stop_process(self) -> None:
         if self.proc.poll() is None:
