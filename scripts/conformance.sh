@@ -7,7 +7,7 @@
 # bmv2: switch/p4 compiled by p4c, run by simple_switch_grpc on veth pairs, programmed over
 #   P4Runtime (p4runtime-shell, the `bmv2` extra). Needs root, p4c and simple_switch_grpc on
 #   PATH and p4runtime-shell in the venv; fails saying which is missing (it never skips).
-#   About 2.5 min on a 2-core machine, plus about 1 min of p4c when build/p4 is stale.
+#   About 2 min on a 2-core machine, plus about 2 min of p4c when build/p4 is stale.
 # Exit code: pytest's, non-zero when a vector failed or none ran.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

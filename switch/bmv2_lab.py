@@ -27,6 +27,10 @@ from switch.p4program import DEFAULT_BUILD, compile_program
 from switch.report import report
 
 SIMPLE_SWITCH = "simple_switch_grpc"
+# BMv2's log level defaults to 'trace' even with no log sink (no --log-console/--log-file):
+# it then formats every trace message per table, action and field, for nothing. Off, this
+# build spends half the CPU per packet (switch/p4/README.md, "Cost per packet").
+LOG_OFF = ("--log-level", "off")
 START_TIMEOUT = 30.0
 # BMv2's pace, published to clients (--max-in-flight / --ack-timeout default to these here).
 # In the TCG lab BMv2 spends about 4.5 ms of CPU per contribution (docs/benchmarks.md). With
@@ -34,9 +38,26 @@ START_TIMEOUT = 30.0
 # drain: every timer fires, go-back-N resends everything, and retransmissions then take
 # most of BMv2's time (a 256 KiB call stalled). 32 packets per connection keep BMv2 busy
 # (the hosts answer in far less than BMv2 takes) and 4 ranks x 32 x 4.5 ms ~ 0.6 s sits well
-# inside a 2^18 x 4.096 us = 1.07 s timer.
+# inside a 2^18 x 4.096 us = 1.07 s timer. Since the program and the log level were made
+# cheaper (switch/p4/README.md, "Cost per packet": ~4-5x less CPU per contribution on veth
+# pairs) the same pace leaves more margin; it was not re-tuned without a lab run.
 BMV2_MAX_IN_FLIGHT = 32
 BMV2_ACK_TIMEOUT = 18
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIMEOUT) -> None:
+    """Until `proc` (a simple_switch_grpc) listens on 127.0.0.1:`port`; RuntimeError if it
+    exits first or takes longer than `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{SIMPLE_SWITCH} exited at start ({proc.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{SIMPLE_SWITCH} did not listen on port {port} in {timeout:.0f} s")
 
 
 class Bmv2Switch:
@@ -54,33 +75,21 @@ class Bmv2Switch:
                                "p4lang/behavioral-model (see switch/p4/README.md)")
         build = compile_program(build_dir)
         grpc_addr = f"127.0.0.1:{grpc_port}"
-        cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port)]
+        cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port),
+               *LOG_OFF]
         for num, ifname in sorted(ports.items()):
             cmd += ["-i", f"{num}@{ifname}"]
         cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
         with open(log or os.devnull, "ab") as out:     # the child keeps its own copy
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
-            self._wait_listening(grpc_port)
+            wait_listening(self.proc, grpc_port)
             self.target = Bmv2Target(ShellSession(grpc_addr, build), ports, macs,
                                      ThriftRegisters(thrift_port))
         except BaseException:
             self._stop_process()
             raise
         self._open = True
-
-    def _wait_listening(self, port: int) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{SIMPLE_SWITCH} exited at start ({self.proc.returncode})")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{SIMPLE_SWITCH} did not listen on port {port} in "
-                           f"{START_TIMEOUT:.0f} s")
 
     def _stop_process(self) -> None:
         if self.proc.poll() is None:

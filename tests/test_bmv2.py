@@ -327,7 +327,7 @@ def test_bmv2_lab_stops_the_switch_it_started(tmp_path: Path, monkeypatch: pytes
                           "--grpc-port", str(grpc), "--thrift-port", "9999"]) == 1
     assert "netreduce[bmv2]" in capsys.readouterr().err
     assert (tmp_path / "args").read_text() == (
-        f"--device-id 0 --thrift-port 9999 -i 1@nrtap0 -i 2@nrctlp --no-p4 -- "
+        f"--device-id 0 --thrift-port 9999 --log-level off -i 1@nrtap0 -i 2@nrctlp --no-p4 -- "
         f"--grpc-server-addr 127.0.0.1:{grpc}")
     with pytest.raises(OSError):                 # nobody listens there any more
         socket.create_connection(("127.0.0.1", grpc), timeout=1).close()

@@ -3,7 +3,8 @@ static checks of its source.
 
 p4c's run: tests/p4tools.py (skipped with the reason without p4c, failing under CI=true).
 From the source: the limits agree with the Python side and the README, the element macro
-covers every element, the generated per-length ICRC actions are up to date, the registers
+covers every element, the generated per-length actions (ICRC buffer, an emission's
+valid words) are up to date and right, the registers
 that carry a contribution's header to egress put every bit back where it came from, and
 the deparser emits what the parser extracts, in order. The ICRC itself is checked against
 BMv2 by tests/test_conformance.py (every opcode and payload length, byte for byte).
@@ -21,8 +22,8 @@ from scapy.layers.l2 import Ether
 from p4tools import require_tools
 from roce_layers import IMM_OPS, RETH_OPS, WRITE_ONLY, make_ring, write_frame
 from switch import p4program
-from switch.p4program import (ICRC_WORDS, P4_DIR, contract, icrc_words_source, parse_contract,
-                              unaccepted_warnings)
+from switch.p4program import (P4_DIR, contract, generated_sources, icrc_words_source,
+                              parse_contract, pl_valid_source, unaccepted_warnings)
 from switch.pipeline import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, MAX_SLOTS, PATH_MTUS,
                              RING_COUNTERS)
 
@@ -116,16 +117,39 @@ def test_the_element_macro_lists_every_element_once() -> None:
     assert "word_t[NR_MAX_ELEMS] pl;" in source("headers.p4")
 
 
-def test_the_generated_icrc_actions_are_up_to_date() -> None:
-    assert ICRC_WORDS.read_text() == icrc_words_source(C), \
-        "switch/p4/icrc_words.p4 is stale: python -m switch.p4program --generate"
+def test_the_generated_files_are_up_to_date() -> None:
+    for path, text in generated_sources(C).items():
+        assert path.read_text() == text, \
+            f"switch/p4/{path.name} is stale: python -m switch.p4program --generate"
+
+
+def test_each_icrc_action_right_aligns_the_header_part_and_its_payload() -> None:
+    """words_<n> sets every buffer word once: zeros, the 16 header-part words, n payload
+    words, in that order; icrc.p4 hashes 4 bytes of ones and the whole buffer, once."""
     text = icrc_words_source(C)
+    size = 16 + C.max_elems
     for n in range(C.max_elems + 1):
-        fields = re.search(rf"action words_{n}\(\) {{ hash\(crc, HashAlgorithm\.crc32, 32w0, "
-                           rf"\{{ 32w0xFFFFFFFF, NR_ICRC_PRE(.*?) \}}, 64w0x100000000\); }}", text)
-        assert fields, n
-        assert fields.group(1) == "".join(f", hdr.pl[{i}].v" for i in range(n))
+        body = must(rf"action words_{n}\(\) \{{(.*?)\n    \}}", text, re.S).group(1)
+        sets = re.findall(r"b(\d+) = ([^;]+);", body)
+        assert [int(j) for j, _ in sets] == list(range(size)), n
+        assert [v for _, v in sets] == (["0"] * (C.max_elems - n) + [f"w{i}" for i in range(16)]
+                                        + [f"hdr.pl[{i}].v" for i in range(n)]), n
         assert f"            {n}: words_{n}();" in text
+    icrc = source("icrc.p4")
+    assert icrc.count("hash(crc,") == 1
+    hashed = must(r"hash\(crc, HashAlgorithm\.crc32, 32w0,\s*\{(.*?)\}", icrc, re.S).group(1)
+    assert [w.strip() for w in hashed.split(",")] == ["32w0xFFFFFFFF"] + [f"b{j}" for j in
+                                                                          range(size)]
+
+
+def test_each_emission_validity_action_keeps_exactly_its_words() -> None:
+    text = pl_valid_source(C)
+    for n in range(C.max_elems + 1):
+        body = must(rf"action valid_{n}\(\) \{{(.*?)\n    \}}", text, re.S).group(1)
+        calls = re.findall(r"hdr\.pl\[(\d+)\]\.(setValid|setInvalid)\(\);", body)
+        assert calls == [(str(i), "setValid" if i < n else "setInvalid")
+                         for i in range(C.max_elems)], n
+        assert f"            {n}: valid_{n}();" in text
 
 
 def test_the_icrc_header_part_is_right_aligned() -> None:

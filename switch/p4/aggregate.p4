@@ -105,6 +105,10 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
 
             if (contribute) {
                 bit<32> acc;
+                bit<32> keep = 32w0xFFFFFFFF;
+                if (meta.fresh == 1) {
+                    keep = 0;
+                }
                 NR_FOR_EACH_ELEM(NR_ADD_ELEM)
                 slot_bitmap.write(gslot, bitmap | me);
                 bit<32> c = gslot * NR_MAX_RANKS + (bit<32>)meta.rank;

@@ -136,7 +136,11 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
         }
 
         if (meta.fix_icrc == 1) {
-            icrc.apply(hdr, meta.emit == 1 ? meta.emit_words : meta.words, hdr.icrc.v);
+            /* into a local: with hdr.icrc.v as the out argument p4c copied all of hdr (an
+             * `in` argument it aliases) into a second set of 71 headers per packet */
+            bit<32> signed;
+            icrc.apply(hdr, meta.emit == 1 ? meta.emit_words : meta.words, signed);
+            hdr.icrc.v = signed;
         }
 
         if (sent) {

@@ -24,6 +24,8 @@ bool slot_ready(in bit<64> head, in bit<32> bitmap, in bit<24> k, in bit<16> epo
 }
 
 control NrEmit(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
+#include "pl_valid.p4"
+
     apply {
         bit<32> ring = (bit<32>)meta.ring;
         bit<40> nxt;
@@ -47,7 +49,8 @@ control NrEmit(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t
             meta.emit_opcode = head[39:32];
             meta.emit_words = head[31:24];
             bit<32> base = gslot * NR_MAX_ELEMS;
-            NR_FOR_EACH_ELEM(NR_EMIT_ELEM)
+            pl_valid.apply();      // the first emit_words words valid, the others not
+            NR_FOR_EACH_ELEM(NR_LOAD_ELEM)
             sm.mcast_grp = NR_RING_GROUP_BASE + (bit<16>)meta.ring;
 
             bit<24> e1 = e + 1;

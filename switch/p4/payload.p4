@@ -21,30 +21,25 @@
  * a sum and on its way back out. The sums are kept as numbers. */
 #define NR_BSWAP32(x) ((x)[7:0] ++ (x)[15:8] ++ (x)[23:16] ++ (x)[31:24])
 
-/* Add word i of the packet to the slot's sum (base = gslot * NR_MAX_ELEMS); a fresh slot
- * starts from the packet's word. Needs `bit<32> acc` and `bit<32> base` in scope. */
-#define NR_ADD_ELEM(i)                                      \
-    if (hdr.pl[i].isValid()) {                              \
-        slot_sum.read(acc, base + i);                       \
-        if (meta.fresh == 1) { acc = 0; }                   \
-        slot_sum.write(base + i, acc + NR_BSWAP32(hdr.pl[i].v)); \
-    }
+/* The per-element statements below have no condition: p4c gathers the 64 of a
+ * NR_FOR_EACH_ELEM into one action, where a condition per element made BMv2 walk 64
+ * conditionals and 64 one-action tables per packet (switch/p4/README.md, "Cost per
+ * packet"). They touch all NR_MAX_ELEMS elements whatever the packet's length: a word
+ * beyond it (an invalid hdr.pl[i]) adds whatever that header holds to a sum element no
+ * result of the slot ever reads (every packet of a slot has the slot's length; a fresh
+ * slot restarts all its elements), and is loaded into a header the deparser skips. */
 
-/* Replace word i of the packet by the slot's sum (a served retransmission). */
-#define NR_LOAD_ELEM(i)                                     \
-    if (hdr.pl[i].isValid()) {                              \
-        slot_sum.read(hdr.pl[i].v, base + i);               \
-        hdr.pl[i].v = NR_BSWAP32(hdr.pl[i].v);              \
-    }
+/* Add word i of the packet to the slot's sum (base = gslot * NR_MAX_ELEMS); `keep` is 0
+ * when the packet (re)opens its slot (its words start the sums), else all ones. Needs
+ * `bit<32> acc`, `bit<32> base` and `bit<32> keep` in scope. */
+#define NR_ADD_ELEM(i)                                                  \
+    slot_sum.read(acc, base + i);                                       \
+    slot_sum.write(base + i, (acc & keep) + NR_BSWAP32(hdr.pl[i].v));
 
-/* Make the packet's payload the emitted slot's sums: meta.emit_words words. */
-#define NR_EMIT_ELEM(i)                                     \
-    if (meta.emit_words > i) {                              \
-        hdr.pl[i].setValid();                               \
-        slot_sum.read(hdr.pl[i].v, base + i);               \
-        hdr.pl[i].v = NR_BSWAP32(hdr.pl[i].v);              \
-    } else {                                                \
-        hdr.pl[i].setInvalid();                             \
-    }
+/* Load the slot's sum i into word i of the packet (a served retransmission, an emission:
+ * NrEmit sets which words are valid first, pl_valid.p4). */
+#define NR_LOAD_ELEM(i)                                                 \
+    slot_sum.read(hdr.pl[i].v, base + i);                               \
+    hdr.pl[i].v = NR_BSWAP32(hdr.pl[i].v);
 
 #endif  /* NR_PAYLOAD_P4 */
