@@ -39,10 +39,11 @@ START_TIMEOUT = 30.0
 # most of BMv2's time (a 256 KiB call stalled). 32 packets per connection keep BMv2 busy
 # (the hosts answer in far less than BMv2 takes) and 4 ranks x 32 x 4.5 ms ~ 0.6 s sits well
 # inside a 2^18 x 4.096 us = 1.07 s timer. Since the program and the log level were made
-# cheaper (switch/p4/README.md, "Cost per packet": ~4-5x less CPU per contribution on veth
-# pairs) the same pace leaves more margin; it was not re-tuned without a lab run.
+# cheaper (switch/p4/README.md, "Cost per packet": ~0.7 ms per contribution, 4-5x less) the
+# same 128 packets drain in ~0.1-0.2 s, so the timer is now 2^17 x 4.096 us = 537 ms: still
+# 3x that under load, and half the wait for each loss the responder's NAK does not repair.
 BMV2_MAX_IN_FLIGHT = 32
-BMV2_ACK_TIMEOUT = 18
+BMV2_ACK_TIMEOUT = 17
 
 
 def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIMEOUT) -> None:
