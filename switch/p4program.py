@@ -80,8 +80,8 @@ ICRC_PRE_WORDS = 16     # header-part words of icrc.p4 (w0 .. w15)
 
 
 def icrc_buffer_words(c: Contract, n: int) -> list[str]:
-    """What action `words_<n>` of icrc_words.p4 puts in the hashed buffer b0 ..
-    b<ICRC_PRE_WORDS + max_elems - 1>, in order: zeros, then the header part w0 .. w15,
+    """What action `words_<n>` of icrc_words.p4 puts in the hashed buffer buf.b0 ..
+    buf.b<ICRC_PRE_WORDS + max_elems - 1>, in order: zeros, then the header part w0 .. w15,
     then payload words 0 .. n-1 (the header part and the payload right-aligned)."""
     return (["0"] * (c.max_elems - n) + [f"w{i}" for i in range(ICRC_PRE_WORDS)]
             + [f"hdr.pl[{i}].v" for i in range(n)])
@@ -117,17 +117,17 @@ def icrc_words_source(c: Contract) -> str:
     """The text of icrc_words.p4: inside control NrIcrc (icrc.p4), action `words_<n>`
     fills the hashed buffer for a payload of n words (icrc_buffer_words), for
     n = 0 .. c.max_elems; the const table `by_words` runs the one for the packet's
-    `words`. icrc.p4 hashes the buffer once, after the table: one hash() in the program
-    and one set of temporaries p4c copies its list into."""
+    `words`. icrc.p4 hashes the buffer (a struct: p4c copies no field of it) once, after
+    the table: one hash() in the program."""
     n_max = c.max_elems
     lines = [_GENERATED.format(function="icrc_words_source", control="NrIcrc",
                                includer="icrc.p4")
              + " * action words_<n> right-aligns the header part and n payload words in the\n"
-             f" * hashed buffer b0 .. b{ICRC_PRE_WORDS + n_max - 1}, zeros before them,"
+             f" * hashed buffer buf.b0 .. b{ICRC_PRE_WORDS + n_max - 1}, zeros before them,"
              f" n = 0 .. {n_max}. */"]
     for n in range(n_max + 1):
         lines += _action(f"words_{n}",
-                         [f"b{j} = {v};" for j, v in enumerate(icrc_buffer_words(c, n))])
+                         [f"buf.b{j} = {v};" for j, v in enumerate(icrc_buffer_words(c, n))])
     lines += _by_length_table("by_words", "words", "words", n_max)
     return "\n".join(lines) + "\n"
 

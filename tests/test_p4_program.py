@@ -125,21 +125,23 @@ def test_the_generated_files_are_up_to_date() -> None:
 
 def test_each_icrc_action_right_aligns_the_header_part_and_its_payload() -> None:
     """words_<n> sets every buffer word once: zeros, the 16 header-part words, n payload
-    words, in that order; icrc.p4 hashes 4 bytes of ones and the whole buffer, once."""
+    words, in that order; icrc.p4 hashes 4 bytes of ones and the whole buffer (the struct
+    icrc_buf_t, in field order), once."""
     text = icrc_words_source(C)
     size = 16 + C.max_elems
     for n in range(C.max_elems + 1):
         body = must(rf"action words_{n}\(\) \{{(.*?)\n    \}}", text, re.S).group(1)
-        sets = re.findall(r"b(\d+) = ([^;]+);", body)
+        sets = re.findall(r"buf\.b(\d+) = ([^;]+);", body)
         assert [int(j) for j, _ in sets] == list(range(size)), n
         assert [v for _, v in sets] == (["0"] * (C.max_elems - n) + [f"w{i}" for i in range(16)]
                                         + [f"hdr.pl[{i}].v" for i in range(n)]), n
         assert f"            {n}: words_{n}();" in text
     icrc = source("icrc.p4")
     assert icrc.count("hash(crc,") == 1
-    hashed = must(r"hash\(crc, HashAlgorithm\.crc32, 32w0,\s*\{(.*?)\}", icrc, re.S).group(1)
-    assert [w.strip() for w in hashed.split(",")] == ["32w0xFFFFFFFF"] + [f"b{j}" for j in
-                                                                          range(size)]
+    assert "hash(crc, HashAlgorithm.crc32, 32w0, buf, 64w0x100000000);" in icrc
+    assert "buf.ones = 32w0xFFFFFFFF;" in icrc
+    struct = must(r"struct icrc_buf_t \{(.*?)\}", icrc, re.S).group(1)
+    assert re.findall(r"bit<32> (\w+);", struct) == ["ones"] + [f"b{j}" for j in range(size)]
 
 
 def test_each_emission_validity_action_keeps_exactly_its_words() -> None:
