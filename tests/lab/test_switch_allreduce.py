@@ -57,10 +57,14 @@ def expected_packets(sizes: list[int], n: int, config: FlowConfig = CONFIG,
 
 
 def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
-                     config: FlowConfig = CONFIG, dtypes: int = 2) -> dict[str, int]:
+                     config: FlowConfig = CONFIG, dtypes: int = 2,
+                     queue_drops: bool = False) -> dict[str, int]:
     """Every rank passed; the overflow refusal read alike everywhere; the ring's counters
     (the "inc" ring's knobs: `config`; `dtypes` calls per size) show exactly n
-    contributions per packet, every slot emitted, no structural drop."""
+    contributions per packet, every slot emitted, no structural drop. `queue_drops`: the
+    target may lose a result replica inside itself before counting it (BMv2's egress queues
+    overflow under go-back-N storms), so `results_sent` may fall short of n per packet by
+    what the retransmissions it served made up."""
     assert result.ok, f"exit {result.exit_code}"
     errors = set()
     for r in range(n):
@@ -76,7 +80,11 @@ def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
     assert n * p <= counters["aggregated"] <= n * p + (n - 1) * meta_packets(n, config), \
         (counters, p)
     assert counters["completed"] == p, (counters, p)
-    assert counters["results_sent"] == n * p, (counters, p)
+    if queue_drops:
+        assert counters["results_sent"] <= n * p \
+            <= counters["results_sent"] + counters["retransmits_served"], (counters, p)
+    else:
+        assert counters["results_sent"] == n * p, (counters, p)
     for drop in STRUCTURAL_DROPS:
         assert counters[drop] == 0, counters
     return counters
