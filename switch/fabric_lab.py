@@ -57,6 +57,13 @@ def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
 
+# The fabric's pace, published to clients by its controller (TargetLimits.ack_timeout): a
+# result crosses two tiers of Python switches, and with rxe's 67 ms timer a 16 MiB bench job
+# in the lab saw 27-84 retransmit timeouts with no frame lost (completer_retry_err; one job
+# took 8.4 s instead of 2.5); 2^16 x 4.096 us = 268 ms gave none (docs/multirack.md).
+FABRIC_ACK_TIMEOUT = 16
+
+
 def cable(j: int, mtu: int) -> tuple[str, str]:
     """The veth between ToR j's uplink and spine port j+1."""
     tor_if, spine_if = f"nrkt{j}", f"nrks{j}"
@@ -80,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--link-loss", type=float, default=0.0, metavar="PCT",
                     help="loss on every ToR-spine link, both directions")
     ap.add_argument("--controller", required=True)
+    ap.add_argument("--ack-timeout", type=int, default=FABRIC_ACK_TIMEOUT, metavar="EXP",
+                    help="the fabric's pace: rings use a QP local ACK timeout of at least "
+                         f"4.096 us x 2^EXP (default {FABRIC_ACK_TIMEOUT}: 268 ms)")
     ap.add_argument("--token-file", type=Path)
     ap.add_argument("--ready-file", type=Path)
     ap.add_argument("--stats-file", type=Path)
@@ -148,6 +158,7 @@ class Fabric:
                              *[f"--tx-loss={j + 1}={a.link_loss}" for j in range(len(racks))],
                              "--controller", SPINE_CONTROL])
         self.spawn("fabric", ["--role", "fabric", "--controller", a.controller,
+                              "--ack-timeout", str(a.ack_timeout),
                               "--spine-controller", SPINE_CONTROL,
                               *[f"--tor-controller={j}=127.0.0.1:{TOR_CONTROL_PORT + j}"
                                 for j in range(len(racks))]])

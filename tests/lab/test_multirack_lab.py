@@ -13,12 +13,14 @@ show that each ToR's partials crossed its spine link (one per slot, a few more u
 from __future__ import annotations
 
 import json
+import sys
 from typing import Iterator
 
 import pytest
 
 from netreduce.launch import LaunchResult
-from tests.lab.labhosts import HOSTS, switch_counters
+from switch.fabric_lab import FABRIC_ACK_TIMEOUT
+from tests.lab.labhosts import HOSTS, run_in_host, switch_counters
 from tests.lab.labswitch import current_switch, restart_switch
 from tests.lab.test_allreduce import lines, run_worker
 from tests.lab.test_switch_allreduce import BIG, STRUCTURAL_DROPS, expected_packets, host_loss
@@ -44,6 +46,15 @@ def fabric() -> Iterator[None]:
         yield
     finally:
         restart_switch(before)
+
+
+def test_the_fabric_publishes_its_pace(fabric: None) -> None:
+    """The job's one controller address answers Ping with the fabric's limits: rings of
+    up to 32 ranks per ToR, and the fabric's ACK timeout (switch/fabric_lab.py)."""
+    p = run_in_host(0, sys.executable, "-m", "switch.ctl", "ping")
+    limits = json.loads(p.stdout)["limits"]
+    assert limits["ack_timeout"] == FABRIC_ACK_TIMEOUT == 16, limits
+    assert limits["max_ranks"] == 32 * RACKS and 4096 in limits["path_mtus"], limits
 
 
 def spine_link_packets() -> dict[str, dict[str, int]]:
