@@ -199,6 +199,7 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
                                self._gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        self._gloo_work: dist.Work | None = None
         config = RendezvousConfig.resolve(rank, world_size, master_port=0)
         self.comm = Communicator.create(rank, world_size, port_exchange=store_port_exchange(
             config, store))
@@ -206,6 +207,22 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "netreduce"
+
+    def _to_gloo(self, work: dist.Work) -> dist.Work:
+        """Keep the latest gloo Work referenced from Python until the next one replaces it.
+
+        torch's gloo worker drops its reference to a finished Work while holding its queue
+        lock; when that is the last reference to a tensor owned by Python, the drop needs
+        the GIL, and a thread holding the GIL while it enqueues the next gloo call then
+        waits for that lock forever (tests/test_torch.py hung so, once, in CI). With this
+        reference the last one always goes away here, under the GIL."""
+        self._gloo_work = work
+        return work
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        """gloo's broadcast, called from Python (its binding releases the GIL)."""
+        return self._to_gloo(self._gloo.broadcast(tensors, opts) if opts is not None
+                             else self._gloo.broadcast(tensors))
 
     def _netreduce_op(self, tensors: list[torch.Tensor], opts: Any) -> str | None:
         """netreduce's op for this allreduce, or None when gloo must do it."""
@@ -223,8 +240,8 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = self._netreduce_op(tensors, opts)
         if op is None:
-            return self._gloo.allreduce(tensors, opts) if opts is not None \
-                else self._gloo.allreduce(tensors)
+            return self._to_gloo(self._gloo.allreduce(tensors, opts) if opts is not None
+                                 else self._gloo.allreduce(tensors))
         tensor, comm = tensors[0], self.comm
 
         def job() -> list[torch.Tensor]:
