@@ -2,7 +2,8 @@
 # lab.sh — run a command on the NetReduce lab's hosts side, with the switch up.
 #
 #   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
-#                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] -- CMD [ARGS...]
+#                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] [--tcg single|multi]
+#                  -- CMD [ARGS...]
 #
 # The lab: hosts h0..hN-1 (network namespaces, rxe device each, 10.77.0.(I+1)), every host
 # cabled to a port of one switch; the switch process (python -m switch, with its controller
@@ -33,7 +34,13 @@
 # controller on the same address; --link-loss PCT loses PCT % of the frames on every
 # ToR-spine link, both ways. The hosts' side may also restart the switch as kind
 # "racks:R[:PCT]" (and back to soft). --racks 1 is the single-switch lab.
-# Default: --hosts 4 --mtu 9000 --switch soft, --native when possible, else --vm.
+# --tcg multi (default) emulates each vCPU on a host thread of its own; --tcg single runs all
+# vCPUs on one thread (~1.4x slower; one thread runs every vCPU, so the int3 race below cannot happen).
+# The VM boots with tsc=reliable and, before CMD, scripts/guest_patching.sh makes the kernel
+# do now the run-time code patching a job would trigger (a patch while another emulated CPU
+# runs can end in "Oops: int3 ... Kernel panic" under multi-threaded TCG), then reports how
+# many patches still ran during CMD (docs/lab.md, "Boot panics").
+# Default: --hosts 4 --mtu 9000 --switch soft --tcg multi, --native when possible, else --vm.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +49,7 @@ PY=$VENV/bin/python
 LABDIR=$ROOT/.lab
 SWNS=nrlab
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
-hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0
+hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }
@@ -59,6 +66,7 @@ while [ $# -gt 0 ]; do
     --link-loss) link_loss=$2; shift 2 ;;
     --memory) memory=$2; shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
+    --tcg) tcg=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option $1 (see --help)" ;;
@@ -69,6 +77,7 @@ done
 [ -x "$PY" ] || die "no venv at $VENV: run scripts/install.sh first"
 [[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || die "--hosts must be 2..64"
 case $switch in soft|bridge|bmv2) ;; *) die "--switch must be soft, bridge or bmv2" ;; esac
+case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] && [ "$racks" -le "$hosts" ] || die "--racks must be 1..--hosts"
 [[ $link_loss =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-loss must be a percentage"
 if [ "$racks" -gt 1 ]; then
@@ -129,7 +138,7 @@ else
   [ -n "$kver" ] || die "no VM kernel under /lib/modules/*/vmlinuz: run scripts/install.sh"
   command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing: run scripts/install.sh"
   say "vm lab: kernel $kver under TCG, $hosts hosts on virtio NICs, switch on taps in $SWNS"
-  qemu_opts=""
+  qemu_opts="-accel tcg,thread=$tcg"
   for ((i = 0; i < hosts; i++)); do
     ip -n "$SWNS" tuntap add "nrtap$i" mode tap
     ip -n "$SWNS" link set "nrtap$i" mtu "$mtu" txqueuelen 10000 up
@@ -257,6 +266,9 @@ console_alarms() {  # the guest kernel log's oops/panic/OOM/segfault lines, if a
   grep -qE "$ALARMS" "$1" 2>/dev/null || return 0
   say "guest kernel log $1: oops/panic/OOM/segfault lines:"
   grep -E "$ALARMS" "$1" | tail -n 40 | sed 's/^/[guest-kernel] /' >&2
+  if grep -q 'Oops: int3' "$1"; then
+    say "the guest hit a stale int3 of run-time code patching (multi-threaded TCG): see docs/lab.md, \"Boot panics\"; --tcg single avoids it"
+  fi
 }
 kernel_log_opts() {  # qemu options: a virtio console whose output goes to file $1
   echo "-device virtio-serial-pci,id=nrkcon -chardev file,id=nrkcon0,path=$1 -device virtconsole,chardev=nrkcon0,bus=nrkcon.0"
@@ -285,7 +297,7 @@ else
     # redirected to would be truncated mid-run. So vng only ever sees pipes.
     { PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
         --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
-        --qemu-opts="$qemu_opts $(kernel_log_opts "$console")" --append "console=hvc0 loglevel=7" \
+        --qemu-opts="$qemu_opts $(kernel_log_opts "$console")" --append "console=hvc0 loglevel=7 tsc=reliable" \
         --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu $racks" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
     say "VM ran $(( $(date +%s) - t0 )) s; guest kernel log: ${console#"$ROOT"/}"
     if [ -f "$LABDIR/rc" ]; then

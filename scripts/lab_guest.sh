@@ -19,6 +19,10 @@ if ! out=$("$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --racks
 fi
 echo "$out" | sed 's/^/[lab-guest] /' >&2
 
+# Run-time kernel code patching while the command runs can panic a multi-threaded TCG guest:
+# have it happen now, and count what still happens during the command.
+"$ROOT/scripts/guest_patching.sh" settle
+
 set +u
 . "$LABDIR/env"
 set -u
@@ -26,3 +30,4 @@ cd "$ROOT"
 : > "$LABDIR/started"
 bash "$LABDIR/cmd.sh"
 rc=$?
+"$ROOT/scripts/guest_patching.sh" report

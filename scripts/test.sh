@@ -4,42 +4,43 @@
 # lab tests inside ONE lab boot (scripts/lab.sh: 4 Soft-RoCE hosts behind the software switch;
 # tests/lab/test_bmv2_allreduce.py restarts it as BMv2 and back), and a second boot of 6
 # hosts in 2 racks for the multi-rack tests that need more than 4 ranks (2 x 3, uneven
-# 3 + 2). Extra arguments go to the
-# unit and lab pytest runs (e.g. -k name, -x). Exit code: non-zero when any test failed or
-# none ran.
+# 3 + 2). Extra arguments go to the unit and lab pytest runs (e.g. -k name, -x). Prints a
+# table of its stages and their seconds at the end (scripts/stages.sh). Exit code: non-zero
+# when any test failed or none ran.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=$ROOT/.venv/bin/python
 [ -x "$PY" ] || { echo "test.sh: no venv: run scripts/install.sh first" >&2; exit 1; }
 cd "$ROOT"
-with_p4=false
+. "$ROOT/scripts/stages.sh"
+if [ -z "${NR_STAGES:-}" ]; then            # the caller (.ci/run) prints the table itself
+  export NR_STAGES; NR_STAGES=$(mktemp)
+  trap 'stages_table; rm -f "$NR_STAGES"' EXIT
+fi
+
+with_p4=false p4c_pid=""
 if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } >/dev/null; then
   with_p4=true
-  # Fresh, into build/p4: the unit tests, the conformance run and the lab's BMv2 then reuse
-  # it (p4c takes 2-3 min here; a BMv2 start that had to compile would wait that long).
-  echo "==> [test] p4c compiles switch/p4 (fresh build into build/p4)"
+  # Fresh, into build/p4, in the background: the unit tests overlap it, and those that need
+  # the build run last and wait for it (switch/p4program.py locks the build directory;
+  # tests/conftest.py orders them); the lab's BMv2 reuses it (p4c takes 2-3 min here).
   rm -rf "$ROOT/build/p4"
-  "$PY" -m switch.p4program >/dev/null
+  stage "test: p4c compiles switch/p4 (beside the unit tests)" "$PY" -m switch.p4program >/dev/null &
+  p4c_pid=$!
 fi
 
-echo "==> [test] unit tests (this machine)"
-"$PY" -m pytest -q -m "not lab" tests "$@"
-
-if $with_p4; then
-  echo "==> [test] conformance vectors on BMv2 (scripts/conformance.sh --target bmv2; no skips)"
-  out=$(mktemp); trap 'rm -f "$out"' EXIT
-  "$ROOT/scripts/conformance.sh" --target bmv2 2>&1 | tee "$out"    # pipefail: its exit code
-  if grep -Eq '[0-9]+ skipped' "$out"; then
-    echo "test.sh: conformance vectors were skipped on BMv2 (see SKIPPED above): none may be" >&2
-    exit 1
-  fi
-else
-  echo "==> [test] p4c / BMv2 not installed: switch/p4 compile and BMv2 conformance not run (scripts/install.sh --p4 ...; CI never passes without them)"
+# The unit run holds the conformance vectors of both targets (tests/test_conformance.py):
+# software always, BMv2 when p4c and BMv2 are there (under CI=true they fail, never skip,
+# without them: tests/p4tools.py). Skips are listed (-rs).
+stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -m "not lab" tests "$@"
+if [ -n "$p4c_pid" ]; then
+  wait "$p4c_pid" || { echo "test.sh: p4c failed to compile switch/p4 (build/p4/p4c.log)" >&2; exit 1; }
 fi
+$with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and the BMv2 conformance vectors did not run (scripts/install.sh --p4 ...; CI never passes without them)"
 
-echo "==> [test] lab tests (inside the lab, one boot)"
-"$ROOT/scripts/lab.sh" --hosts 4 -- python -m pytest -q -rs --durations=12 -m lab tests/lab "$@"
+stage "test: lab, 4 hosts (one boot)" \
+  "$ROOT/scripts/lab.sh" --hosts 4 -- python -m pytest -q -rs --durations=15 -m lab tests/lab "$@"
 
-echo "==> [test] multi-rack lab tests with 6 hosts in 2 racks (a second boot: 2 x 3, uneven 3 + 2)"
-"$ROOT/scripts/lab.sh" --racks 2 --hosts 6 -- python -m pytest -q -rs --durations=8 -m lab \
+stage "test: lab, 6 hosts in 2 racks (one boot)" \
+  "$ROOT/scripts/lab.sh" --racks 2 --hosts 6 -- python -m pytest -q -rs --durations=8 -m lab \
   tests/lab/test_multirack_lab.py "$@"

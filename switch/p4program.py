@@ -13,6 +13,7 @@ runs p4c's BMv2 backend.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import re
 import shutil
 import subprocess
@@ -196,17 +197,23 @@ def compile_command(out_dir: Path) -> list[str]:
 
 def compile_program(out_dir: Path = DEFAULT_BUILD) -> Build:
     """Compile switch/p4 with p4c into out_dir (skipped when the outputs are newer than
-    every source); p4c's messages go to `log`; RuntimeError carries them on a failure."""
+    every source); p4c's messages go to `log`; RuntimeError carries them on a failure.
+    One compile at a time per out_dir (a lock file in it): a caller that comes while another
+    process compiles waits for it and then finds the build fresh, so a test run may start
+    p4c in the background and let the tests that need the build wait for it."""
     if shutil.which(P4C) is None:
         raise RuntimeError(f"{P4C} is not on PATH: it comes with p4lang/p4c (not packaged "
                            "for Debian or PyPI); see switch/p4/README.md")
     b = build_paths(out_dir)
-    newest_source = max(p.stat().st_mtime for p in P4_DIR.glob("*.p4"))
-    if all(p.exists() and p.stat().st_mtime > newest_source for p in (b.json, b.p4info, b.log)):
-        return b
     out_dir.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run(compile_command(out_dir), capture_output=True, text=True)
-    b.log.write_text(run.stdout + run.stderr)
+    with open(out_dir / ".compile.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        newest_source = max(p.stat().st_mtime for p in P4_DIR.glob("*.p4"))
+        if all(p.exists() and p.stat().st_mtime > newest_source
+               for p in (b.json, b.p4info, b.log)):
+            return b
+        run = subprocess.run(compile_command(out_dir), capture_output=True, text=True)
+        b.log.write_text(run.stdout + run.stderr)
     if run.returncode != 0:
         raise RuntimeError(f"p4c failed ({run.returncode}):\n{run.stdout}{run.stderr}")
     return b

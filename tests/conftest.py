@@ -1,4 +1,5 @@
-"""Test-wide rules: lab tests run only inside the lab, and never skip under CI=true."""
+"""Test-wide rules: lab tests run only inside the lab, and never skip under CI=true; tests
+that need switch/p4 compiled into build/p4 run last."""
 from __future__ import annotations
 
 import os
@@ -17,3 +18,17 @@ def _lab_guard(request: pytest.FixtureRequest) -> None:
     if UNDER_CI:
         pytest.fail(f"lab test outside the lab under CI=true ({why})")
     pytest.skip(why)
+
+
+def _needs_p4_build(item: pytest.Item) -> bool:
+    """Whether the test uses the compiled program in build/p4 (the BMv2 conformance vectors,
+    p4c's own warnings check)."""
+    return ((item.path.name == "test_conformance.py" and "[bmv2" in item.nodeid)
+            or item.name == "test_p4c_compiles_without_unreviewed_warnings")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need build/p4 go last, in their order: scripts/test.sh starts p4c in the
+    background, the other tests overlap it, and these wait for it (compile_program locks
+    the build directory: a second caller waits, then finds the build fresh)."""
+    items.sort(key=_needs_p4_build)
