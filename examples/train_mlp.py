@@ -152,6 +152,7 @@ def main() -> int:
                 f"{', '.join(MODES + EXTRA_MODES)}")
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    netreduce.log_to_stderr()
     comm = netreduce.init()     # its store's port goes through torch's store (MASTER_PORT)
     results = train(modes, comm, args)
     failed = False

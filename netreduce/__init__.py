@@ -17,7 +17,7 @@ Run one process per lab host with `python -m netreduce.launch --hosts N -- CMD`.
 from flowctl.plan import FlowConfig
 from flowctl.stream import FlowError
 from netreduce.algorithms.switch import AllreduceOverflow, NotQuantizable
-from netreduce.api import allreduce, finalize, get_communicator, init
+from netreduce.api import allreduce, finalize, get_communicator, init, log_to_stderr
 from netreduce.comm import Communicator, CommunicatorError, PeerFailure, SwitchFailure
 from netreduce.meta import AllreduceMismatch, CallRejected
 from netreduce.progress import Work
@@ -29,4 +29,4 @@ __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicat
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",
            "PeerFailure", "RendezvousError", "RendezvousTimeout", "SwitchFailure",
            "SwitchRegistrationError", "SwitchStatus", "Work",
-           "allreduce", "finalize", "get_communicator", "init"]
+           "allreduce", "finalize", "get_communicator", "init", "log_to_stderr"]

@@ -7,6 +7,7 @@ unregisters its ring at once, instead of the process vanishing with the ring reg
 from __future__ import annotations
 
 import atexit
+import logging
 import signal
 import sys
 import threading
@@ -18,6 +19,21 @@ from ring_setup.rendezvous import DEFAULT_TIMEOUT
 
 _default: Communicator | None = None
 _sigterm_installed = False
+logger = logging.getLogger(__name__)
+
+
+def log_to_stderr(level: int = logging.INFO) -> None:
+    """Show the library's log (the "netreduce" logger: rank 0's registration line, warnings)
+    on stderr, one message per line as it is, at `level` and above. The library itself only
+    logs (a program that configures logging its own way need not call this); its tools
+    (demo, bench, launcher's workers) call it. Idempotent."""
+    root = logging.getLogger("netreduce")
+    root.setLevel(level)
+    if not any(getattr(h, "_netreduce_stderr", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._netreduce_stderr = True     # type: ignore[attr-defined]
+        root.addHandler(handler)
 
 
 def init(rank: int | None = None, world_size: int | None = None,
@@ -67,7 +83,7 @@ def _exit_on_sigterm() -> None:
 
     def on_sigterm(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)     # a second SIGTERM kills at once
-        print("netreduce: SIGTERM: finalizing", file=sys.stderr, flush=True)
+        logger.warning("netreduce: SIGTERM: finalizing")
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -22,7 +22,7 @@ and `netreduce.init()` build a new one (and register it with the restarted switc
 """
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
@@ -46,6 +46,8 @@ from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
 from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, Rendezvous,
                                    RendezvousConfig, RendezvousError)
 from ring_setup.spec import RingSpec
+
+logger = logging.getLogger(__name__)
 
 RINGS = ("ring", "inc")
 _FAILED_LEAVE_TIMEOUT = 5.0
@@ -153,7 +155,7 @@ class Communicator:
         ip = local_addr or source_ipv4_towards(rdzv.master_addr)
         addr = switch_address(switch)
         if port_exchange is None and master_port is None and torch_store_in_use():
-            from netreduce.torch import store_port_exchange
+            from netreduce.torch_store import store_port_exchange
             port_exchange = store_port_exchange(rdzv)
         rendezvous = Rendezvous(rdzv).join(port_exchange)
         host: RdmaHost | None = None
@@ -174,8 +176,7 @@ class Communicator:
             rendezvous.close(timeout=_FAILED_LEAVE_TIMEOUT)
             raise
         if comm.rank == 0:
-            print(f"netreduce: {comm.world_size} rank(s); {comm.switch.describe()}",
-                  file=sys.stderr, flush=True)
+            logger.info("netreduce: %d rank(s); %s", comm.world_size, comm.switch.describe())
         return comm
 
     @classmethod

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--iters must be at least 1")
     count = max(1, args.size // 4)
 
+    netreduce.log_to_stderr()
     comm = netreduce.init()
     n, rank = comm.world_size, comm.rank
     x = rank_input([args.seed, rank], count, args.dtype)

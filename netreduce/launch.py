@@ -5,6 +5,9 @@
 Rank I runs `CMD` in network namespace hI (`ip netns exec hI ...`; `--local` runs every
 rank here instead) with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
 (default: rank 0's lab address 10.77.0.1, or 127.0.0.1 with --local) and MASTER_PORT set.
+In the lab's namespaces it also points torch's socket transports at the lab interface
+(GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME = nr0) unless they are set: gloo otherwise advertises
+an address of the namespace's hostname ([::1]) that no other rank can reach.
 Every output line comes out prefixed "[rank I] ". When a rank fails, the others get
 `--grace` seconds to finish before they are stopped; `--timeout` bounds the whole run.
 Exit code: 0 if every rank exited 0, else the first failing rank's code (124 on timeout).
@@ -26,6 +29,8 @@ from ring_setup.rendezvous import DEFAULT_PORT
 
 LAB_MASTER_ADDR = "10.77.0.1"
 LOCAL_MASTER_ADDR = "127.0.0.1"
+LAB_IFNAME = "nr0"                 # every lab host's interface (scripts/setup_rxe.sh)
+TORCH_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 NETNS_DIR = Path("/run/netns")
 TIMEOUT_EXIT = 124
 _STOP_WAIT = 5.0
@@ -62,7 +67,10 @@ class LaunchResult:
 
 def rank_env(rank: int, world_size: int, master_addr: str, port: int, local: bool,
              base: Mapping[str, str]) -> dict[str, str]:
-    return {**base, "RANK": str(rank), "WORLD_SIZE": str(world_size),
+    """Rank `rank`'s environment: `base`, torchrun's variables, and (in the lab's
+    namespaces) torch's socket interfaces, which `base` may override."""
+    ifnames = {} if local else {v: LAB_IFNAME for v in TORCH_IFNAME_VARS}
+    return {**ifnames, **base, "RANK": str(rank), "WORLD_SIZE": str(world_size),
             "LOCAL_RANK": str(rank if local else 0),
             "LOCAL_WORLD_SIZE": str(world_size if local else 1),
             "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",

@@ -29,7 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import os
-import sys
+import logging
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -38,6 +38,8 @@ from typing import Any, Callable, Protocol
 from flowctl.plan import RXE_MAX_INFLIGHT, FlowConfig
 from ring_setup.rendezvous import Rendezvous
 from ring_setup.spec import RingSpec
+
+logger = logging.getLogger(__name__)
 
 SWITCH_ENV = "NR_CONTROLLER"
 FITTED_KNOBS = ("mtu", "msg_size", "window", "ack_timeout")
@@ -242,14 +244,14 @@ def _register(spec: RingSpec, controller: Controller | None) -> dict[str, Any]:
 
 
 def unregister(controller: Controller | None, ring_id: str) -> None:
-    """Best effort (runs on close and at exit): a failure is reported on stderr."""
+    """Best effort (runs on close and at exit): a failure is logged as a warning."""
     if controller is None:
         return
     try:
         controller.unregister_ring(ring_id)
     except Exception as exc:        # noqa: BLE001 - nothing to raise to at close
-        print(f"netreduce: warning: could not unregister ring {ring_id} from the switch "
-              f"controller at {controller.addr}: {exc}", file=sys.stderr, flush=True)
+        logger.warning("netreduce: warning: could not unregister ring %s from the switch "
+                       "controller at %s: %s", ring_id, controller.addr, exc)
 
 
 def _switch_lost_ring(exc: Exception) -> bool:

@@ -22,14 +22,14 @@ One rendezvous: torch owns MASTER_PORT when a process group is initialised (its 
 serves there on rank 0) or when torchrun started the process (its agent's store serves
 there). netreduce's own store (liveness, aborts: ring_setup.rendezvous) then serves on a
 port the kernel picks on rank 0, which every rank reads from torch's store
-(`store_port_exchange`): no second fixed port, no collision.
+(`netreduce.torch_store`): no second fixed port, no collision.
 """
 
 import atexit
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,48 +38,14 @@ from netreduce.algorithms.switch import NotQuantizable
 from netreduce.api import get_communicator
 from netreduce.comm import Communicator
 from netreduce.progress import Work
-from ring_setup.rendezvous import RendezvousConfig, RendezvousError
-
-_COUNT_KEY = "netreduce/inits/{}"       # per rank: how many communicators it created
-_PORT_KEY = "netreduce/store_port/{}"   # the k-th communicator's store port
-
+from netreduce.torch_store import store_port_exchange
+from ring_setup.rendezvous import RendezvousConfig
 
 class NonFiniteGradientWarning(UserWarning):
     """A gradient bucket held NaN or Inf and was reduced over the host ring instead."""
 
 
 warnings.filterwarnings("always", category=NonFiniteGradientWarning)   # loud: every bucket
-
-
-def _torch_store(config: RendezvousConfig) -> dist.Store:
-    """The initialised process group's store, else a client of torchrun's agent store at
-    MASTER_ADDR:MASTER_PORT."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.distributed_c10d._get_default_store()
-    return dist.TCPStore(config.master_addr, config.master_port, is_master=False,
-                         timeout=timedelta(seconds=config.timeout))
-
-
-def store_port_exchange(config: RendezvousConfig,
-                        store: dist.Store | None = None) -> Callable[[int | None], int]:
-    """`Rendezvous.join`'s port exchange through torch's store: each rank counts its
-    communicators in the store; rank 0 sets the key of its k-th (inits are collective, so
-    every rank's k-th is the same communicator) to its store's port; the others wait for
-    it (torch's store timeout). `store`: torch's store (default: see `_torch_store`)."""
-    store = store if store is not None else _torch_store(config)
-    key = _PORT_KEY.format(store.add(_COUNT_KEY.format(config.rank), 1))
-
-    def exchange(port: int | None) -> int:
-        try:
-            if port is not None:
-                store.set(key, str(port))
-                return port
-            return int(store.get(key))
-        except (RuntimeError, ValueError) as exc:   # torch's DistStoreError is a RuntimeError
-            raise RendezvousError(f"rendezvous: rank {config.rank}: cannot pass netreduce's "
-                                  f"store port through torch's store ({key!r} at "
-                                  f"{config.where}): {exc}") from exc
-    return exchange
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,19 @@ def test_every_rank_gets_its_environment_and_a_prefix() -> None:
     assert "[launch] rank 0: exit 0; rank 1: exit 0; rank 2: exit 0" in text
 
 
+def test_lab_ranks_point_torch_at_the_lab_interface_unless_told_otherwise() -> None:
+    """gloo advertises the namespace hostname's address ([::1]) unless told the interface:
+    in the lab's namespaces the launcher names nr0; a user's own setting wins; --local
+    leaves them alone."""
+    lab = L.rank_env(1, 4, "10.77.0.1", 29500, False, {"PATH": "/bin"})
+    assert (lab["GLOO_SOCKET_IFNAME"], lab["TP_SOCKET_IFNAME"]) == ("nr0", "nr0")
+    assert (lab["RANK"], lab["WORLD_SIZE"], lab["LOCAL_RANK"]) == ("1", "4", "0")
+    mine = L.rank_env(0, 4, "10.77.0.1", 29500, False, {"GLOO_SOCKET_IFNAME": "eth9"})
+    assert mine["GLOO_SOCKET_IFNAME"] == "eth9" and mine["TP_SOCKET_IFNAME"] == "nr0"
+    local = L.rank_env(0, 2, "127.0.0.1", 29500, True, {})
+    assert "GLOO_SOCKET_IFNAME" not in local and "TP_SOCKET_IFNAME" not in local
+
+
 def test_a_failing_rank_stops_the_others_after_the_grace_period() -> None:
     code = ("import os, sys, time\n"
             "if os.environ['RANK'] == '1': print('boom', file=sys.stderr); sys.exit(3)\n"

@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", required=True, help="the BenchPlan as JSON")
     plan = BenchPlan.from_json(parser.parse_args(argv).plan)
+    netreduce.log_to_stderr()
     comm = netreduce.init(mtu=plan.mtu, msg_size=plan.msg_size, window=plan.window,
                           ack_timeout=plan.ack_timeout,
                           switch=None if "switch" in plan.algos else "")  # None: $NR_CONTROLLER

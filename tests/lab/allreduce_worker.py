@@ -247,6 +247,7 @@ def main() -> None:
                    "sleeps before its call")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    netreduce.log_to_stderr()
 
     if args.mode == "missing-rank":
         if rank == world - 1:

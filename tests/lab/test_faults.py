@@ -1,7 +1,7 @@
 """The lab's fault suite: lossy, duplicating, reordering links both ways under the switch;
 a rank SIGKILLed mid-call; a rank late by more than the old 30 s stall timeout; rank 0
 killed with its ring registered (the lease frees it); the switch restarted mid-job; and a
-closed device that must never crash Python. Figures are printed (README "Reliability").
+closed device that must never crash Python. Figures are printed (docs/reliability.md).
 
 Inside the lab:
     scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_faults.py

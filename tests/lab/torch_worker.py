@@ -101,6 +101,7 @@ def main() -> None:
     p.add_argument("--victim", type=int, default=None)
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    netreduce.log_to_stderr()
     comm = netreduce.init()
     like_gloo(comm, args.steps)
     nan(comm)
