@@ -2,7 +2,7 @@
 comm hook (in the network, over the host ring, and synchronously), from the same initial
 parameters on the same data, and compare losses, parameters and step times.
 
-    scripts/lab.sh --hosts 4 -- env GLOO_SOCKET_IFNAME=nr0 python -m netreduce.launch \
+    scripts/lab.sh --hosts 4 -- netreduce launch \
         --hosts 4 -- python examples/train_mlp.py --steps 300
 
 (or under torchrun: `torchrun --nnodes 4 --nproc-per-node 1 ... examples/train_mlp.py`).

@@ -10,17 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence, overload
 
-PATH_MTUS = (256, 512, 1024, 2048, 4096)
+from switch.contract import DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT, PATH_MTUS
+
 IMM_MODULUS = 1 << 32   # the immediate carries the message index modulo 2^32
-# rxe_req.c (rxe_requester) stalls only when psn_compare(psn, comp.psn +
-# RXE_MAX_UNACKED_PSNS) > 0, RXE_MAX_UNACKED_PSNS = 128: PSNs comp.psn .. comp.psn + 128,
-# i.e. 129 of them, may be unacknowledged at once per QP.
-RXE_MAX_INFLIGHT = 129
-# A QP's local ACK timeout is 4.096 us x 2^ack_timeout (IB spec; rxe arms its retransmit
-# timer with it). 14 (67 ms) suits a switch that keeps pace with the hosts; a slower target
-# asks for more in TargetLimits. 0 would mean "never retransmit": not allowed.
-DEFAULT_ACK_TIMEOUT = 14
-MAX_ACK_TIMEOUT = 31
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ aggregation by a switch transparent to RDMA, or a host ring.
 
 PyTorch (DDP comm hook, torchrun, the torch.distributed backend): `netreduce.torch`.
 
-Run one process per lab host with `python -m netreduce.launch --hosts N -- CMD`.
+Run one process per lab host with `python -m netreduce.tools.launch --hosts N -- CMD`.
 """
 from flowctl.plan import FlowConfig
 from flowctl.stream import FlowError

@@ -1,8 +1,10 @@
 """The module-level API: one default communicator per process.
 
-While it lives, SIGTERM (when the process had the default action for it) exits through
-`finalize()` like an exception does: the communicator tells the others and rank 0
-unregisters its ring at once, instead of the process vanishing with the ring registered.
+While it lives, SIGTERM exits through `finalize()` like an exception does: the communicator
+tells the others and rank 0 unregisters its ring at once, instead of the process vanishing
+with the ring registered. `init` installs that handler only when the process left SIGTERM at
+its default action and `init(exit_on_sigterm=False)` was not asked: a program's own handler
+always wins.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def init(rank: int | None = None, world_size: int | None = None,
          msg_size: int | None = None, window: int | None = None,
          ack_timeout: int | None = None, recv_depth: int = 1024,
          collective_timeout: float = 1800.0, switch: str | None = None,
-         timeout: float = DEFAULT_TIMEOUT) -> Communicator:
+         timeout: float = DEFAULT_TIMEOUT, exit_on_sigterm: bool = True) -> Communicator:
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
@@ -58,7 +60,9 @@ def init(rank: int | None = None, world_size: int | None = None,
     "": no switch). `collective_timeout`: how long a call waits without any progress while
     every peer is alive (default 30 min, as torch.distributed's default process-group
     timeout); a dead or failed peer is reported within about a second whatever this is.
-    `timeout`: every wait for peers during setup."""
+    `timeout`: every wait for peers during setup. `exit_on_sigterm`: turn SIGTERM into
+    SystemExit(143) while the communicator lives, if SIGTERM has its default action (see the
+    module doc; False leaves SIGTERM alone)."""
     global _default
     if _default is not None:
         raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "
@@ -69,7 +73,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
                                    local_addr=local_addr, config=config,
                                    pinned=frozenset(knobs), switch=switch, timeout=timeout)
-    _exit_on_sigterm()
+    if exit_on_sigterm:
+        _exit_on_sigterm()
     return _default
 
 

@@ -45,7 +45,7 @@ from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
                                   check_endpoints, neighbours, ring_spec)
 from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, Rendezvous,
                                    RendezvousConfig, RendezvousError)
-from ring_setup.spec import RingSpec
+from switch.contract import RingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class SwitchFailure(CommunicatorError):
 
 
 class RingQPsLike(Protocol):
-    """This rank's QPs in one ring (ring_setup.verbs.RingQPs)."""
+    """This rank's QPs in one ring (ring_setup.verbs.host.RingQPs)."""
 
     def local(self) -> RingEndpoint: ...
     def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None: ...
@@ -80,7 +80,7 @@ class RingQPsLike(Protocol):
 
 
 class Host(Protocol):
-    """An opened RDMA device (ring_setup.verbs.RdmaHost; tests use an in-process one)."""
+    """An opened RDMA device (ring_setup.verbs.host.RdmaHost; tests use an in-process one)."""
 
     ip: str
     mac: str
@@ -150,7 +150,7 @@ class Communicator:
         A rank that fails on its own tells the others through the rendezvous; `timeout`
         bounds every wait for peers; the controller gets min(10 s, timeout / 2) per call,
         so that a silent controller is reported before the other ranks stop waiting."""
-        from ring_setup.verbs import RdmaHost   # pyverbs: only where a real device is opened
+        from ring_setup.verbs.host import RdmaHost   # pyverbs: only where a real device is opened
         rdzv = RendezvousConfig.resolve(rank, world_size, master_addr, master_port, timeout)
         ip = local_addr or source_ipv4_towards(rdzv.master_addr)
         addr = switch_address(switch)

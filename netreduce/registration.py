@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
-from flowctl.plan import RXE_MAX_INFLIGHT, FlowConfig
+from flowctl.plan import FlowConfig
+from switch.contract import RXE_MAX_INFLIGHT, RingSpec
 from ring_setup.rendezvous import Rendezvous
-from ring_setup.spec import RingSpec
 
 logger = logging.getLogger(__name__)
 

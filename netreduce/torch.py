@@ -1,7 +1,7 @@
 """PyTorch integration: a DDP comm hook and one rendezvous with torch's store.
 
     import torch.distributed as dist, netreduce, netreduce.torch
-    dist.init_process_group("gloo")               # torchrun or netreduce.launch set the env
+    dist.init_process_group("gloo")               # torchrun or netreduce.tools.launch set the env
     comm = netreduce.init()                       # its store's port travels through torch's
     model = DistributedDataParallel(model)
     model.register_comm_hook(comm, netreduce.torch.allreduce_hook)

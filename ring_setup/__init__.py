@@ -1,4 +1,4 @@
 """Ring setup: rendezvous (TCP store), rxe device/GID discovery, RC QP rings, RingSpec.
 
-`ring_setup.verbs` (pyverbs) is imported only where a real device is opened.
+`ring_setup.verbs.host` (pyverbs) is imported only where a real device is opened.
 """

@@ -13,7 +13,7 @@ from typing import Any
 from flowctl.link import RemoteBuffer
 from flowctl.plan import FlowConfig
 from ring_setup.rendezvous import RendezvousError
-from ring_setup.spec import Connection, RingSpec
+from switch.contract import Connection, RingSpec
 
 
 @dataclass(frozen=True)

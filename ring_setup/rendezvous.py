@@ -100,7 +100,7 @@ class RendezvousConfig:
                 timeout: float = DEFAULT_TIMEOUT,
                 env: Mapping[str, str] = os.environ) -> "RendezvousConfig":
         """Explicit arguments win; the rest come from RANK, WORLD_SIZE, MASTER_ADDR and
-        MASTER_PORT (default 29500), as torchrun and netreduce.launch set them."""
+        MASTER_PORT (default 29500), as torchrun and netreduce.tools.launch set them."""
         def pick(value: Any, var: str, default: Any = None) -> Any:
             if value is not None:
                 return value
@@ -108,7 +108,7 @@ class RendezvousConfig:
                 return env[var]
             if default is None:
                 raise RendezvousError(f"rendezvous: {var} is not set: pass it explicitly or run "
-                                      f"under netreduce.launch / torchrun")
+                                      f"under netreduce.tools.launch / torchrun")
             return default
         try:
             return cls(rank=int(pick(rank, "RANK")), world_size=int(pick(world_size, "WORLD_SIZE")),

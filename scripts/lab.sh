@@ -28,7 +28,7 @@
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
 # and BMv2 on PATH; rings through it must use RoCE path MTU 256).
 # --racks R (R >= 2) runs a two-tier fabric instead of the one switch (docs/multirack.md,
-# switch/fabric_lab.py): the hosts spread over R racks as evenly as possible in host order
+# tools/fabric_lab.py): the hosts spread over R racks as evenly as possible in host order
 # (the host table says which rack), one ToR process per rack on its hosts' ports, one spine
 # process cabled to every ToR by a veth (and to the controller's leg), and the fabric's
 # controller on the same address; --link-loss PCT loses PCT % of the frames on every
@@ -151,7 +151,7 @@ fi
 ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 
 # --- the switch and its supervisor ----------------------------------------------------------
-# The switch (soft: python -m switch; bmv2: python -m switch.bmv2_lab) runs in a session of its
+# The switch (soft: python -m switch; bmv2: python -m tools.bmv2_lab) runs in a session of its
 # own (its pid is its process group: stopping it also ends simple_switch_grpc); its pid is in
 # $LABDIR/switch.pid, its kind in $LABDIR/switch.kind. The supervisor lets the hosts' side
 # restart it (tests/lab/labswitch.py): the guest writes "ID KIND" to $LABDIR/switch.request;
@@ -166,20 +166,22 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   local kind=$1 module extra=() pid
   case $kind in
     soft) module=switch ;;
-    bmv2) module=switch.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
+    bmv2) module=tools.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
     racks:*)   # racks:R[:PCT]: the two-tier fabric, PCT % loss on its ToR-spine links
       local r=${kind#racks:} loss=0
       [[ $r == *:* ]] && { loss=${r#*:}; r=${r%%:*}; }
       if ! [[ $r =~ ^[0-9]+$ && $r -ge 2 && $r -le $hosts && $loss =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
         switch_error="switch kind '$kind': racks:R[:PCT] with R in 2..$hosts"; return 1
       fi
-      module=switch.fabric_lab
+      module=tools.fabric_lab
       extra=(--racks "$r" --link-loss "$loss" --spine-port "$((hosts + 1))" --workdir "$LABDIR") ;;
     *) switch_error="unknown switch kind '$kind' (soft, bmv2 or racks:R[:PCT])"; return 1 ;;
   esac
   rm -f "$LABDIR/switch.ready"
   echo "---- $(date -u +%T) starting the $kind switch" >> "$LABDIR/switch.log"
-  setsid ip netns exec "$SWNS" "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
+  # tools/ is not an installed package: python -m tools.NAME finds it through the root
+  setsid ip netns exec "$SWNS" env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
     --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
     --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
     >>"$LABDIR/switch.log" 2>&1 &

@@ -22,10 +22,10 @@ with_p4=false p4c_pid=""
 if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } >/dev/null; then
   with_p4=true
   # Fresh, into build/p4, in the background: the unit tests overlap it, and those that need
-  # the build run last and wait for it (switch/p4program.py locks the build directory;
+  # the build run last and wait for it (switch/p4/program.py locks the build directory;
   # tests/conftest.py orders them); the lab's BMv2 reuses it (p4c takes 2-3 min here).
   rm -rf "$ROOT/build/p4"
-  stage "test: p4c compiles switch/p4 (beside the unit tests)" "$PY" -m switch.p4program >/dev/null &
+  stage "test: p4c compiles switch/p4 (beside the unit tests)" "$PY" -m switch.p4.program >/dev/null &
   p4c_pid=$!
 fi
 

@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ring_setup.spec import RingSpec
+from switch.contract import RingSpec
 from switch.api.client import DEFAULT_ADDR, ControllerClient, ControllerError
 from switch.api.tokens import TokenFileError
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m switch.ctl", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="netreduce-ctl", description=__doc__.splitlines()[0])
     ap.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     ap.add_argument("--token-file", type=Path,

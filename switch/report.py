@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from switch.dataplane import format_port_table
+from switch.dataplane.ports import format_port_table
 
 
 def report(counters: dict[str, Any], stats_file: Optional[Path]) -> None:

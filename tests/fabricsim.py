@@ -5,7 +5,7 @@ the real `FabricTarget`; frames travel as bytes over links that can lose, duplic
 reorder (random extra delay) and corrupt (inter-switch frames only: a host's NIC would
 drop a frame whose ICRC fails, which is not what is under test) what they carry.
 Every rank is a requester (its ring connection; frames as rxe sends them, built by
-switch.packets.build_frame for speed and equal to scapy's, which a test checks; a go-back-N
+switch.dataplane.packets.build_frame for speed and equal to scapy's, which a test checks; a go-back-N
 window of W packets, a retransmit timer, NAK handling) and a responder (in-order
 acceptance, cumulative ACK per packet, one NAK per gap), so loss anywhere heals as with
 rxe: by the hosts, never by a switch timer.
@@ -23,16 +23,16 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ring_setup.spec import Connection, RingSpec
+from switch.contract import PSN_MASK, Connection, RingSpec
 from roce_layers import (WRITE_FIRST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY_IMM, make_ring,
                          write_frame)
-from switch import interswitch
-from switch.fabric import FabricTarget, SpineTarget, TorTarget
-from switch.interswitch import Endpoint
-from switch.packets import (EXT_LEN, EXT_OFF, IMMDT_OPCODES, PSN_MASK, RETH_OPCODES, Op,
-                            build_frame, icrc, parse)
-from switch.spine import SpineConfig, SpinePipeline
-from switch.tor import TorConfig, TorPipeline
+from switch.dataplane import interswitch
+from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
+from switch.dataplane.interswitch import Endpoint
+from switch.dataplane.packets import (EXT_LEN, EXT_OFF, IMMDT_OPCODES, RETH_OPCODES, Op,
+                                      build_frame, icrc, parse)
+from switch.dataplane.spine import SpineConfig, SpinePipeline
+from switch.dataplane.tor import TorConfig, TorPipeline
 
 SPINE = Endpoint("02:4e:53:00:00:fe", "10.78.0.254")
 UPLINK = 100                     # every ToR's uplink port number
@@ -157,7 +157,7 @@ class SimHost:
 
     def frame(self, k: int, payload: bytes, *, scapy: bool = False) -> bytes:
         """Packet k of our connection as rxe sends it (`scapy`: built by scapy instead of
-        switch.packets, which is ~50x faster; tests check that both agree)."""
+        switch.dataplane.packets, which is ~50x faster; tests check that both agree)."""
         op, _, _, m = self.layout[k]
         c, size = self.conn, self.sim.spec.msg_size
         reth = (0x7F0000000000 + 0x100000 * self.rank + m * size, 0x100 + self.rank, size)

@@ -30,7 +30,7 @@ from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import IMM_MODULUS, FlowConfig
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
-from ring_setup.spec import RingSpec
+from switch.contract import RingSpec
 
 
 class FakeFabric:
@@ -264,7 +264,7 @@ class FakeControllerError(RuntimeError):
 
 
 class FakeController:
-    """switch.controller.ControllerClient for a fake fabric: `refuse` makes registration
+    """switch.control.service.ControllerClient for a fake fabric: `refuse` makes registration
     fail with that message; `lease_ms` > 0 grants leases (renewals counted in `renewed`);
     `restart()` forgets every ring like a restarted switch; Ping answers `target` and
     `limits` (None: a controller that publishes none; an exception: raised);

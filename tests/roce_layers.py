@@ -1,7 +1,7 @@
 """Test helpers: scapy RETH/ImmDt layers, RoCE WRITE frames crafted with scapy, lab rings.
 
 Everything here builds packets with scapy (scapy.contrib.roce BTH and its ICRC), never
-with switch.packets, so tests check the switch against an independent implementation.
+with switch.dataplane.packets, so tests check the switch against an independent implementation.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 
-from ring_setup.spec import Connection, RingSpec
+from switch.contract import Connection, RingSpec
 
 WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM = range(6, 12)
 RETH_OPS = (WRITE_FIRST, WRITE_ONLY, WRITE_ONLY_IMM)

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from netreduce import cli
-from netreduce.bench import runner
-from netreduce.bench.plan import BenchPlan, format_size, parse_algos, parse_size, parse_sizes
-from netreduce.bench.progress import Progress
-from netreduce.bench.report import (Collector, Record, Result, Summary, document, gbps,
+from netreduce.tools import cli
+from netreduce.tools.bench import runner
+from netreduce.tools.bench.plan import BenchPlan, format_size, parse_algos, parse_size, parse_sizes
+from netreduce.tools.bench.progress import Progress
+from netreduce.tools.bench.report import (Collector, Record, Result, Summary, document, gbps,
                                     quartiles, ratios, table, validate)
-from netreduce.bench.worker import rank_input, run, size_reference
-from netreduce.launch import LaunchResult, RankResult
+from netreduce.tools.bench.worker import rank_input, run, size_reference
+from netreduce.tools.launch import LaunchResult, RankResult
 from test_comm import run_ranks
 
 JOB_LINE = re.compile(r"Job\(s\) #(-?\d+)# finished\. Duration: #(\d+)# ns "
@@ -168,7 +168,7 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
     results = [Result(a, s, 4, [ns * s // MiB]) for a, ns in (("link", 1000), ("ring", 2500),
                                                               ("switch", 1200))
                for s in (MiB, 4 * MiB)]
-    from netreduce.bench.plot import plot
+    from netreduce.tools.bench.plot import plot
     plot(results, 4, "int32", tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -190,7 +190,7 @@ def test_the_progress_bar_keeps_logs_readable() -> None:
 
 def _fake_launch(lines: list[str], code: int = 0) -> Any:
     def fake(cmd: list[str], hosts: int, *, out: io.TextIOBase, **_: Any) -> LaunchResult:
-        assert cmd[1:3] == ["-m", "netreduce.bench.worker"]
+        assert cmd[1:3] == ["-m", "netreduce.tools.bench.worker"]
         plan = BenchPlan.from_json(cmd[cmd.index("--plan") + 1])
         assert plan.workers == hosts == 2 and plan.algos == ("ring",)
         for line in lines:
@@ -299,6 +299,6 @@ def test_spine_bytes_per_call_in_the_table_the_json_and_the_plot(tmp_path: Path)
     doc = json.loads(json.dumps(document({}, results)))
     assert [r["spine_bytes_per_call"] for r in doc["results"]] == [2_100_000, 3_000_000]
     assert Result("ring", MiB, 4).spine_bytes_per_call is None       # single switch
-    from netreduce.bench.plot import plot
+    from netreduce.tools.bench.plot import plot
     plot(results, 4, "int32", tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

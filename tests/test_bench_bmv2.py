@@ -1,11 +1,11 @@
-"""switch.bench_bmv2 without BMv2: its build arguments and what it derives from a run."""
+"""tools.bench_bmv2 without BMv2: its build arguments and what it derives from a run."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from switch.bench_bmv2 import Run, parse_build
+from tools.bench_bmv2 import Run, parse_build
 
 
 def build_dir(tmp_path: Path) -> Path:

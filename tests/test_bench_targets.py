@@ -1,13 +1,13 @@
-"""switch.bench_targets without a switch: the replay loop's counting and its window, against
+"""tools.bench_targets without a switch: the replay loop's counting and its window, against
 an in-process stand-in that forwards every frame back after a delay (socket pairs)."""
 from __future__ import annotations
 
 import socket
 import threading
 
-from switch.bench_pipeline import frames, lab_ring
-from switch.bench_targets import Result, replay
-from switch.dataplane import Port
+from tools.bench_pipeline import frames, lab_ring
+from tools.bench_targets import Result, replay
+from switch.dataplane.ports import Port
 
 
 def test_replay_counts_what_comes_back_and_keeps_the_window() -> None:

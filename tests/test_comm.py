@@ -15,7 +15,7 @@ from netreduce.algorithms.ring import RingLayout
 from netreduce.comm import Communicator, CommunicatorError
 from netreduce.meta import AllreduceMismatch
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
-from ring_setup.spec import RingSpec
+from switch.contract import RingSpec
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=5.0)
 

@@ -19,9 +19,10 @@ from roce_layers import WRITE_ONLY, ip_ports, lab_mac, mac_ports, make_ring, wri
 from switch import ctl
 from switch.api import control_pb2 as pb
 from switch.api.client import ControllerClient, ControllerError, spec_message
-from switch.controller import (MAX_MESSAGE, SERVICE, ControllerConfig, ControllerService,
-                               SoftwareTarget, TlsFiles, resolve_ports, serve)
-from switch.pipeline import AggregationPipeline
+from switch.control.service import (MAX_MESSAGE, SERVICE, ControllerConfig, ControllerService,
+                                    TlsFiles, serve)
+from switch.control.target import SoftwareTarget, resolve_ports
+from switch.dataplane.pipeline import AggregationPipeline
 
 PORT_COUNTERS = {1: {"ifname": "p1", "rx_packets": 3, "tx_packets": 4}}
 ALICE = "alice-secret-0123456789"
@@ -378,7 +379,7 @@ def test_counters_stay_under_the_message_limit_at_max_rings() -> None:
     one = service.counters(pb.CountersRequest(ring_id=totals.rings[7].ring_id,
                                               connections=True), owner)
     assert len(one.rings[0].connections) == 32 and one.ByteSize() < 64 << 10
-    from switch.controller import Refusal
+    from switch.control.service import Refusal
     with pytest.raises(Refusal, match=r"per-connection counters of 1024 rings take \d+ bytes, "
                                       r"over the 4194304 byte message limit: ask for one ring"):
         service.counters(pb.CountersRequest(connections=True), owner)
@@ -423,9 +424,9 @@ def test_importing_netreduce_loads_no_switch_code() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('switch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parent.parent).stdout
-    assert json.loads(out.replace("'", '"')) == [
+    assert json.loads(out.replace("'", '"')) == [      # the contract and the thin client only
         "switch", "switch.api", "switch.api.client", "switch.api.control_pb2",
-        "switch.api.control_pb2_grpc", "switch.api.tokens"]
+        "switch.api.control_pb2_grpc", "switch.api.tokens", "switch.contract"]
 
 
 def test_ctl_prints_json(start: Start, tmp_path: Path, tokens: dict[str, Path],

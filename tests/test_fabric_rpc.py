@@ -1,4 +1,4 @@
-"""The fabric's controller over separate switches' control APIs (switch/fabric_rpc.py):
+"""The fabric's controller over separate switches' control APIs (switch/control/fabric_rpc.py):
 every ToR and the spine serve the typed gRPC API (with a token), the fabric reaches them
 through TorClient / SpineClient, and a whole simulated allreduce runs exactly with the rings
 installed that way; refusals, rollback, leases and counters travel through the API too."""
@@ -13,9 +13,9 @@ import pytest
 
 from fabricsim import Faults, Sim
 from switch.api.client import ControllerClient, ControllerError
-from switch.controller import ControllerConfig, serve
-from switch.fabric import FabricTarget, SpineTarget, TorTarget
-from switch.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
+from switch.control.service import ControllerConfig, serve
+from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
+from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
 
 
 class RpcFabric:
@@ -146,14 +146,14 @@ class FakeDataPlane:
       "--tor", "0=9,02:00:00:00:00:01,10.0.0.1"], r"ToR\(s\) \[0\] on no port"),
 ])
 def test_role_options_are_checked_and_named(argv: list[str], match: str) -> None:
-    from switch.__main__ import build_parser, role_pipeline
+    from switch.cli import build_parser, role_pipeline
     args = build_parser().parse_args(["--port", "1=a", *argv])
     with pytest.raises(ValueError, match=match):
         role_pipeline(args, FakeDataPlane())  # type: ignore[arg-type]
 
 
 def test_role_pipelines_are_the_fabric_switches() -> None:
-    from switch.__main__ import build_parser, role_pipeline
+    from switch.cli import build_parser, role_pipeline
     tor_args = build_parser().parse_args([
         "--port", "1=a", "--role", "tor", "--tor-id", "3", "--uplink", "100",
         "--me", "02:00:00:00:00:01,10.0.0.1", "--spine", "02:00:00:00:00:02,10.0.0.2",
@@ -169,7 +169,7 @@ def test_role_pipelines_are_the_fabric_switches() -> None:
 
 
 def test_the_lab_spreads_hosts_over_racks_as_evenly_as_possible() -> None:
-    from switch.fabric_lab import rack_sizes
+    from tools.fabric_lab import rack_sizes
     assert [rack_sizes(h, r) for h, r in ((4, 2), (5, 2), (6, 2), (7, 3), (2, 2))] == \
         [[2, 2], [3, 2], [3, 3], [3, 2, 2], [1, 1]]
     with pytest.raises(ValueError, match="3 racks for 2 hosts"):

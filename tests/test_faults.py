@@ -2,6 +2,7 @@
 failing and slow peers, leases, a switch that restarts; and the pyverbs guard."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -177,7 +178,7 @@ def test_the_seal_catches_a_switch_that_stopped_aggregating_mid_call() -> None:
 
 
 def test_a_device_closed_raises_instead_of_crashing() -> None:
-    from ring_setup.verbs import DeviceClosed, DeviceLife
+    from ring_setup.verbs.host import DeviceClosed, DeviceLife
 
     life = DeviceLife("rxe3")
     life.check("polling")
@@ -197,6 +198,26 @@ def test_sigterm_exits_through_the_atexit_finalize() -> None:
                        cwd=Path(__file__).resolve().parents[1])
     assert p.returncode == 143, (p.stdout, p.stderr)
     assert "FINALIZED" in p.stdout and "netreduce: SIGTERM: finalizing" in p.stderr
+
+
+@pytest.mark.parametrize("exit_on_sigterm", [True, False])
+def test_init_installs_the_sigterm_handler_only_when_asked(exit_on_sigterm: bool) -> None:
+    """init(exit_on_sigterm=False) leaves SIGTERM at its default action (the process dies
+    with -15, no finalize); the default turns it into SystemExit(143) through finalize."""
+    code = ("import os, signal, time\n"
+            "import netreduce.api as api\n"
+            "class FakeComm:\n"
+            "    def close(self): print('FINALIZED', flush=True)\n"
+            "api.Communicator.create = staticmethod(lambda *a, **k: FakeComm())\n"
+            f"api.init(exit_on_sigterm={exit_on_sigterm})\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(10)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[1])
+    if exit_on_sigterm:
+        assert (p.returncode, p.stdout.strip()) == (143, "FINALIZED"), (p.stdout, p.stderr)
+    else:
+        assert (p.returncode, p.stdout) == (-signal.SIGTERM, ""), (p.stdout, p.stderr)
 
 
 def test_a_lease_that_cannot_be_renewed_for_a_whole_lease_is_reported_lost() -> None:

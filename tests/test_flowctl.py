@@ -10,7 +10,7 @@ from fakefabric import FakeFabric, FakeHost, FakeLink
 from flowctl import (CompletionError, CreditWindow, FlowConfig, Message, MessagePlan, Outgoing,
                      SequenceError, StallError, Stream, WindowError)
 from flowctl.stream import LIVENESS_POLL
-from ring_setup.spec import RingSpec
+from switch.contract import RingSpec
 
 
 # --- message plan ---------------------------------------------------------------------------

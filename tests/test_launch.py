@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from netreduce import launch as L
+from netreduce.tools import launch as L
 
 PY = sys.executable
 

@@ -17,12 +17,13 @@ from scapy.packet import Raw
 
 from fabricsim import SPINE, UPLINK, Faults, Sim, tor_endpoint
 from roce_layers import WRITE_ONLY, make_ring, wrapping_sum, write_frame
-from switch import interswitch
-from switch.controller import ControllerClient, ControllerError, serve
-from switch.fabric import FabricTarget, SpineTarget, TorTarget
-from switch.interswitch import Corrupt, Kind, ring_tag
-from switch.spine import SpineConfig, SpinePipeline
-from switch.tor import TorConfig, TorPipeline
+from switch.dataplane import interswitch
+from switch.control.service import serve
+from switch.api.client import ControllerClient, ControllerError
+from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
+from switch.dataplane.interswitch import Corrupt, Kind, ring_tag
+from switch.dataplane.spine import SpineConfig, SpinePipeline
+from switch.dataplane.tor import TorConfig, TorPipeline
 
 # -- the inter-switch packet ------------------------------------------------------------------
 

@@ -21,10 +21,10 @@ from scapy.layers.l2 import Ether
 
 from p4tools import require_tools
 from roce_layers import IMM_OPS, RETH_OPS, WRITE_ONLY, make_ring, write_frame
-from switch import p4program
-from switch.p4program import (P4_DIR, contract, generated_sources, icrc_words_source,
+from switch.p4 import program as p4program
+from switch.p4.program import (P4_DIR, contract, generated_sources, icrc_words_source,
                               parse_contract, pl_valid_source, unaccepted_warnings)
-from switch.pipeline import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, MAX_SLOTS, PATH_MTUS,
+from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, MAX_SLOTS, PATH_MTUS,
                              RING_COUNTERS)
 
 C = contract()
@@ -120,7 +120,7 @@ def test_the_element_macro_lists_every_element_once() -> None:
 def test_the_generated_files_are_up_to_date() -> None:
     for path, text in generated_sources(C).items():
         assert path.read_text() == text, \
-            f"switch/p4/{path.name} is stale: python -m switch.p4program --generate"
+            f"switch/p4/{path.name} is stale: python -m switch.p4.program --generate"
 
 
 def test_each_icrc_action_right_aligns_the_header_part_and_its_payload() -> None:
@@ -174,7 +174,7 @@ def test_the_icrc_header_part_is_right_aligned() -> None:
 
 def test_p4c_compiles_without_unreviewed_warnings() -> None:
     """p4c's messages (build/p4/p4c.log, written by the compile) hold only the warnings
-    switch.p4program.ACCEPTED_WARNINGS lists."""
+    switch.p4.program.ACCEPTED_WARNINGS lists."""
     require_tools(p4program.P4C)
     build = p4program.compile_program()
     assert unaccepted_warnings(build.log.read_text()) == []

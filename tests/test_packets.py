@@ -1,4 +1,4 @@
-"""switch.packets against scapy: the ICRC on scapy's known vectors, parse and build of frames."""
+"""switch.dataplane.packets against scapy: the ICRC on scapy's known vectors, parse and build of frames."""
 from __future__ import annotations
 
 import zlib
@@ -13,7 +13,7 @@ from scapy.packet import Raw
 from scapy.utils import import_hexcap
 
 from roce_layers import IMM_OPS, RETH_OPS, icrc_ok, make_ring, write_frame
-from switch import packets as P
+from switch.dataplane import packets as P
 
 
 def scapy_rc_vector() -> bytes:

@@ -13,11 +13,11 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from ring_setup.spec import RingSpec
+from switch.contract import CONN_COUNTERS, RING_COUNTERS, RingSpec
 from roce_layers import (WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY,
                          WRITE_ONLY_IMM, icrc_ok, ip_ports, lab_port, make_ring, wrapping_sum,
                          write_frame)
-from switch.pipeline import CONN_COUNTERS, RING_COUNTERS, AggregationPipeline
+from switch.dataplane.pipeline import AggregationPipeline
 
 INT32_EXTREMES = np.array([2**31 - 1, -2**31, -1, 1], dtype=np.int32)
 

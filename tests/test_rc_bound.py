@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from roce_layers import WRITE_MIDDLE, ip_ports, make_ring, wrapping_sum, write_frame
-from switch import pipeline
-from switch.pipeline import AggregationPipeline, required_slots
+from switch import contract
+from switch.dataplane.pipeline import AggregationPipeline
+from switch.contract import required_slots
 
 MTU = 256
 SPEC = make_ring(2, mtu=MTU, msg_size=64 * MTU, window=4)        # 256 packets of window
@@ -65,8 +66,8 @@ def run_scenario(slots: int) -> tuple[list[str], list[bytes]]:
 
 
 def test_rxe_allows_129_unacknowledged_psns() -> None:
-    assert pipeline.RXE_MAX_INFLIGHT == 129
-    assert pipeline.inflight_packets(SPEC) == 129
+    assert contract.RXE_MAX_INFLIGHT == 129
+    assert contract.inflight_packets(SPEC) == 129
 
 
 def test_registration_refuses_256_slots_when_129_packets_can_be_in_flight() -> None:
@@ -88,7 +89,7 @@ def test_with_256_slots_the_retransmission_is_stale_and_b_would_stall(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """What the bound of 128 let through: A's 384 re-opened slot 128 before B had its
     result, so nothing can ever answer B's retransmissions (rxe's retry_cnt 7: forever)."""
-    monkeypatch.setattr(pipeline, "RXE_MAX_INFLIGHT", 128)
+    monkeypatch.setattr(contract, "RXE_MAX_INFLIGHT", 128)
     assert required_slots(SPEC) == 256
     bumped, frames = run_scenario(256)
     assert (bumped, frames) == (["drop_stale"], [])

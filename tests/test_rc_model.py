@@ -16,10 +16,11 @@ from rcmodel.fabric import FaultRates, Faults
 from rcmodel.outcomes import assert_every_rank_failed_fast
 from rcmodel.rxe import MAX_UNACKED_PSNS, QPAttr
 from rcmodel.world import World
-from switch import pipeline
+from switch import contract
+from switch.dataplane import pipeline
 from ring_setup.endpoints import ring_spec
-from ring_setup.spec import Connection
-from switch.packets import BTH_OFF, PSN_MASK, conn_key, parse
+from switch.contract import PSN_MASK, Connection
+from switch.dataplane.packets import BTH_OFF, conn_key, parse
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=2.0)
 LAB_CALLS = Path(__file__).parent / "rcmodel" / "lab_calls.json"
@@ -254,7 +255,7 @@ def test_b1_registration_refuses_256_slots_for_129_packets_in_flight() -> None:
 
 
 def test_b1_with_the_slots_it_needs_the_lost_result_is_served_again() -> None:
-    world = b1_world(pipeline.required_slots(World(2, B1_CFG, switch=False).spec))
+    world = b1_world(contract.required_slots(World(2, B1_CFG, switch=False).spec))
     assert world.slots == 512
     assert all(np.array_equal(r, want(2, B1_COUNT)) for r in allreduce(world, B1_COUNT,
                                                                          "switch"))
@@ -263,7 +264,7 @@ def test_b1_with_the_slots_it_needs_the_lost_result_is_served_again() -> None:
 
 
 def test_b1_with_the_old_bound_of_128_b_stalls_forever(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline, "RXE_MAX_INFLIGHT", 128)
+    monkeypatch.setattr(contract, "RXE_MAX_INFLIGHT", 128)
     world = b1_world(256)                        # what the bound of 128 accepted
     results = allreduce(world, B1_COUNT, "switch")
     assert_every_rank_failed_fast(results, StallError)

@@ -1,10 +1,10 @@
-"""netreduce.reference: deterministic inputs and the numpy reference results are checked by."""
+"""netreduce.tools.reference: deterministic inputs and the numpy reference results are checked by."""
 from __future__ import annotations
 
 import numpy as np
 
 from netreduce.algorithms.switch import float32_error_bound, quantization_exponent
-from netreduce.reference import Reference, rank_input
+from netreduce.tools.reference import Reference, rank_input
 
 
 def test_inputs_are_deterministic_and_int32_sums_of_1024_ranks_fit() -> None:

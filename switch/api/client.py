@@ -1,6 +1,6 @@
 """The controller's client: typed calls (control.proto), answers as plain dicts.
 
-Imports only grpc, the generated modules, the token files and `ring_setup.spec`: the host
+Imports only grpc, the generated modules, the token files and `switch.contract`: the host
 library uses it without loading any of the switch's data-plane code.
 Credentials (control.proto header): the secret of the first entry of the token file
 (`token_file`, else the file `$NR_CONTROLLER_TOKEN` names; neither: no credentials) goes with
@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 import grpc
 
-from ring_setup.spec import RingSpec
+from switch.contract import RingSpec
 from switch.api import control_pb2 as pb
 from switch.api import control_pb2_grpc
 from switch.api.tokens import CA_ENV, TOKEN_ENV, read_token_file

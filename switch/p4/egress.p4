@@ -11,7 +11,7 @@
  * so that the packet it recirculates is well formed (lengths matching its payload) and
  * parses whole again; it is never sent.
  *
- * Table (programmed by switch/bmv2.py):
+ * Table (programmed by switch/control/bmv2.py):
  *   replica_table <ring, rank> -> set_replica(src_ip, dst_ip, dest_qp, psn0)
  */
 #ifndef NR_EGRESS_P4

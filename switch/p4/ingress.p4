@@ -1,7 +1,7 @@
 /* Ingress: port counters, the connection lookup (rule 1), checks and aggregation (rules 2-7),
  * emission (rule 8) and L2 forwarding for everything else.
  *
- * Tables (programmed by switch/bmv2.py):
+ * Tables (programmed by switch/control/bmv2.py):
  *   conn_table   <src_ip, dst_ip, dest_qp> -> set_conn(ring, rank, psn0, in_port, out_port)
  *   ring_table   <ring>                     -> set_ring(epoch, slot_mask, full)
  *   l2           <dst_mac>                  -> l2_forward(port); miss: flood

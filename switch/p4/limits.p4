@@ -1,6 +1,6 @@
 /* NetReduce v1model program: its limits and its contract with the controller.
  *
- * The one place these numbers are stated. switch/p4program.py reads every
+ * The one place these numbers are stated. switch/p4/program.py reads every
  * `#define NR_<NAME> <integer>` line of this file (derived values, in parentheses, are
  * not read); tests/test_p4_program.py checks the Python side and switch/p4/README.md
  * against them. Change a limit here and nowhere else.
@@ -16,7 +16,7 @@
 #define NR_MAX_MACS         1024    // static L2 (MAC -> port) entries
 #define NR_PORTS            512     // port counters (ports are bit<9>)
 
-/* ---- contract with switch/bmv2.py --------------------------------------------------- */
+/* ---- contract with switch/control/bmv2.py --------------------------------------------------- */
 #define NR_FLOOD_GROUP      1       // multicast group with every port: unknown/group destinations
 #define NR_RING_GROUP_BASE  16      // multicast group of ring index i: NR_RING_GROUP_BASE + i
 #define NR_CONT_RID         0xFFFF  // replica id of the continuation copy in a ring's group
@@ -25,7 +25,7 @@
 
 /* Counter ids. ring_ctr index = ring * NR_CTRS + id; conn_ctr index = conn * NR_CTRS + id
  * with conn = ring * NR_MAX_RANKS + rank. The names are the software target's counter
- * names (switch/pipeline.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
+ * names (switch/dataplane/pipeline.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
 #define NR_CTRS                     16
 #define NR_CTR_PACKETS              0
 #define NR_CTR_MESSAGES             1

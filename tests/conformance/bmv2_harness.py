@@ -1,6 +1,6 @@
 """The Harness for the BMv2 target: switch/p4 run by simple_switch_grpc, driven over veths.
 
-Every `setup` starts a fresh simple_switch_grpc (switch.bmv2_lab.Bmv2Switch: p4c output,
+Every `setup` starts a fresh simple_switch_grpc (tools.bmv2_lab.Bmv2Switch: p4c output,
 P4Runtime via p4runtime-shell) whose port N is the veth `nrbsN`; the harness sends and
 captures on the peer `nrbhN`. `send` (`send_burst`) returns every frame captured until the ports stay
 quiet for QUIET seconds (a result emitted by a recirculated continuation arrives within
@@ -19,10 +19,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from ring_setup.spec import RingSpec
-from switch.bmv2_lab import Bmv2Switch
-from switch.dataplane import Port, open_port
-from switch.p4program import DEFAULT_BUILD
+from switch.contract import RingSpec
+from tools.bmv2_lab import Bmv2Switch
+from switch.dataplane.ports import Port, open_port
+from switch.p4.program import DEFAULT_BUILD
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Frames
 from p4tools import unavailable

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ring_setup.spec import RingSpec
-from switch.controller import SoftwareTarget
-from switch.pipeline import AggregationPipeline
+from switch.contract import RingSpec
+from switch.control.target import SoftwareTarget
+from switch.dataplane.pipeline import AggregationPipeline
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Frames
 

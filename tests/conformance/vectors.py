@@ -24,11 +24,10 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
-from ring_setup.spec import RingSpec
+from switch.contract import CONN_COUNTERS, RING_COUNTERS, RingSpec
 from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
                          WRITE_ONLY, WRITE_ONLY_IMM, lab_port, mac_ports, make_ring,
                          wrapping_sum, write_frame)
-from switch.pipeline import CONN_COUNTERS, RING_COUNTERS
 
 MTU = 256
 SEND_ONLY = 0x04

@@ -1,17 +1,18 @@
-"""`python -m tests.hostile.faulty_switch ARGS`: the real switch (`switch.__main__.main`) with
+"""`python -m tests.hostile.faulty_switch ARGS`: the real switch (`switch.cli.main`) with
 one fault injected for the tests: a ring whose id starts with "faulty" gets an aggregator
 pool whose `offer` raises, as a bug in the aggregation code would."""
 from __future__ import annotations
 
 import sys
 
-from switch import pipeline
-from switch.__main__ import main
+from switch import contract
+from switch.dataplane import pipeline
+from switch.cli import main
 
 _register = pipeline.AggregationPipeline.register_ring
 
 
-def _register_with_fault(self: pipeline.AggregationPipeline, spec, ports, slots=pipeline.DEFAULT_SLOTS):
+def _register_with_fault(self: pipeline.AggregationPipeline, spec, ports, slots=contract.DEFAULT_SLOTS):
     _register(self, spec, ports, slots)
     if spec.ring_id.startswith("faulty"):
         def offer(*args: object, **kw: object) -> str:

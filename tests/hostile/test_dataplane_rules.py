@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from roce_layers import WRITE_ONLY, lab_mac, make_ring, write_frame
-from switch.dataplane import DataPlane
+from switch.dataplane.ports import DataPlane
 from tests.hostile.netns import in_netns, require_netns, run_ip
 
 NS = "nrxdp"
@@ -84,7 +84,7 @@ def test_a_raising_pipeline_drops_counts_and_logs_once(dataplane: DataPlane,
     dataplane.pipeline = Raising()
     dataplane.describe_connection = lambda key: "ring 'r' rank 0"
     frame = memoryview(write_frame(spec.connections[0], 0, WRITE_ONLY, bytes(256)))
-    with caplog.at_level(logging.ERROR, logger="switch.dataplane"):
+    with caplog.at_level(logging.ERROR, logger="switch.dataplane.ports"):
         for _ in range(3):
             handle(dataplane, frame, 1)
     assert dataplane.switch_counters()["pipeline_errors"] == 3

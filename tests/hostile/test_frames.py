@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roce_layers import WRITE_ONLY, lab_ip, lab_mac, make_ring, wrapping_sum, write_frame
-from ring_setup.spec import RingSpec
+from switch.contract import RingSpec
 from switch.api.client import ControllerClient, ControllerError
 from tests.hostile.netns import SwitchRig
 

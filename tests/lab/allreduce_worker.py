@@ -1,4 +1,4 @@
-"""One rank of a lab allreduce test, run by `python -m netreduce.launch` (one per host).
+"""One rank of a lab allreduce test, run by `python -m netreduce.tools.launch` (one per host).
 
     allreduce_worker.py correctness [--sizes N,N,...] [--timed N] [--algo ring|switch|auto]
     allreduce_worker.py switch [--sizes N,...] [--timed N] [--compare N]
@@ -14,7 +14,7 @@
 
 Prints "OK ..." lines the tests look for; a failed check exits non-zero with the reason.
 Every rank's data is a function of its rank, so each rank computes the reference itself
-(netreduce.reference: int32 exact, float32 within the bound of the algorithm that ran).
+(netreduce.tools.reference: int32 exact, float32 within the bound of the algorithm that ran).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 import netreduce
-from netreduce.reference import Reference, rank_input
+from netreduce.tools.reference import Reference, rank_input
 from ring_setup.device import hw_counters
 
 DTYPES = ("int32", "float32")

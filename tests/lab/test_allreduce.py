@@ -1,4 +1,4 @@
-"""Host ring allreduce on real rxe: one process per lab host, started by netreduce.launch.
+"""Host ring allreduce on real rxe: one process per lab host, started by netreduce.tools.launch.
 
 Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_allreduce.py
 """
@@ -17,8 +17,8 @@ from typing import Iterator, TextIO
 
 import pytest
 
-from netreduce.launch import LaunchResult, launch
-from ring_setup.spec import RingSpec
+from netreduce.tools.launch import LaunchResult, launch
+from switch.contract import RingSpec
 from tests.lab.labhosts import HOSTS, ROOT, host_ip
 
 pytestmark = pytest.mark.lab

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from netreduce.bench.report import validate
+from netreduce.tools.bench.report import validate
 from tests.lab.labhosts import HOSTS
 from tests.test_bench import JOB_LINE, STAT_LINE, STD_LINE
 
@@ -23,7 +23,7 @@ def test_bench_prints_switchml_lines_and_writes_its_json(tmp_path: Path) -> None
     if HOSTS < 2:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs 2")
     path = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "-m", "netreduce.bench", "--workers", "2", "--sizes",
+    p = subprocess.run([sys.executable, "-m", "netreduce.tools.bench", "--workers", "2", "--sizes",
                         "4K,64K", "--jobs", "2", "--warmup", "0", "--port", "29690",
                         "--json", str(path)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr

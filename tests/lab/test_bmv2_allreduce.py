@@ -96,7 +96,7 @@ def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[
     assert knobs, joined
     inc = FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]),
                      ack_timeout=int(knobs[4]))
-    # BMv2's pace (switch/bmv2_lab.py): 32 packets in flight per connection, a 537 ms timer
+    # BMv2's pace (tools/bmv2_lab.py): 32 packets in flight per connection, a 537 ms timer
     assert inc == FlowConfig(mtu=BMV2_PATH_MTU, msg_size=16 * BMV2_PATH_MTU,
                              ack_timeout=17), joined
     registered = [line for line in result.ranks[0].output if "registered with the switch" in line]

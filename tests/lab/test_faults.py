@@ -165,7 +165,7 @@ import sys
 import numpy as np
 from flowctl.plan import FlowConfig
 from ring_setup.device import DeviceError
-from ring_setup.verbs import DeviceClosed, RdmaHost, open_context
+from ring_setup.verbs.host import DeviceClosed, RdmaHost, open_context
 try:
     open_context("nosuch0", retry=0.5)
 except DeviceError as exc:

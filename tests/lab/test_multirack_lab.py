@@ -18,8 +18,8 @@ from typing import Iterator
 
 import pytest
 
-from netreduce.launch import LaunchResult
-from switch.fabric_lab import FABRIC_ACK_TIMEOUT
+from netreduce.tools.launch import LaunchResult
+from tools.fabric_lab import FABRIC_ACK_TIMEOUT
 from tests.lab.labhosts import HOSTS, run_in_host, switch_counters
 from tests.lab.labswitch import current_switch, restart_switch
 from tests.lab.test_allreduce import lines, run_worker
@@ -50,7 +50,7 @@ def fabric() -> Iterator[None]:
 
 def test_the_fabric_publishes_its_pace(fabric: None) -> None:
     """The job's one controller address answers Ping with the fabric's limits: rings of
-    up to 32 ranks per ToR, and the fabric's ACK timeout (switch/fabric_lab.py)."""
+    up to 32 ranks per ToR, and the fabric's ACK timeout (tools/fabric_lab.py)."""
     p = run_in_host(0, sys.executable, "-m", "switch.ctl", "ping")
     limits = json.loads(p.stdout)["limits"]
     assert limits["ack_timeout"] == FABRIC_ACK_TIMEOUT == 16, limits

@@ -1,5 +1,5 @@
 """In-network allreduce on real rxe through the switch (algo="switch"): one process per lab
-host, started by netreduce.launch running allreduce_worker.py; the switch's counters of
+host, started by netreduce.tools.launch running allreduce_worker.py; the switch's counters of
 the registered "inc" ring prove the sums were formed in the switch.
 
 Inside the lab:
@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from flowctl.plan import FlowConfig, MessagePlan
-from netreduce.launch import LaunchResult
+from netreduce.tools.launch import LaunchResult
 from netreduce.meta import RECORD_STRIDE
 from tests.lab.labhosts import HOSTS, ROOT, run_in_host, switch_counters
 from tests.lab.test_allreduce import in_background, lines, run_worker

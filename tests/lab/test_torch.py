@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from netreduce.launch import LaunchResult, launch
+from netreduce.tools.launch import LaunchResult, launch
 from tests.lab.labhosts import HOSTS, ROOT
 from tests.lab.test_allreduce import _ports
 
@@ -24,7 +24,7 @@ WORKER = Path(__file__).with_name("torch_worker.py")
 def run(n: int, script: Path, *args: str, grace: float = 30) -> LaunchResult:
     if n > HOSTS:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "nr0", "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return launch([sys.executable, str(script), *args], n, port=next(_ports), timeout=900,
                   grace=grace, env=env)

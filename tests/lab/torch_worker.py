@@ -1,4 +1,4 @@
-"""One rank of the lab PyTorch test, run by `python -m netreduce.launch` (one per host);
+"""One rank of the lab PyTorch test, run by `python -m netreduce.tools.launch` (one per host);
 one launch checks everything (torch imports slowly under TCG), in this order:
 
     torch_worker.py [--steps K] [--victim R]

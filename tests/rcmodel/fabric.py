@@ -1,7 +1,7 @@
 """The lab's wiring in the model: host I on switch port I+1, links with faults, the switch.
 
-The switch is the real `switch.pipeline.AggregationPipeline`: every frame reaching it is
-offered to `process` (as switch.dataplane does); what it emits leaves on the port it names,
+The switch is the real `switch.dataplane.pipeline.AggregationPipeline`: every frame reaching it is
+offered to `process` (as switch.dataplane.ports does); what it emits leaves on the port it names,
 what it does not take is forwarded by destination MAC. Frames cross two links (host ->
 switch, switch -> host); each crossing may lose, duplicate or delay (reorder) the frame
 according to `Faults`, drawn from one seeded random generator, so a run is reproducible.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from rcmodel.sim import Simulation
-from switch.packets import BTH_OFF, Op
-from switch.pipeline import AggregationPipeline
+from switch.dataplane.packets import BTH_OFF, Op
+from switch.dataplane.pipeline import AggregationPipeline
 
 KINDS = ("contribution", "result", "ack")
 LINK_BPS = 10e9                 # serialisation rate of every link
@@ -102,7 +102,7 @@ class Fabric:
                 self.sim.at(arrive, self.hosts[port], frame)
 
     def _switch(self, in_port: int, frame: bytes) -> None:
-        """switch.dataplane's per-frame step: the pipeline first, else L2 forwarding."""
+        """switch.dataplane.ports's per-frame step: the pipeline first, else L2 forwarding."""
         out: list[tuple[int, bytes]] = []
         took = self.pipeline.process(memoryview(bytearray(frame)), in_port,
                                      lambda port, parts: out.append((port, b"".join(parts))))

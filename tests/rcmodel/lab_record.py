@@ -1,7 +1,7 @@
 """One rank of the lab recording the RC model is checked against (tests/rcmodel/lab_calls.json).
 
     NR_VENV=/work/main/.venv scripts/lab.sh --hosts 2 -- env PYTHONPATH=$PWD \
-        python -m netreduce.launch --hosts 2 -- python tests/rcmodel/lab_record.py
+        python -m netreduce.tools.launch --hosts 2 -- python tests/rcmodel/lab_record.py
 
 (from the repository or worktree root; PYTHONPATH makes the guest import this tree's code).
 The `RCMODEL` lines' records, sorted by call then rank, are lab_calls.json's "records".
@@ -35,7 +35,7 @@ def moved(before: dict, after: dict) -> dict:
 
 
 def ring_counters(comm: netreduce.Communicator) -> dict:
-    from switch.controller import ControllerClient
+    from switch.api.client import ControllerClient
     assert comm.switch.controller is not None
     with ControllerClient(comm.switch.controller) as client:
         ring = client.counters()["rings"][comm.switch.ring_id]

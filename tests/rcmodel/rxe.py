@@ -1,6 +1,6 @@
 """A packet-level model of one Soft-RoCE (rxe) device: RC requester, completer, responder.
 
-Every packet is a real RoCEv2 frame (switch.packets.build_frame: IPv4, UDP 4791, BTH,
+Every packet is a real RoCEv2 frame (switch.dataplane.packets.build_frame: IPv4, UDP 4791, BTH,
 RETH/ImmDt/AETH, payload, ICRC) and every received frame is parsed and ICRC-checked. What
 it reproduces, from drivers/infiniband/sw/rxe (Linux 7.x, the lab's kernel):
 
@@ -59,8 +59,9 @@ import numpy as np
 
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from rcmodel.sim import Simulation
-from switch.packets import (BTH_OFF, EXT_OFF, ICRC_LEN, IP_OFF, PSN_MASK, UDP_OFF,
-                            UDP_OVERHEAD, EXT_LEN, Op, build_frame, icrc, parse, reth)
+from switch.dataplane.packets import (BTH_OFF, EXT_OFF, ICRC_LEN, IP_OFF, UDP_OFF, UDP_OVERHEAD,
+                                      EXT_LEN, Op, build_frame, icrc, parse, reth)
+from switch.contract import PSN_MASK
 
 MAX_UNACKED_PSNS = 129          # comp.psn .. comp.psn + RXE_MAX_UNACKED_PSNS (128)
 MAX_PKT_PER_ACK = 64            # RXE_MAX_PKT_PER_ACK
@@ -132,7 +133,7 @@ class Wqe:
 
 @dataclass
 class QPAttr:
-    """What ring setup gives a QP at RTR/RTS (ring_setup/verbs.py)."""
+    """What ring setup gives a QP at RTR/RTS (ring_setup/verbs/host.py)."""
 
     mtu: int
     timeout: int = 14               # 4.096 us x 2^14 = 67 ms

@@ -3,7 +3,7 @@
 The switches are the real `TorPipeline`s and `SpinePipeline`, the ring is installed through
 the real `FabricTarget` (placement from the ToRs' static MAC tables). Host r sits on a host
 port of its rack's ToR (rack sizes, contiguous ranks); ToR j's uplink (port `UPLINK`) is
-cabled to spine port j+1. Every switch runs switch.dataplane's per-frame step (the pipeline
+cabled to spine port j+1. Every switch runs switch.dataplane.ports's per-frame step (the pipeline
 first, else forwarding by static MAC). Links serialise at `LINK_BPS` with `LATENCY_S`, like
 `rcmodel.fabric.Fabric`; host links take `faults` by frame kind (contribution, result,
 ack), the ToR–spine links take `uplink` for every frame (partials, totals, results
@@ -18,11 +18,11 @@ from typing import Callable, Sequence
 
 from rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults, kind_of
 from rcmodel.sim import Simulation
-from ring_setup.spec import RingSpec
-from switch.fabric import FabricTarget, SpineTarget, TorTarget
-from switch.interswitch import Endpoint
-from switch.spine import SpineConfig, SpinePipeline
-from switch.tor import TorConfig, TorPipeline
+from switch.contract import RingSpec
+from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
+from switch.dataplane.interswitch import Endpoint
+from switch.dataplane.spine import SpineConfig, SpinePipeline
+from switch.dataplane.tor import TorConfig, TorPipeline
 
 UPLINK = 100
 SPINE = Endpoint("02:4e:53:00:00:fe", "10.78.0.254")
@@ -106,7 +106,7 @@ class TwoTierFabric:
                 self.sim.at(delay, self._switch, dst, in_port, frame)
 
     def _switch(self, node: Node, in_port: int, frame: bytes) -> None:
-        """switch.dataplane's per-frame step: the pipeline first, else L2 forwarding."""
+        """switch.dataplane.ports's per-frame step: the pipeline first, else L2 forwarding."""
         out: list[tuple[int, bytes]] = []
         took = self.pipelines[node].process(memoryview(bytearray(frame)), in_port,
                                             lambda port, parts: out.append((port,

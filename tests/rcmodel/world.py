@@ -34,8 +34,8 @@ from rcmodel.sim import Simulation, Turns
 from rcmodel.tiers import TwoTierFabric
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
-from ring_setup.spec import RingSpec
-from switch.pipeline import DEFAULT_SLOTS, AggregationPipeline
+from switch.contract import DEFAULT_SLOTS, RingSpec
+from switch.dataplane.pipeline import AggregationPipeline
 
 
 class ModelLink:

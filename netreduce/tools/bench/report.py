@@ -1,0 +1,315 @@
+"""Benchmark results: the records ranks send, jobs aggregated over ranks, statistics, the
+SwitchML-style lines, the summary table, the JSON document and its schema.
+
+Units: durations in ns, rates in Gbit/s (decimal: bytes * 8 / ns). A job's duration is the
+longest any rank took from the barrier that started it. algbw = M / median duration;
+busbw = algbw * 2(n-1)/n for an allreduce (what a ring moves per rank) and = algbw for the
+link (one plain transfer per rank).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from netreduce.tools.bench.plan import LINK, format_size
+
+PREFIX = "NRBENCH "        # a worker's stdout line carrying one Record
+CPU = "cpu_"               # Record.counters keys holding CPU time by state
+SPINE = "spine_bytes"      # Record.counters key: bytes over a fabric's ToR-spine links
+
+
+def gbps(nbytes: int, ns: float) -> float:
+    return nbytes * 8 / ns if ns > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Record:
+    """One rank's view of one job, or, joined over the ranks by `Collector`, the job itself:
+    the slowest rank's `ns`, `ok` on every rank, `counters` summed. `job` < 0 is a warmup
+    job. `counters`: what moved during the job: the rank's rxe hw_counters (its barrier
+    included: sent_pkts, rcvd_seq_err, completer_retry_err, ...) and, from rank 0 only, the
+    lab's CPU time by state over the timed part (`CPU` + user/system/softirq/idle/..., clock
+    ticks of /proc/stat, which every host namespace shares) and, on a two-tier fabric, the
+    bytes that crossed its ToR-spine links (`SPINE`, both directions, from the ToRs' uplink
+    port counters; from just before the job's barrier to after the barrier that follows
+    it: a one-element ring allreduce each, ~2 x 60 B per link, in the figure)."""
+
+    algo: str
+    size: int
+    job: int
+    ns: int
+    ok: bool
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def warmup(self) -> bool:
+        return self.job < 0
+
+    def line(self) -> str:
+        return PREFIX + json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, line: str) -> "Record | None":
+        """The record a worker line carries, or None for any other line."""
+        if not line.startswith(PREFIX):
+            return None
+        return cls(**json.loads(line[len(PREFIX):]))
+
+
+class Collector:
+    """Joins the ranks' records of each job; `add` returns the joined record once every
+    rank's record of the job is in."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pending: dict[tuple[str, int, int], dict[int, Record]] = {}
+
+    def add(self, rank: int, record: Record) -> Record | None:
+        key = (record.algo, record.size, record.job)
+        got = self._pending.setdefault(key, {})
+        got[rank] = record
+        if len(got) < self.workers:
+            return None
+        del self._pending[key]
+        counters: Counter[str] = Counter()
+        for r in got.values():
+            counters.update(r.counters)
+        return Record(record.algo, record.size, record.job, max(r.ns for r in got.values()),
+                      all(r.ok for r in got.values()), dict(sorted(counters.items())))
+
+
+@dataclass(frozen=True)
+class Summary:
+    min: float
+    max: float
+    median: float
+    mean: float
+    std: float          # sample standard deviation (0 for a single job)
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Summary":
+        if not values:
+            raise ValueError("bench: statistics of no jobs")
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        return cls(min(values), max(values), statistics.median(values),
+                   statistics.fmean(values), std)
+
+
+@dataclass
+class Result:
+    """The timed jobs of one algorithm at one size (one row of the JSON `results`)."""
+
+    algo: str
+    size_bytes: int
+    workers: int
+    jobs: list[int] = field(default_factory=list)
+    verified: bool = True
+    counters: Counter[str] = field(default_factory=Counter)    # summed over every job
+    calls: int = 0                                             # every job, warmup included
+
+    def add(self, job: Record) -> None:
+        self.verified = self.verified and job.ok
+        self.counters.update(job.counters)
+        self.calls += 1
+        if not job.warmup:
+            self.jobs.append(job.ns)
+
+    @property
+    def rxe(self) -> dict[str, int]:
+        """The rxe hw_counters that moved, all ranks, all jobs (warmup included)."""
+        return {k: v for k, v in sorted(self.counters.items())
+                if not k.startswith(CPU) and k != SPINE}
+
+    @property
+    def spine_bytes_per_call(self) -> float | None:
+        """Bytes over the ToR-spine links per job (None: not a two-tier fabric)."""
+        return self.counters[SPINE] / self.calls if SPINE in self.counters else None
+
+    @property
+    def vm_cpu(self) -> dict[str, float]:
+        """Share of the lab's CPU time by state while jobs ran (timed parts only)."""
+        ticks = {k[len(CPU):]: v for k, v in self.counters.items() if k.startswith(CPU) and v}
+        total = sum(ticks.values())
+        return {k: v / total for k, v in sorted(ticks.items(), key=lambda kv: -kv[1])}
+
+    def job_lines(self) -> list[str]:
+        """One SwitchML allreduce_benchmark line per timed job."""
+        return [f"Job(s) #{i}# finished. Duration: #{ns}# ns Goodput: "
+                f"#{gbps(self.size_bytes, ns):.4f}# Gbps." for i, ns in enumerate(self.jobs)]
+
+    @property
+    def median_ns(self) -> float:
+        return statistics.median(self.jobs)
+
+    @property
+    def algbw_gbps(self) -> float:
+        return gbps(self.size_bytes, self.median_ns)
+
+    @property
+    def busbw_gbps(self) -> float:
+        n = self.workers
+        return self.algbw_gbps if self.algo == LINK else self.algbw_gbps * 2 * (n - 1) / n
+
+    def summary_lines(self) -> list[str]:
+        """Min/Max/Median/Mean/Std dev of the durations, and the goodput they mean."""
+        s = Summary.of([float(ns) for ns in self.jobs])
+        lines = [f"{self.algo} {format_size(self.size_bytes)} ({len(self.jobs)} jobs, "
+                 f"{self.workers} workers{'' if self.verified else ', VERIFICATION FAILED'}):"]
+        for name, ns in (("Min", s.min), ("Max", s.max), ("Median", s.median),
+                         ("Mean", s.mean)):
+            lines.append(f"  {name}: #{ns:.0f}# ns Goodput: #{gbps(self.size_bytes, ns):.4f}# "
+                         f"Gbps.")
+        lines.append(f"  Std dev: #{s.std:.0f}# ns")
+        if self.rxe:
+            lines.append("  rxe counters, all ranks, warmup included: " + " ".join(
+                f"{k}={v}" for k, v in self.rxe.items()))
+        if self.vm_cpu:
+            lines.append("  lab CPU while timed: " + " ".join(
+                f"{k} {share:.0%}" for k, share in self.vm_cpu.items()))
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {"algo": self.algo, "size_bytes": self.size_bytes, "jobs": list(self.jobs),
+                "median_ns": self.median_ns, "algbw_gbps": self.algbw_gbps,
+                "busbw_gbps": self.busbw_gbps, "verified": self.verified,
+                "rxe": self.rxe, "vm_cpu": self.vm_cpu,
+                "spine_bytes_per_call": self.spine_bytes_per_call}
+
+
+def _find(results: list[Result], algo: str, size: int) -> Result | None:
+    return next((r for r in results if r.algo == algo and r.size_bytes == size), None)
+
+
+def _ratio(a: Result | None, b: Result | None) -> float | None:
+    if a is None or b is None or not b.algbw_gbps:
+        return None
+    return a.algbw_gbps / b.algbw_gbps
+
+
+def _per_round(switch: Result | None, other: Result | None) -> list[float] | None:
+    """switch's algbw over `other`'s, round by round: job i of both ran back to back in
+    round i, so a slow spell of the lab hits both sides of each ratio alike."""
+    if switch is None or other is None or len(switch.jobs) != len(other.jobs):
+        return None
+    return [theirs / ours for ours, theirs in zip(switch.jobs, other.jobs)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(Q1, median, Q3), inclusive method; one value is all three."""
+    if len(values) == 1:
+        return (values[0],) * 3
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def ratios(results: list[Result]) -> list[dict[str, Any]]:
+    """Per size: in-network over ring and in-network over the link, in algbw of the medians
+    (None where one of them was not measured), and the same ratios round by round."""
+    sizes = sorted({r.size_bytes for r in results})
+    out = []
+    for size in sizes:
+        switch = _find(results, "switch", size)
+        ring, link = _find(results, "ring", size), _find(results, LINK, size)
+        out.append({"size_bytes": size,
+                    "switch_over_ring": _ratio(switch, ring),
+                    "switch_over_link": _ratio(switch, link),
+                    "per_round": {"switch_over_ring": _per_round(switch, ring),
+                                  "switch_over_link": _per_round(switch, link)}})
+    return out
+
+
+def link_gbps(results: list[Result]) -> float | None:
+    """The link rate B: the link's algbw at the largest size measured."""
+    links = [r for r in results if r.algo == LINK]
+    return max(links, key=lambda r: r.size_bytes).algbw_gbps if links else None
+
+
+def document(meta: dict[str, Any], results: list[Result]) -> dict[str, Any]:
+    return {"meta": meta, "results": [r.to_json() for r in results],
+            "link_gbps": link_gbps(results), "ratios": ratios(results)}
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def spine_lines(results: list[Result], algos: list[str]) -> list[str]:
+    """On a two-tier fabric: per size, each column's bytes over the ToR-spine links per call
+    and ring/switch, their ratio (nothing when no result has the figure)."""
+    spine = [r for r in results if r.spine_bytes_per_call is not None]
+    if not spine:
+        return []
+    out = ["Bytes over the ToR-spine links per call (both directions, all links):"]
+    for size in sorted({r.size_bytes for r in spine}):
+        per = {a: r.spine_bytes_per_call for a in algos for r in [_find(spine, a, size)] if r}
+        ratio = (f"  ring/switch {per['ring'] / per['switch']:.2f}"
+                 if per.get("switch") and "ring" in per else "")
+        out.append(f"{format_size(size):>9}" + "".join(f"  {a} {v:,.0f}" for a, v in per.items())
+                   + ratio)
+    return out
+
+
+def table(results: list[Result]) -> list[str]:
+    """Per size: every column's algbw and busbw, then the two ratios."""
+    algos = list(dict.fromkeys(r.algo for r in results))
+    head = f"{'size':>9}" + "".join(f"{a + ' algbw':>14}{a + ' busbw':>14}" for a in algos)
+    lines = [head + f"{'switch/ring':>13}{'switch/link':>13}   (Gbit/s)"]
+    per_size = ratios(results)
+    for ratio in per_size:
+        size = ratio["size_bytes"]
+        row = f"{format_size(size):>9}"
+        for a in algos:
+            r = _find(results, a, size)
+            row += f"{_fmt(r and r.algbw_gbps, '.4f'):>14}{_fmt(r and r.busbw_gbps, '.4f'):>14}"
+        row += f"{_fmt(ratio['switch_over_ring'], '.3f'):>13}"
+        row += f"{_fmt(ratio['switch_over_link'], '.3f'):>13}"
+        lines.append(row)
+    lines += spine_lines(results, algos)
+    paired = [(r["size_bytes"], name, values) for r in per_size
+              for name, values in r["per_round"].items() if values]
+    if paired:
+        lines.append("Round by round (each round ran its jobs back to back): median "
+                     "[quartiles]")
+        for size, name, values in paired:
+            q1, q2, q3 = quartiles(values)
+            lines.append(f"{format_size(size):>9}  {name.replace('_over_', '/'):<12}"
+                         f"{q2:.3f} [{q1:.3f}, {q3:.3f}]  over {len(values)} rounds")
+    return lines
+
+
+META_KEYS = {"workers": int, "dtype": str, "mtu": int, "window": int, "msg_size": int,
+             "kernel": str, "git_commit": (str, type(None)), "git_dirty": bool,
+             "started_at": str}
+RESULT_KEYS = {"algo": str, "size_bytes": int, "jobs": list, "median_ns": (int, float),
+               "algbw_gbps": float, "busbw_gbps": float, "verified": bool, "rxe": dict,
+               "vm_cpu": dict}
+RATIO_KEYS = {"size_bytes": int, "switch_over_ring": (float, type(None)),
+              "switch_over_link": (float, type(None)), "per_round": dict}
+PER_ROUND_KEYS = {"switch_over_ring": (list, type(None)), "switch_over_link": (list, type(None))}
+
+
+def _check(obj: Any, keys: dict[str, Any], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"bench JSON: {where} is not an object")
+    for key, kind in keys.items():
+        if key not in obj:
+            raise ValueError(f"bench JSON: {where} lacks {key!r}")
+        if not isinstance(obj[key], kind) or isinstance(obj[key], bool) and kind is not bool:
+            raise ValueError(f"bench JSON: {where}.{key} = {obj[key]!r} has the wrong type")
+
+
+def validate(doc: Any) -> None:
+    """Raise ValueError unless `doc` has the shape `document` writes."""
+    _check(doc, {"meta": dict, "results": list, "link_gbps": (float, type(None)),
+                 "ratios": list}, "the document")
+    _check(doc["meta"], META_KEYS, "meta")
+    for i, r in enumerate(doc["results"]):
+        _check(r, RESULT_KEYS, f"results[{i}]")
+        if not r["jobs"] or not all(isinstance(ns, int) and ns > 0 for ns in r["jobs"]):
+            raise ValueError(f"bench JSON: results[{i}].jobs must be positive ns: {r['jobs']}")
+    for i, r in enumerate(doc["ratios"]):
+        _check(r, RATIO_KEYS, f"ratios[{i}]")
+        _check(r["per_round"], PER_ROUND_KEYS, f"ratios[{i}].per_round")

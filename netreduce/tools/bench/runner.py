@@ -1,0 +1,183 @@
+"""The parent of `netreduce bench`: launches one worker per lab host, gathers their records
+while showing progress, prints the SwitchML-style lines, the statistics, the table of rates
+and ratios, and writes the JSON document and the figure."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from netreduce.tools.bench.plan import (ALGOS, DTYPES, BenchPlan, format_size, parse_algos, parse_size,
+                                  parse_sizes)
+from netreduce.tools.bench.progress import Progress
+from netreduce.tools.bench.report import Collector, Record, Result, document, table
+from netreduce.tools.launch import launch
+from netreduce.registration import SWITCH_ENV
+from ring_setup.rendezvous import DEFAULT_PORT
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_SIZES = "256K,1M,4M,16M"
+T = TypeVar("T")
+_RANK_LINE = re.compile(r"\[rank (\d+)\] (.*)")
+
+
+def default_algos() -> list[str]:
+    """switch and ring where a switch controller is announced ($NR_CONTROLLER), else ring."""
+    return ["switch", "ring"] if os.environ.get(SWITCH_ENV) else ["ring"]
+
+
+def _option(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """`parse` as an argparse type: its ValueError's own message is the error shown."""
+    def option(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return option
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=int(os.environ.get("NR_LAB_HOSTS") or 4),
+                   help="ranks, one per lab host (default: the lab's hosts, else 4)")
+    p.add_argument("--sizes", type=_option(parse_sizes), default=parse_sizes(DEFAULT_SIZES),
+                   help=f"comma-separated message sizes in bytes, K/M/G suffixes binary "
+                        f"(default {DEFAULT_SIZES})")
+    p.add_argument("--dtype", choices=DTYPES, default="int32")
+    p.add_argument("--algos", type=_option(parse_algos), default=None,
+                   help=f"comma-separated allreduce algorithms from {','.join(ALGOS)} "
+                        f"(default: switch,ring if ${SWITCH_ENV} is set, else ring)")
+    p.add_argument("--jobs", type=int, default=5, help="timed jobs per size and algorithm")
+    p.add_argument("--warmup", type=int, default=1, help="untimed jobs before them")
+    p.add_argument("--window", type=int, default=2,
+                   help="messages in flight per connection (default 2: 128 packets with 256K "
+                        "messages, within the 256 slots a ring gets by default)")
+    p.add_argument("--msg-size", type=_option(parse_size), default=256 * 1024,
+                   help="flow-control message size (a multiple of --mtu; default 256K)")
+    p.add_argument("--mtu", type=int, default=4096, help="RoCE path MTU")
+    p.add_argument("--ack-timeout", type=int, default=None, metavar="EXP",
+                   help="the QPs' local ACK timeout, 4.096 us x 2^EXP (rxe's retransmit timer; "
+                        "default: netreduce.init's, 14 = 67 ms, or the target's pace)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the inputs")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    p.add_argument("--plot", type=Path, metavar="PATH", help="write algbw vs size as PNG")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="MASTER_PORT of the ranks")
+    p.add_argument("--timeout", type=float, default=3600.0, help="whole run, seconds")
+
+
+class RankLines(io.TextIOBase):
+    """What netreduce.tools.launch writes ("[rank I] line"): records are joined into jobs, shown
+    and collected; anything else goes to stderr as it came."""
+
+    def __init__(self, plan: BenchPlan, progress: Progress) -> None:
+        self.plan, self.progress = plan, progress
+        self.collector = Collector(plan.workers)
+        self.results = {(algo, size): Result(algo, size, plan.workers)
+                        for size in plan.sizes for algo in plan.columns}
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._line(line)
+        return len(text)
+
+    def _line(self, line: str) -> None:
+        m = _RANK_LINE.fullmatch(line)
+        record = Record.parse(m.group(2)) if m else None
+        if m is None or record is None:
+            self.progress.print(line, err=True)
+            return
+        job = self.collector.add(int(m.group(1)), record)
+        if job is None:
+            return
+        result = self.results[(job.algo, job.size)]
+        result.add(job)
+        self.progress.advance(f"{format_size(job.size)} round {job.job}")
+        if len(result.jobs) == self.plan.jobs:
+            self.progress.print(f"== {job.algo}, {format_size(job.size)} {self.plan.dtype}, "
+                                f"{self.plan.workers} workers ==")
+            for line in result.job_lines() + result.summary_lines():
+                self.progress.print(line)
+
+    def measured(self) -> list[Result]:
+        return [r for r in self.results.values() if r.jobs]
+
+
+def _git(*args: str) -> str | None:
+    """`git args` in this checkout, its stdout; None if git is missing or fails."""
+    try:
+        p = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                           timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def meta(plan: BenchPlan, started_at: datetime) -> dict[str, Any]:
+    return {"workers": plan.workers, "dtype": plan.dtype, "mtu": plan.mtu,
+            "window": plan.window, "msg_size": plan.msg_size,
+            "ack_timeout": plan.ack_timeout, "kernel": platform.release(),
+            "git_commit": _git("rev-parse", "HEAD"),
+            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "started_at": started_at.isoformat(timespec="seconds"),
+            "sizes": list(plan.sizes), "algos": list(plan.algos), "jobs": plan.jobs,
+            "warmup": plan.warmup, "seed": plan.seed,
+            "lab": {k: v for k, v in os.environ.items() if k.startswith("NR_")}}
+
+
+def plan_of(args: argparse.Namespace) -> BenchPlan:
+    algos = args.algos or default_algos()
+    return BenchPlan(workers=args.workers, sizes=tuple(args.sizes), algos=tuple(algos),
+                     dtype=args.dtype, jobs=args.jobs, warmup=args.warmup,
+                     window=args.window, msg_size=args.msg_size, mtu=args.mtu,
+                     seed=args.seed, ack_timeout=args.ack_timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The whole benchmark (see `netreduce bench --help`); the exit code."""
+    try:
+        plan = plan_of(args)
+    except ValueError as exc:
+        print(f"netreduce bench: {exc}", file=sys.stderr)
+        return 2
+    started = datetime.now(timezone.utc)
+    progress = Progress(plan.units)
+    sink = RankLines(plan, progress)
+    cmd = [sys.executable, "-m", "netreduce.tools.bench.worker", "--plan", plan.to_json()]
+    try:
+        launched = launch(cmd, plan.workers, port=args.port, timeout=args.timeout, out=sink)
+    except ValueError as exc:
+        progress.close()
+        print(f"netreduce bench: {exc}", file=sys.stderr)
+        return 2
+    progress.close()
+    if not launched.ok:
+        print(f"netreduce bench: the workers failed (exit {launched.exit_code})",
+              file=sys.stderr)
+        return launched.exit_code
+    results = sink.measured()
+    print()
+    for line in table(results):
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(document(meta(plan, started), results), indent=2)
+                             + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from netreduce.tools.bench.plot import plot
+        plot(results, plan.workers, plan.dtype, args.plot)
+        print(f"wrote {args.plot}")
+    if not all(r.verified for r in results):
+        print("netreduce bench: some results did not match numpy", file=sys.stderr)
+        return 1
+    return 0
+

@@ -1,0 +1,178 @@
+"""One rank of `netreduce bench`, started by the bench through netreduce.tools.launch:
+
+    python -m netreduce.tools.bench.worker --plan JSON
+
+For every size of the plan, `warmup` + `jobs` rounds; a round runs one job of every column
+in order -- the link (netreduce.tools.bench.link), then each allreduce algorithm -- so that a slow
+spell of the lab hits every column alike. A job: prepare, barrier (a one-element ring
+allreduce: nobody leaves it before every rank entered it), run (timed), verify, read the
+rxe counters (and, rank 0, the lab's CPU time by state and, on a two-tier fabric, the bytes
+that crossed its ToR-spine links, read around the job's barriers). One `Record` line per job goes
+to stdout. Inputs are deterministic (seed, rank, size), so every rank computes the numpy
+reference of the sum itself.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable, Protocol
+
+import numpy as np
+
+import netreduce
+from netreduce.tools.bench.link import LinkProbe
+from netreduce.tools.bench.plan import LINK, BenchPlan
+from netreduce.tools.bench.report import CPU, SPINE, Record
+from netreduce.tools.reference import Reference
+from netreduce.registration import SWITCH_ENV
+from netreduce.tools.reference import rank_input as seeded_input
+from ring_setup.device import hw_counters
+from switch.api.client import ControllerClient
+
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def rank_input(plan: BenchPlan, rank: int, size: int) -> np.ndarray:
+    """Rank `rank`'s input at `size` bytes, seeded by (seed, rank, size)."""
+    return seeded_input([plan.seed, rank, size], plan.count(size), plan.dtype)
+
+
+def size_reference(plan: BenchPlan, world_size: int, size: int) -> Reference:
+    """The numpy sum of every rank's input at `size`, with each algorithm's tolerance."""
+    return Reference(rank_input(plan, r, size) for r in range(world_size))
+
+
+class Measured(Protocol):
+    """One kind of job at one size: set up (untimed), run (timed), verify (untimed)."""
+
+    def prepare(self) -> None: ...
+    def run(self) -> None: ...
+    def check(self) -> bool: ...
+
+
+class AllreduceJob:
+    def __init__(self, comm: netreduce.Communicator, algo: str, x: np.ndarray,
+                 reference: Reference) -> None:
+        self.comm, self.algo, self.x, self.reference = comm, algo, x, reference
+        self.out = np.empty_like(x)
+
+    def prepare(self) -> None:
+        self.out.fill(0)                  # a job that wrote nothing cannot pass the check
+
+    def run(self) -> None:
+        self.comm.allreduce(self.x, algo=self.algo, out=self.out)
+        if self.comm.last_algo != self.algo:
+            raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator ran "
+                               f"{self.comm.last_algo!r}")
+
+    def check(self) -> bool:
+        return self.reference.failure(self.out, self.algo) is None
+
+
+class LinkJob:
+    def __init__(self, probe: LinkProbe, size: int) -> None:
+        self.probe, self.size = probe, size
+
+    def prepare(self) -> None:
+        self.probe.prepare(self.size)
+
+    def run(self) -> None:
+        self.probe.run()
+
+    def check(self) -> bool:
+        return self.probe.check()
+
+
+def lab_cpu() -> dict[str, int]:
+    """CPU time by state (clock ticks, all CPUs) from /proc/stat, keyed `CPU` + state."""
+    with open("/proc/stat") as f:
+        ticks = f.readline().split()[1:len(CPU_STATES) + 1]
+    return {CPU + state: int(t) for state, t in zip(CPU_STATES, ticks)}
+
+
+class SpineMeter:
+    """Rank 0's reading of the bytes that crossed a two-tier fabric's ToR-spine links (the
+    ToRs' uplink port counters, tx + rx, through the job's controller); {} on other ranks
+    and when the controller is not a fabric's."""
+
+    def __init__(self, comm: netreduce.Communicator) -> None:
+        self.client: ControllerClient | None = None
+        addr = os.environ.get(SWITCH_ENV)
+        if comm.rank == 0 and addr and comm.switch.registered:
+            client = ControllerClient(addr)
+            if client.ping()["target"] == "fabric":
+                self.client = client
+            else:
+                client.close()
+
+    def read(self) -> dict[str, int]:
+        if self.client is None:
+            return {}
+        ports = self.client.counters(connections=False)["ports"]
+        return {SPINE: sum(int(p["tx_bytes"]) + int(p["rx_bytes"]) for p in ports.values()
+                           if str(p["ifname"]).endswith(":uplink"))}
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+def _moved(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], None]) -> None:
+    """The whole plan on this rank (collective: every rank runs it alike)."""
+    if "switch" in plan.algos and not comm.switch.registered:
+        raise RuntimeError(f"bench: algo 'switch' asked for, but there is no switch: "
+                           f"{comm.switch.note}")
+    token = np.zeros(1, dtype=np.int32)
+    probe = LinkProbe(comm, max(plan.sizes))
+    spine = SpineMeter(comm)
+    try:
+        for size in plan.sizes:
+            x = rank_input(plan, comm.rank, size)
+            reference = size_reference(plan, comm.world_size, size)
+            jobs: dict[str, Measured] = {
+                column: LinkJob(probe, size) if column == LINK
+                else AllreduceJob(comm, column, x, reference) for column in plan.columns}
+            counters = hw_counters(comm.device)
+            for i in range(-plan.warmup, plan.jobs):
+                for column, job in jobs.items():
+                    job.prepare()
+                    crossed = spine.read()
+                    comm.allreduce(token, algo="ring")           # the barrier
+                    cpu = lab_cpu() if comm.rank == 0 else {}
+                    t0 = time.perf_counter_ns()
+                    job.run()
+                    ns = time.perf_counter_ns() - t0
+                    cpu = _moved(cpu, lab_cpu()) if comm.rank == 0 else {}
+                    comm.allreduce(token, algo="ring")           # every rank is done
+                    crossed = _moved(crossed, spine.read())
+                    now = hw_counters(comm.device)
+                    emit(Record(column, size, i, ns, job.check(),
+                                _moved(counters, now) | cpu | crossed))
+                    counters = now
+    finally:
+        spine.close()
+        probe.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m netreduce.tools.bench.worker",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", required=True, help="the BenchPlan as JSON")
+    plan = BenchPlan.from_json(parser.parse_args(argv).plan)
+    netreduce.log_to_stderr()
+    comm = netreduce.init(mtu=plan.mtu, msg_size=plan.msg_size, window=plan.window,
+                          ack_timeout=plan.ack_timeout,
+                          switch=None if "switch" in plan.algos else "")  # None: $NR_CONTROLLER
+    run(comm, plan, lambda record: print(record.line(), flush=True))
+    netreduce.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

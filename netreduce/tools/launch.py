@@ -1,0 +1,219 @@
+"""Run one process per lab host, torchrun style:
+
+    netreduce launch --hosts N [options] -- CMD [ARGS...]   (= python -m netreduce.tools.launch)
+
+Rank I runs `CMD` in network namespace hI (`ip netns exec hI ...`; `--local` runs every
+rank here instead) with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
+(default: rank 0's lab address 10.77.0.1, or 127.0.0.1 with --local) and MASTER_PORT set.
+In the lab's namespaces it also points torch's socket transports at the lab interface
+(GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME = nr0) unless they are set: gloo otherwise advertises
+an address of the namespace's hostname ([::1]) that no other rank can reach.
+Every output line comes out prefixed "[rank I] ". When a rank fails, the others get
+`--grace` seconds to finish before they are stopped; `--timeout` bounds the whole run.
+Exit code: 0 if every rank exited 0, else the first failing rank's code (124 on timeout).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, TextIO
+
+from ring_setup.rendezvous import DEFAULT_PORT
+
+LAB_MASTER_ADDR = "10.77.0.1"
+LOCAL_MASTER_ADDR = "127.0.0.1"
+LAB_IFNAME = "nr0"                 # every lab host's interface (scripts/setup_rxe.sh)
+TORCH_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+NETNS_DIR = Path("/run/netns")
+TIMEOUT_EXIT = 124
+_STOP_WAIT = 5.0
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int | None = None
+    output: list[str] = field(default_factory=list)
+    stopped: bool = False          # stopped by the launcher (another rank failed, or timeout)
+
+
+@dataclass
+class LaunchResult:
+    ranks: list[RankResult]
+    timed_out: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.timed_out:
+            return TIMEOUT_EXIT
+        failed = [r for r in self.ranks if r.returncode]
+        first = next((r for r in failed if not r.stopped), failed[0] if failed else None)
+        if first is None:
+            return 0
+        code = first.returncode or 1
+        return code if code > 0 else 128 - code     # killed by signal N -> 128 + N
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def rank_env(rank: int, world_size: int, master_addr: str, port: int, local: bool,
+             base: Mapping[str, str]) -> dict[str, str]:
+    """Rank `rank`'s environment: `base`, torchrun's variables, and (in the lab's
+    namespaces) torch's socket interfaces, which `base` may override."""
+    ifnames = {} if local else {v: LAB_IFNAME for v in TORCH_IFNAME_VARS}
+    return {**ifnames, **base, "RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank if local else 0),
+            "LOCAL_WORLD_SIZE": str(world_size if local else 1),
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1"}     # a crash in a C extension prints its Python stack
+
+
+def _pump(proc: subprocess.Popen[bytes], result: RankResult, out: TextIO,
+          lock: threading.Lock) -> None:
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.decode(errors="replace").rstrip("\n")
+        result.output.append(line)
+        with lock:
+            out.write(f"[rank {result.rank}] {line}\n")
+            out.flush()
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)       # the rank's own process group (start_new_session)
+    except ProcessLookupError:
+        pass
+
+
+def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
+           port: int = DEFAULT_PORT, local: bool = False, timeout: float = 3600.0,
+           grace: float = 10.0, out: TextIO | None = None,
+           env: Mapping[str, str] | None = None) -> LaunchResult:
+    """Run `cmd` as ranks 0..hosts-1 and wait for all of them (see the module doc); their
+    prefixed output goes to `out` (default: sys.stdout)."""
+    out = sys.stdout if out is None else out
+    if hosts < 1:
+        raise ValueError(f"launch: --hosts {hosts} must be >= 1")
+    if not cmd:
+        raise ValueError("launch: no command given")
+    if not local:
+        missing = [f"h{i}" for i in range(hosts) if not (NETNS_DIR / f"h{i}").exists()]
+        if missing:
+            raise ValueError(f"launch: network namespace(s) {', '.join(missing)} do not exist: "
+                             f"run inside the lab (scripts/lab.sh --hosts {hosts} -- ...) or "
+                             f"use --local")
+    master = master_addr or (LOCAL_MASTER_ADDR if local else LAB_MASTER_ADDR)
+    base = dict(os.environ if env is None else env)
+    lock = threading.Lock()
+    results = [RankResult(i) for i in range(hosts)]
+    procs: list[subprocess.Popen[bytes]] = []
+    pumps = []
+    try:
+        for i in range(hosts):
+            argv = cmd if local else ["ip", "netns", "exec", f"h{i}", *cmd]
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 env=rank_env(i, hosts, master, port, local, base))
+            procs.append(p)
+            t = threading.Thread(target=_pump, args=(p, results[i], out, lock), daemon=True)
+            t.start()
+            pumps.append(t)
+        timed_out = _supervise(procs, results, timeout, grace, out, lock)
+    finally:
+        _stop(procs, results)
+        for t in pumps:
+            t.join(timeout=_STOP_WAIT)
+    for p, r in zip(procs, results):
+        r.returncode = p.returncode
+    result = LaunchResult(results, timed_out)
+    with lock:
+        out.write("[launch] " + "; ".join(
+            f"rank {r.rank}: exit {r.returncode}{' (stopped)' if r.stopped else ''}"
+            for r in results) + (" - timed out" if timed_out else "") + "\n")
+        out.flush()
+    return result
+
+
+def _supervise(procs: list[subprocess.Popen[bytes]], results: list[RankResult],
+               timeout: float, grace: float, out: TextIO, lock: threading.Lock) -> bool:
+    """Wait for every rank; returns whether the global timeout struck."""
+    start = time.monotonic()
+    failed_at: float | None = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if now - start > timeout:
+            with lock:
+                out.write(f"[launch] timeout after {timeout:g}s: stopping every rank\n")
+            return True
+        if failed_at is None:
+            failed = [(i, p.returncode) for i, p in enumerate(procs) if p.poll()]
+            if failed:
+                failed_at = now
+                with lock:
+                    out.write(f"[launch] rank {failed[0][0]} exited with code {failed[0][1]}: "
+                              f"stopping the others in {grace:g}s\n")
+        elif now - failed_at > grace:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], results: list[RankResult]) -> None:
+    """SIGTERM every rank still running, SIGKILL what is left after a few seconds."""
+    running = [(p, r) for p, r in zip(procs, results) if p.poll() is None]
+    for p, r in running:
+        r.stopped = True
+        _signal(p, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_WAIT
+    for p, _ in running:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(p, signal.SIGKILL)
+            p.wait()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hosts", type=int, required=True, help="number of ranks")
+    parser.add_argument("--local", action="store_true",
+                        help="run every rank in this namespace (no lab)")
+    parser.add_argument("--master-addr", help="rendezvous address (default: rank 0's)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="MASTER_PORT")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="whole run, seconds")
+    parser.add_argument("--grace", type=float, default=10.0,
+                        help="seconds the others get after a rank fails")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        result = launch(cmd, args.hosts, master_addr=args.master_addr, port=args.port,
+                        local=args.local, timeout=args.timeout, grace=args.grace)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:           # the ranks were stopped on the way out
+        return 130
+    return result.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="netreduce launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""`python -m switch`: the software switch process (data plane + optional controller).
+
+`--role switch` (default) is the single switch; `--role tor` / `--role spine` are the two
+tiers of a fabric (docs/multirack.md: a ToR's or the spine's pipeline, its own ports,
+counters and control API, which takes rings only from the fabric's controller);
+`--role fabric` is that controller alone, with no ports: the job's one address, programming
+the ToRs and the spine through their control APIs (`switch.control.fabric_rpc`).
+Runs until SIGTERM/SIGINT, then prints the per-port counters. SIGUSR1 prints them (and
+writes --stats-file) without stopping.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from switch.control.service import (DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS, DEFAULT_MAX_SLOT_MEMORY,
+                                    MAX_RINGS_CEILING, ControllerConfig, TlsFiles, serve)
+from switch.api.client import ControllerError
+from switch.control.target import SoftwareTarget, Target
+from switch.dataplane.ports import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, DataPlane
+from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
+from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
+from switch.dataplane.interswitch import Endpoint
+from switch.dataplane.pipeline import AggregationPipeline
+from switch.report import report
+from switch.dataplane.spine import SpineConfig, SpinePipeline
+from switch.dataplane.tor import TorConfig, TorPipeline
+
+ROLES = ("switch", "tor", "spine", "fabric")
+
+
+def _port_arg(text: str) -> tuple[int, str]:
+    num, sep, ifname = text.partition("=")
+    if not sep or not num.isdigit() or not ifname:
+        raise argparse.ArgumentTypeError(f"expected N=IFNAME, got {text!r}")
+    return int(num), ifname
+
+
+def _mac_arg(text: str) -> tuple[str, int]:
+    mac, sep, num = text.partition("=")
+    if not sep or not num.isdigit():
+        raise argparse.ArgumentTypeError(f"expected MAC=PORT, got {text!r}")
+    return mac.lower(), int(num)
+
+
+def _loss_arg(text: str) -> tuple[int, float]:
+    port, sep, pct = text.partition("=")
+    try:
+        loss = float(pct) / 100
+    except ValueError:
+        loss = -1.0
+    if not sep or not port.isdigit() or not 0 <= loss < 1:
+        raise argparse.ArgumentTypeError(f"expected PORT=PCT (0 <= PCT < 100), got {text!r}")
+    return int(port), loss
+
+
+def _endpoint_arg(text: str) -> Endpoint:
+    mac, sep, ip = text.partition(",")
+    if not sep or mac.count(":") != 5 or ip.count(".") != 3:
+        raise argparse.ArgumentTypeError(f"expected MAC,IP, got {text!r}")
+    return Endpoint(mac.lower(), ip)
+
+
+def _tor_arg(text: str) -> tuple[int, tuple[int, Endpoint]]:
+    """J=PORT,MAC,IP: ToR J hangs on spine port PORT with these addresses."""
+    tor, sep, rest = text.partition("=")
+    port, _, addr = rest.partition(",")
+    if not sep or not tor.isdigit() or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected J=PORT,MAC,IP, got {text!r}")
+    return int(tor), (int(port), _endpoint_arg(addr))
+
+
+def _tor_addr_arg(text: str) -> tuple[int, str]:
+    tor, sep, addr = text.partition("=")
+    if not sep or not tor.isdigit() or ":" not in addr:
+        raise argparse.ArgumentTypeError(f"expected J=HOST:PORT, got {text!r}")
+    return int(tor), addr
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="netreduce-switch",
+        description="NetReduce software switch: forwards frames between its ports by MAC "
+                    "(learned, or configured with --mac) and, with --controller, aggregates the "
+                    "RoCE traffic of rings registered over gRPC (docs/pipeline.md).")
+    ap.add_argument("--role", choices=ROLES, default="switch",
+                    help="switch: one switch (default); tor / spine: a tier of a two-tier "
+                         "fabric; fabric: the fabric's controller (no ports)")
+    ap.add_argument("--port", action="append", type=_port_arg, default=[], metavar="N=IFNAME",
+                    help="attach switch port N to interface IFNAME (repeat for every port)")
+    ap.add_argument("--mac", action="append", type=_mac_arg, default=[], metavar="MAC=PORT",
+                    help="a static MAC table entry: never moved by learning, and the only way "
+                         "a ring's ports are found (give every host's MAC)")
+    ap.add_argument("--controller", metavar="ADDR:PORT",
+                    help="serve the controller's gRPC API here and aggregate registered rings; "
+                         "without it the switch only forwards")
+    ap.add_argument("--mac-table-size", type=int, default=DEFAULT_MAC_TABLE_SIZE, metavar="N",
+                    help="most learned MAC entries (static ones not counted); a new MAC "
+                         f"beyond it is not learned (default {DEFAULT_MAC_TABLE_SIZE})")
+    ap.add_argument("--mac-ageing", type=float, default=DEFAULT_MAC_AGEING, metavar="S",
+                    help=f"a learned MAC unseen for S seconds is forgotten (default "
+                         f"{DEFAULT_MAC_AGEING:g})")
+    ctl = ap.add_argument_group("controller (with --controller)")
+    ctl.add_argument("--token-file", type=Path, metavar="FILE",
+                     help="lines 'PRINCIPAL SECRET': every call but Ping must carry one of "
+                          "these secrets (default: no credentials asked)")
+    ctl.add_argument("--tls-cert", type=Path, metavar="PEM",
+                     help="serve TLS with this certificate (with --tls-key)")
+    ctl.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
+    ctl.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS, metavar="MS",
+                     help="a registration's lease when the client asks for none; a ring not "
+                          f"renewed within its lease is unregistered (default {DEFAULT_LEASE_MS})")
+    ctl.add_argument("--max-rings", type=int, default=DEFAULT_MAX_RINGS, metavar="N",
+                     help=f"rings registered at once (default {DEFAULT_MAX_RINGS}, at most "
+                          f"{MAX_RINGS_CEILING})")
+    ctl.add_argument("--max-slot-memory", type=int, default=DEFAULT_MAX_SLOT_MEMORY,
+                     metavar="BYTES",
+                     help="aggregator memory over all rings, slots x (ranks + 1) x MTU each; "
+                          f"0: no limit (default {DEFAULT_MAX_SLOT_MEMORY})")
+    ctl.add_argument("--max-in-flight", type=int, default=0, metavar="PACKETS",
+                     help="the target's pace, published to clients: rings keep at most this "
+                          "many packets unacknowledged per connection (0: only the slots "
+                          "bound it; default 0)")
+    ctl.add_argument("--ack-timeout", type=int, default=0, metavar="EXP",
+                     help="the target's pace, published to clients: rings use a QP local ACK "
+                          "timeout of at least 4.096 us x 2^EXP (0: the hosts' default, 14 = "
+                          "67 ms; default 0)")
+    fab = ap.add_argument_group("two-tier fabric (docs/multirack.md)")
+    fab.add_argument("--tor-id", type=int, metavar="J", help="tor: this ToR's id (0..31)")
+    fab.add_argument("--uplink", type=int, metavar="PORT", help="tor: the port to the spine")
+    fab.add_argument("--me", type=_endpoint_arg, metavar="MAC,IP",
+                     help="tor, spine: this switch's addresses on the inter-switch links")
+    fab.add_argument("--spine", type=_endpoint_arg, metavar="MAC,IP",
+                     help="tor: the spine's addresses")
+    fab.add_argument("--tor", type=_tor_arg, action="append", default=[],
+                     metavar="J=PORT,MAC,IP", help="spine: ToR J on port PORT (repeat per ToR)")
+    fab.add_argument("--tor-controller", type=_tor_addr_arg, action="append", default=[],
+                     metavar="J=HOST:PORT",
+                     help="fabric: ToR J's control API (repeat per ToR)")
+    fab.add_argument("--spine-controller", metavar="HOST:PORT",
+                     help="fabric: the spine's control API")
+    ap.add_argument("--tx-loss", action="append", type=_loss_arg, default=[],
+                    metavar="PORT=PCT",
+                    help="lose PCT %% of the frames sent on PORT (tests: netem's loss where "
+                         "the kernel has no netem, e.g. a fabric's inter-switch links)")
+    ap.add_argument("--stats-file", type=Path,
+                    help="write the counters as JSON here on SIGUSR1 and on exit")
+    ap.add_argument("--ready-file", type=Path,
+                    help="created once every port is open and the controller listens")
+    return ap
+
+
+def controller_options(args: argparse.Namespace) -> dict[str, Any]:
+    """serve()'s keyword arguments from the command line; ValueError says what is wrong."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
+    return {"config": ControllerConfig.with_token_file(
+                args.token_file, max_rings=args.max_rings,
+                max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms,
+                max_in_flight=args.max_in_flight, ack_timeout=args.ack_timeout),
+            "tls": tls}
+
+
+def role_pipeline(args: argparse.Namespace, dp: DataPlane) -> tuple[Any, Target]:
+    """The pipeline and controller target of --role switch/tor/spine; ValueError: a missing
+    or inconsistent role option, named."""
+    if args.role == "switch":
+        pipeline = AggregationPipeline()
+        target = SoftwareTarget(pipeline, dp.static_port_of_mac, dp.port_counters,
+                                dp.switch_counters)
+        dp.describe_connection = target.describe_connection
+        return pipeline, target
+    if args.role == "tor":
+        missing = [o for o, v in (("--tor-id", args.tor_id), ("--uplink", args.uplink),
+                                  ("--me", args.me), ("--spine", args.spine)) if v is None]
+        if missing:
+            raise ValueError(f"--role tor needs {', '.join(missing)}")
+        if args.uplink not in dp.ports:
+            raise ValueError(f"--uplink {args.uplink} is not one of the ports {sorted(dp.ports)}")
+        tor = TorPipeline(TorConfig(args.tor_id, args.uplink, args.me, args.spine))
+        return tor, TorSwitch(TorTarget(tor, dp.static_port_of_mac, dp.port_counters),
+                              dict(args.mac), dp.switch_counters)
+    if args.me is None or not args.tor:
+        raise ValueError("--role spine needs --me and a --tor per ToR")
+    tors = dict(args.tor)
+    bad = sorted(j for j, (port, _) in tors.items() if port not in dp.ports)
+    if len(tors) != len(args.tor) or bad:
+        raise ValueError(f"--tor: a ToR given twice, or ToR(s) {bad} on no port of this switch")
+    spine = SpinePipeline(SpineConfig(args.me, tors))
+    return spine, SpineSwitch(SpineTarget(spine, dp.port_counters), dp.switch_counters)
+
+
+def run_fabric(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """--role fabric: serve FabricTarget over the ToRs' and the spine's control APIs."""
+    if not args.controller or not args.tor_controller or not args.spine_controller:
+        print("switch: --role fabric needs --controller, --spine-controller and a "
+              "--tor-controller per ToR", file=sys.stderr)
+        return 2
+    token = str(args.token_file) if args.token_file else None
+    try:
+        tors = [TorClient(j, addr, token) for j, addr in args.tor_controller]
+        spine = SpineClient(args.spine_controller, token)
+        target = FabricTarget(tors, spine)
+        server, _ = serve(target, args.controller, **options)
+    except (ValueError, OSError, ControllerError) as e:
+        print(f"switch: fabric: {e}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"switch: fabric controller on {args.controller}: "
+          f"{', '.join(f'tor{j}={a}' for j, a in args.tor_controller)}, "
+          f"spine={args.spine_controller}", file=sys.stderr, flush=True)
+    if args.ready_file:
+        args.ready_file.write_text(str(os.getpid()))
+    stop.wait()
+    server.stop(None)
+    for client in [*tors, spine]:
+        client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="switch: %(levelname)s %(name)s: %(message)s")
+    try:
+        options = controller_options(args) if args.controller else {}
+    except ValueError as e:
+        print(f"switch: {e}", file=sys.stderr)
+        return 2
+    if args.role == "fabric":
+        return run_fabric(args, options)
+    ports = dict(args.port)
+    if not ports or len(ports) != len(args.port):
+        print("switch: no --port, or a port number given twice", file=sys.stderr)
+        return 2
+    if args.role != "switch" and not args.controller:
+        print(f"switch: --role {args.role} needs --controller (the fabric programs it)",
+              file=sys.stderr)
+        return 2
+    try:
+        dp = DataPlane(ports, static_macs=dict(args.mac), mac_table_size=args.mac_table_size,
+                       mac_ageing=args.mac_ageing, tx_loss=dict(args.tx_loss))
+    except ValueError as e:
+        print(f"switch: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"switch: cannot open ports {ports}: {e}", file=sys.stderr)
+        return 1
+    server = None
+    if args.controller:
+        try:
+            pipeline, target = role_pipeline(args, dp)
+        except ValueError as e:
+            print(f"switch: {e}", file=sys.stderr)
+            dp.close()
+            return 2
+        dp.pipeline = pipeline
+        try:
+            server, _ = serve(target, args.controller, **options)
+        except OSError as e:
+            print(f"switch: controller: {e}", file=sys.stderr)
+            return 1
+        if args.token_file is None:
+            logging.getLogger("switch").warning(
+                "controller on %s without --token-file: anyone who reaches it can register "
+                "and unregister rings", args.controller)
+
+    def counters() -> dict:
+        out = {"ports": dp.port_counters(), "mac_table": dp.mac_table_view(),
+               "switch": dp.switch_counters()}
+        if server is not None:
+            out["rings"] = pipeline.counters()
+            out["interswitch"] = getattr(pipeline, "interswitch", {})
+        return out
+
+    def dump(*_: object) -> None:
+        report(counters(), args.stats_file)
+
+    signal.signal(signal.SIGUSR1, dump)
+    signal.signal(signal.SIGTERM, lambda *_: dp.stop())
+    signal.signal(signal.SIGINT, lambda *_: dp.stop())
+    print(f"switch: {args.role}: ports {', '.join(f'{n}={i}' for n, i in ports.items())}"
+          + (f"; controller on {args.controller}" if args.controller else "; forwarding only"),
+          file=sys.stderr, flush=True)
+    if args.ready_file:
+        args.ready_file.write_text(str(os.getpid()))
+    try:
+        dp.run()
+    finally:
+        if server is not None:
+            server.stop()
+        dump()
+        dp.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""The BMv2 target: the controller's Target, programming switch/p4 over P4Runtime.
+
+A ring registration becomes, in install order: the ring's multicast group (one replica
+per rank r on the port of its responder, rid r, plus the continuation replica), its
+ring_table entry (epoch, N - 1, full bitmap), one replica_table entry per rank (egress
+rewrite) and one conn_table entry per connection; unregistering removes them in reverse.
+`plan_ring` computes all of it as plain data (unit-tested without BMv2); a `Session`
+writes it. `ShellSession` is the real one, over p4runtime-shell (the optional extra
+`bmv2`, imported only when a session is opened).
+
+Invariants: ring indices 0 .. NR_MAX_RINGS-1 are handed out lowest free first; every
+registration of an index gets a new epoch (1..65535), so the data plane treats slot state
+left by an earlier ring as empty; counters of a re-used index are reported relative to
+their values at registration. BMv2's P4Runtime server cannot read registers, so the
+informational per-connection RETH comes from BMv2's Thrift CLI when a `RegisterReader`
+is given, else it is None.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from switch.contract import CONN_COUNTERS, PSN_MASK, RING_COUNTERS, RingSpec, check_ring
+from switch.control.target import Target, normalize_mac, resolve_ports
+from switch.p4.program import Build, Contract, contract
+
+Value = int | str                        # an IPv4 / MAC string or an integer
+RegisterReader = Callable[[str, int], Optional[int]]
+EPOCHS = 0xFFFF                          # epochs run 1..65535, then wrap to 1
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    table: str
+    match: tuple[tuple[str, Value], ...]
+    action: str
+    params: tuple[tuple[str, Value], ...]
+
+
+@dataclass(frozen=True)
+class McGroup:
+    group_id: int
+    replicas: tuple[tuple[int, int], ...]   # (egress port, instance = egress_rid)
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """What one ring installs: its multicast group, then `install_order`."""
+
+    group: McGroup
+    ring: TableEntry
+    replicas: tuple[TableEntry, ...]
+    conns: tuple[TableEntry, ...]
+
+    @property
+    def install_order(self) -> tuple[TableEntry, ...]:
+        """Ring, then replicas, then connections: a packet matches a connection only
+        once everything it needs is in place."""
+        return (self.ring, *self.replicas, *self.conns)
+
+
+def check_bmv2_ring(spec: RingSpec, slots: int, c: Contract) -> None:
+    """Raise ValueError unless the ring fits the v1model program's limits (limits.p4)."""
+    rid = spec.ring_id
+    if slots > c.slots:
+        raise ValueError(f"ring {rid}: {slots} slots, the BMv2 program has {c.slots} per ring")
+    if spec.world_size > c.max_ranks:
+        raise ValueError(f"ring {rid}: {spec.world_size} ranks, the BMv2 program takes "
+                         f"{c.max_ranks}")
+    if spec.mtu > c.max_payload:
+        raise ValueError(f"ring {rid}: path MTU {spec.mtu}; through the BMv2 switch a ring "
+                         f"must use path MTU {c.max_payload} ({c.max_elems} int32 per packet)")
+
+
+def plan_ring(spec: RingSpec, ports: dict[str, int], slots: int, index: int, epoch: int,
+              c: Contract) -> RingPlan:
+    """The group and table entries of ring `index` (ports: each rank's IP -> switch port)."""
+    conns = spec.connections
+    ring = TableEntry("NrIngress.ring_table", (("ring", index),), "NrIngress.set_ring",
+                      (("epoch", epoch), ("slot_mask", slots - 1),
+                       ("full", (1 << spec.world_size) - 1)))
+    replicas = tuple(
+        TableEntry("NrEgress.replica_table", (("ring", index), ("rank", x.rank)),
+                   "NrEgress.set_replica",
+                   (("src_ip", x.src_ip), ("dst_ip", x.dst_ip), ("dest_qp", x.dst_qpn),
+                    ("psn0", x.psn0)))
+        for x in conns)
+    conn_entries = tuple(
+        TableEntry("NrIngress.conn_table",
+                   (("src_ip", x.src_ip), ("dst_ip", x.dst_ip), ("dest_qp", x.dst_qpn)),
+                   "NrIngress.set_conn",
+                   (("ring", index), ("rank", x.rank), ("psn0", x.psn0),
+                    ("in_port", ports[x.src_ip]), ("out_port", ports[x.dst_ip])))
+        for x in conns)
+    group = McGroup(c.ring_group_base + index,
+                    tuple((ports[x.dst_ip], x.rank) for x in conns)
+                    + ((ports[conns[0].dst_ip], c.cont_rid),))
+    return RingPlan(group, ring, replicas, conn_entries)
+
+
+def l2_entry(mac: str, port: int) -> TableEntry:
+    return TableEntry("NrIngress.l2", (("dst_mac", normalize_mac(mac)),), "NrIngress.l2_forward",
+                      (("port", port),))
+
+
+def flood_group(ports: list[int], c: Contract) -> McGroup:
+    return McGroup(c.flood_group, tuple((p, 0) for p in sorted(ports)))
+
+
+class Session(Protocol):
+    """The P4Runtime operations the target needs (one device, pipeline already pushed)."""
+
+    def insert(self, entry: TableEntry) -> None: ...
+    def delete(self, entry: TableEntry) -> None: ...
+    def insert_group(self, group: McGroup) -> None: ...
+    def delete_group(self, group_id: int) -> None: ...
+
+    def read_counter(self, name: str) -> dict[int, tuple[int, int]]:
+        """Every index of counter `name` -> (packets, bytes)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Ring:
+    spec: RingSpec
+    ports: dict[str, int]
+    slots: int
+    index: int
+    plan: RingPlan
+    baseline: dict[str, Any]      # counter values at registration (see _ring_counts)
+
+
+class Bmv2Target(Target):
+    """The controller's Target for a BMv2 simple_switch_grpc running switch/p4.
+
+    `ports`: switch port -> interface name; `macs`: the static MAC table (MAC -> port),
+    the only one the program has (it does not learn addresses; unknown ones are flooded).
+    """
+
+    name = "bmv2"
+
+    def __init__(self, session: Session, ports: dict[int, str], macs: dict[str, int],
+                 read_register: Optional[RegisterReader] = None,
+                 c: Optional[Contract] = None):
+        self.session = session
+        self.c = c or contract()
+        self._ports = dict(sorted(ports.items()))
+        self._macs = {normalize_mac(m): p for m, p in macs.items()}
+        self._read_register = read_register
+        self._rings: dict[str, _Ring] = {}
+        self._epochs = [0] * self.c.max_rings
+        self._lock = threading.Lock()
+        unknown = sorted(set(self._macs.values()) - set(self._ports))
+        if unknown:
+            raise ValueError(f"static MACs on unknown ports {unknown}")
+        session.insert_group(flood_group(list(self._ports), self.c))
+        for mac, port in self._macs.items():
+            session.insert(l2_entry(mac, port))
+
+    def port_of_mac(self, mac: str) -> Optional[int]:
+        return self._macs.get(normalize_mac(mac))
+
+    def macs(self) -> dict[str, int]:
+        """The static MAC table (MAC -> port)."""
+        return dict(self._macs)
+
+    def limits(self) -> dict[str, Any]:
+        """limits.p4's: path MTU 256 only (64 int32 per packet), its slots, ranks, rings."""
+        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots,
+                "max_ranks": self.c.max_ranks, "max_rings": self.c.max_rings}
+
+    def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
+        check_ring(spec, slots)
+        check_bmv2_ring(spec, slots, self.c)
+        ports = resolve_ports(spec, self.port_of_mac)
+        result = {"ring_id": spec.ring_id, "slots": slots, "ports": ports}
+        with self._lock:
+            old = self._rings.get(spec.ring_id)
+            if old is not None:
+                if (old.spec, old.ports, old.slots) == (spec, ports, slots):
+                    return result
+                raise ValueError(f"ring {spec.ring_id} is already registered differently")
+            self._check_free_connections(spec)
+            used = {r.index for r in self._rings.values()}
+            free = [i for i in range(self.c.max_rings) if i not in used]
+            if not free:
+                raise ValueError(f"ring {spec.ring_id}: the BMv2 program holds "
+                                 f"{self.c.max_rings} rings and all are registered")
+            index = free[0]
+            self._epochs[index] = self._epochs[index] % EPOCHS + 1
+            plan = plan_ring(spec, ports, slots, index, self._epochs[index], self.c)
+            baseline = self._ring_counts(index, spec.world_size)
+            self._install(plan)
+            self._rings[spec.ring_id] = _Ring(spec, dict(ports), slots, index, plan, baseline)
+        return result
+
+    def _check_free_connections(self, spec: RingSpec) -> None:
+        mine = {(x.src_ip, x.dst_ip, x.dst_qpn) for x in spec.connections}
+        for ring in self._rings.values():
+            for x in ring.spec.connections:
+                if (x.src_ip, x.dst_ip, x.dst_qpn) in mine:
+                    raise ValueError(f"connection {x.src_ip} -> {x.dst_ip} DestQP {x.dst_qpn} "
+                                     f"is already registered by ring {ring.spec.ring_id}")
+
+    def _install(self, plan: RingPlan) -> None:
+        """Write the plan; on a failure remove what was written, then re-raise."""
+        self.session.insert_group(plan.group)
+        done: list[TableEntry] = []
+        try:
+            for entry in plan.install_order:
+                self.session.insert(entry)
+                done.append(entry)
+        except Exception:
+            for entry in reversed(done):
+                self.session.delete(entry)
+            self.session.delete_group(plan.group.group_id)
+            raise
+
+    def unregister_ring(self, ring_id: str) -> None:
+        with self._lock:
+            ring = self._rings.pop(ring_id, None)
+            if ring is None:
+                raise KeyError(f"ring {ring_id} is not registered")
+            for entry in reversed(ring.plan.install_order):
+                self.session.delete(entry)
+            self.session.delete_group(ring.plan.group.group_id)
+
+    def _ring_counts(self, index: int, world_size: int) -> dict[str, Any]:
+        """Raw counter values of ring `index`: {"ring": {name: n}, "conns": [{name: n}]}."""
+        ring_ctr = self.session.read_counter("ring_ctr")
+        conn_ctr = self.session.read_counter("conn_ctr")
+        c = self.c
+        return {"ring": {n: ring_ctr.get(c.ring_counter_index(index, n), (0, 0))[0]
+                         for n in RING_COUNTERS},
+                "conns": [{n: conn_ctr.get(c.conn_counter_index(index, r, n), (0, 0))[0]
+                           for n in CONN_COUNTERS} for r in range(world_size)]}
+
+    def _reth(self, index: int, rank: int) -> Optional[dict[str, int]]:
+        value = (self._read_register("conn_reth", index * self.c.max_ranks + rank)
+                 if self._read_register else None)
+        if not value:
+            return None
+        return {"va": value >> 64, "rkey": value >> 32 & 0xFFFFFFFF, "dma_len": value & 0xFFFFFFFF}
+
+    def counters(self) -> dict[str, Any]:
+        with self._lock:
+            rings = {rid: self._ring_view(ring) for rid, ring in self._rings.items()}
+        return {"target": self.name, "rings": rings, "ports": self._port_view()}
+
+    def _ring_view(self, ring: _Ring) -> dict[str, Any]:
+        """The software target's shape (AggregationPipeline.counters) for one ring."""
+        now = self._ring_counts(ring.index, ring.spec.world_size)
+        base = ring.baseline
+        counts = {n: v - base["ring"][n] for n, v in now["ring"].items()}
+        conns = []
+        for x, cnow, cbase in zip(ring.spec.connections, now["conns"], base["conns"]):
+            conns.append({"rank": x.rank, "src_ip": x.src_ip, "dst_ip": x.dst_ip,
+                          "dst_qpn": x.dst_qpn, "psn0": x.psn0,
+                          "in_port": ring.ports[x.src_ip], "out_port": ring.ports[x.dst_ip],
+                          "reth": self._reth(ring.index, x.rank),
+                          "counters": {n: v - cbase[n] for n, v in cnow.items()}})
+        # every emission advances next_emit by one, from 0 at registration
+        return {"world_size": ring.spec.world_size, "slots": ring.slots,
+                "next_emit": counts["completed"] & PSN_MASK, "counters": counts,
+                "connections": conns}
+
+    def _port_view(self) -> dict[str, dict[str, Any]]:
+        rx, tx = self.session.read_counter("port_rx"), self.session.read_counter("port_tx")
+        roce, flooded = (self.session.read_counter("port_roce"),
+                         self.session.read_counter("port_flooded"))
+        out: dict[str, dict[str, Any]] = {}
+        for port, ifname in self._ports.items():
+            (rxp, rxb), (txp, txb) = rx.get(port, (0, 0)), tx.get(port, (0, 0))
+            out[str(port)] = {"ifname": ifname, "rx_packets": rxp, "rx_bytes": rxb,
+                              "tx_packets": txp, "tx_bytes": txb,
+                              "roce_packets": roce.get(port, (0, 0))[0],
+                              "flooded": flooded.get(port, (0, 0))[0], "tx_errors": 0}
+        return out
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class ShellSession:
+    """A Session over p4runtime-shell: connects, pushes the compiled program (which resets
+    every table, register and counter of the device), then writes entities one by one."""
+
+    def __init__(self, grpc_addr: str, build: Build, device_id: int = 0,
+                 election_id: tuple[int, int] = (0, 1)):
+        try:
+            import p4runtime_sh.shell as sh
+        except ImportError as e:
+            raise RuntimeError("the BMv2 target needs p4runtime-shell: pip install "
+                               "'netreduce[bmv2]' (see switch/p4/README.md)") from e
+        self._sh = sh
+        try:
+            sh.setup(device_id=device_id, grpc_addr=grpc_addr, election_id=election_id,
+                     config=sh.FwdPipeConfig(str(build.p4info), str(build.json)),
+                     verbose=False)
+        except SystemExit as e:      # p4runtime-shell exits on a failed setup
+            raise RuntimeError(f"P4Runtime setup of {grpc_addr} failed (see the log above)") from e
+
+    def _entry(self, e: TableEntry) -> Any:
+        te = self._sh.TableEntry(e.table)(action=e.action)
+        for name, value in e.match:
+            te.match[name] = str(value)
+        for name, value in e.params:
+            te.action[name] = str(value)
+        return te
+
+    def insert(self, entry: TableEntry) -> None:
+        self._entry(entry).insert()
+
+    def delete(self, entry: TableEntry) -> None:
+        self._entry(entry).delete()
+
+    def insert_group(self, group: McGroup) -> None:
+        mg = self._sh.MulticastGroupEntry(group.group_id)
+        for port, instance in group.replicas:
+            mg.add(port, instance)
+        mg.insert()
+
+    def delete_group(self, group_id: int) -> None:
+        self._sh.MulticastGroupEntry(group_id).delete()
+
+    def read_counter(self, name: str) -> dict[int, tuple[int, int]]:
+        out = {}
+        for ce in self._sh.CounterEntry(name).read():
+            msg = ce.msg()
+            out[msg.index.index] = (msg.data.packet_count, msg.data.byte_count)
+        return out
+
+    def close(self) -> None:
+        self._sh.teardown()
+
+
+class ThriftRegisters:
+    """Reads BMv2 registers with simple_switch_CLI over Thrift (P4Runtime cannot)."""
+
+    def __init__(self, thrift_port: int = 9090, cli: str = "simple_switch_CLI"):
+        self.cmd = [cli, "--thrift-port", str(thrift_port)]
+
+    def __call__(self, name: str, index: int) -> Optional[int]:
+        """The register's value, or None when the CLI fails or says nothing usable."""
+        try:
+            run = subprocess.run(self.cmd, input=f"register_read {name} {index}\n",
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        m = re.search(rf"{re.escape(name)}\[{index}\]\s*=\s*(\d+)", run.stdout)
+        return int(m.group(1)) if m else None

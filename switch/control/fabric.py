@@ -1,0 +1,245 @@
+"""One controller for a two-tier fabric: `FabricTarget` programs every switch on a ring's path.
+
+A ring's ranks are placed by rack membership: rank r is in the rack of the ToR that sees its
+MAC on a host port (any port but the ToR's uplink); exactly one ToR must. Each ToR holding
+ranks gets the ring with its local ranks' ports (`TorControl.register_ring`), and the spine
+gets the ring over those ToRs when there are two or more. A ring the fabric cannot host is
+refused with the reason (a rank in no rack or in two, a switch's own refusal), and nothing
+stays installed: what was installed before the refusal is removed again.
+
+The switches are reached through `TorControl` / `SpineControl`, whose arguments are
+JSON-able: `TorTarget` / `SpineTarget` are the in-process ones (the simulation, or a switch
+process owning its controller); a client-backed implementation of the same two protocols
+reaches switch processes of a lab.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from switch.contract import MAX_RACKS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, RING_COUNTERS, RingSpec
+from switch.control.target import PortOfMac, Target, normalize_mac
+from switch.dataplane.spine import SpinePipeline
+from switch.dataplane.tor import TorPipeline
+
+log = logging.getLogger(__name__)
+PortCounters = Callable[[], dict[Any, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a ring's ranks are: each rank's rack (ToR id) and, per ToR id, its local ranks'
+    IP -> host port (a switch of the fabric is told the racks and knows its own ports)."""
+
+    rack_of_rank: tuple[int, ...]
+    local_ports: dict[int, dict[str, int]]
+
+    @property
+    def tor_ids(self) -> list[int]:
+        return sorted(set(self.rack_of_rank))
+
+    @property
+    def routes(self) -> dict[int, int]:
+        """Rank -> its responder's rack, for the connections between racks."""
+        racks = self.rack_of_rank
+        n = len(racks)
+        return {r: racks[(r + 1) % n] for r in range(n) if racks[r] != racks[(r + 1) % n]}
+
+
+class TorControl(Protocol):
+    """What the fabric controller needs of a ToR."""
+
+    name: str
+    tor_id: int
+
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None: ...
+    def unregister_ring(self, ring_id: str) -> None: ...
+    def counters(self) -> dict[str, Any]: ...
+    def port_of_mac(self, mac: str) -> Optional[int]:
+        """The host port of `mac` on this ToR (None: not on a host port here)."""
+        ...
+
+
+class SpineControl(Protocol):
+    """What the fabric controller needs of the spine."""
+
+    name: str
+
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None: ...
+    def unregister_ring(self, ring_id: str) -> None: ...
+    def counters(self) -> dict[str, Any]: ...
+
+
+class TorTarget:
+    """An in-process ToR: a TorPipeline and what its data plane knows of ports."""
+
+    def __init__(self, pipeline: TorPipeline, port_of_mac: PortOfMac,
+                 port_counters: PortCounters = dict):
+        self.pipeline = pipeline
+        self.tor_id = pipeline.config.tor_id
+        self.uplink = pipeline.config.uplink
+        self.name = f"tor{self.tor_id}"
+        self._port_of_mac = port_of_mac
+        self._port_counters = port_counters
+
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None:
+        self.pipeline.register_ring(spec, placement.local_ports[self.tor_id], slots)
+
+    def unregister_ring(self, ring_id: str) -> None:
+        self.pipeline.unregister_ring(ring_id)
+
+    def counters(self) -> dict[str, Any]:
+        return {"rings": self.pipeline.counters(), "interswitch": dict(self.pipeline.interswitch),
+                "ports": {str(p): c for p, c in self._port_counters().items()},
+                "uplink": self.uplink}
+
+    def port_of_mac(self, mac: str) -> Optional[int]:
+        port = self._port_of_mac(mac)
+        return None if port == self.uplink else port
+
+
+class SpineTarget:
+    """An in-process spine: a SpinePipeline and its port counters."""
+
+    name = "spine"
+
+    def __init__(self, pipeline: SpinePipeline, port_counters: PortCounters = dict):
+        self.pipeline = pipeline
+        self._port_counters = port_counters
+
+    def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None:
+        self.pipeline.register_ring(spec.ring_id, placement.tor_ids, slots, spec.mtu,
+                                    placement.routes)
+
+    def unregister_ring(self, ring_id: str) -> None:
+        self.pipeline.unregister_ring(ring_id)
+
+    def counters(self) -> dict[str, Any]:
+        return {"rings": self.pipeline.counters(), "interswitch": dict(self.pipeline.interswitch),
+                "ports": {str(p): c for p, c in self._port_counters().items()}}
+
+
+class FabricTarget(Target):
+    """The controller's Target for a ToR/spine fabric (see the module doc)."""
+
+    name = "fabric"
+
+    def __init__(self, tors: Sequence[TorControl], spine: SpineControl):
+        ids = [t.tor_id for t in tors]
+        if len(set(ids)) != len(ids) or not 0 < len(ids) <= MAX_RACKS:
+            raise ValueError(f"ToR ids {ids}: need 1..{MAX_RACKS} distinct")
+        self.tors = {t.tor_id: t for t in tors}
+        self.spine = spine
+        self._rings: dict[str, tuple[RingSpec, int, Placement]] = {}
+
+    def place(self, spec: RingSpec) -> Placement:
+        """Each rank's rack from the ToRs' MAC tables; ValueError names a rank placed badly."""
+        racks: list[int] = []
+        local: dict[int, dict[str, int]] = {}
+        for c in spec.connections:
+            mac = normalize_mac(c.src_mac)
+            seen = [(t.tor_id, port) for t in self.tors.values()
+                    for port in [t.port_of_mac(mac)] if port is not None]
+            if len(seen) != 1:
+                where = "no rack" if not seen else f"racks {[t for t, _ in seen]}"
+                raise ValueError(f"ring {spec.ring_id}: rank {c.rank} ({c.src_ip}, MAC {mac}) "
+                                 f"is in {where}: not seen on exactly one ToR host port")
+            tor, port = seen[0]
+            racks.append(tor)
+            local.setdefault(tor, {})[c.src_ip] = port
+        return Placement(tuple(racks), local)
+
+    def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
+        placement = self.place(spec)
+        old = self._rings.get(spec.ring_id)
+        if old is not None:
+            if old != (spec, slots, placement):
+                raise ValueError(f"ring {spec.ring_id} is already registered differently")
+            return self._reply(spec, slots, placement)
+        steps: list[tuple[TorControl | SpineControl, Callable[[], None]]] = [
+            (self.tors[t], lambda t=t: self.tors[t].register_ring(spec, slots, placement))
+            for t in placement.tor_ids]
+        if len(placement.tor_ids) > 1:
+            steps.append((self.spine, lambda: self.spine.register_ring(spec, slots, placement)))
+        done: list[TorControl | SpineControl] = []
+        for switch, install in steps:
+            try:
+                install()
+            except ValueError as e:
+                self._roll_back(spec.ring_id, done)
+                raise ValueError(f"ring {spec.ring_id} refused by {switch.name}: {e}") from e
+            except Exception:
+                self._roll_back(spec.ring_id, done)
+                raise
+            done.append(switch)
+        self._rings[spec.ring_id] = (spec, slots, placement)
+        return self._reply(spec, slots, placement)
+
+    @staticmethod
+    def _reply(spec: RingSpec, slots: int, placement: Placement) -> dict[str, Any]:
+        ports = {ip: p for ports in placement.local_ports.values() for ip, p in ports.items()}
+        racks = {c.src_ip: placement.rack_of_rank[c.rank] for c in spec.connections}
+        return {"ring_id": spec.ring_id, "slots": slots, "ports": ports, "racks": racks}
+
+    @staticmethod
+    def _roll_back(ring_id: str, done: Sequence[TorControl | SpineControl]) -> None:
+        for switch in reversed(done):
+            try:
+                switch.unregister_ring(ring_id)
+            except Exception:  # noqa: BLE001 - keep undoing the others; the log names it
+                log.exception("ring %s: rollback on %s failed", ring_id, switch.name)
+
+    def unregister_ring(self, ring_id: str) -> None:
+        if ring_id not in self._rings:
+            raise KeyError(f"ring {ring_id} is not registered")
+        _, _, placement = self._rings.pop(ring_id)
+        switches: list[TorControl | SpineControl] = [self.tors[t] for t in placement.tor_ids]
+        if len(placement.tor_ids) > 1:
+            switches.append(self.spine)
+        for switch in switches:
+            switch.unregister_ring(ring_id)
+
+    def counters(self) -> dict[str, Any]:
+        """The Target shape for the whole fabric, plus the fabric's own detail.
+
+        Per ring: the host-facing view every Target gives (its ToRs' counters summed, their
+        connections by rank, next_emit of the slowest ToR) and, beside it, `racks` and each
+        switch's own counters for the ring (`switches`). Ports are numbered 1.. over the
+        fabric, switch by switch; each says which switch and port it is in `ifname`
+        ('tor0:3'; a ToR's uplink is 'tor0:uplink': the ToR-spine links are the uplinks)."""
+        per_switch = {s.name: s.counters() for s in [*self.tors.values(), self.spine]}
+        rings = {}
+        for rid, (spec, slots, placement) in self._rings.items():
+            tors = [per_switch[self.tors[t].name]["rings"][rid] for t in placement.tor_ids]
+            names = [self.tors[t].name for t in placement.tor_ids]
+            if len(names) > 1:
+                names.append(self.spine.name)
+            rings[rid] = {"world_size": spec.world_size, "slots": slots,
+                          "next_emit": min(t["next_emit"] for t in tors),
+                          "counters": {n: sum(t["counters"][n] for t in tors)
+                                       for n in RING_COUNTERS},
+                          "connections": sorted((c for t in tors for c in t["connections"]),
+                                                key=lambda c: c["rank"]),
+                          "racks": list(placement.rack_of_rank),
+                          "switches": {n: per_switch[n]["rings"][rid] for n in names}}
+        ports = {}
+        for name, snap in per_switch.items():
+            for p, c in snap["ports"].items():
+                where = "uplink" if p == str(snap.get("uplink")) else p
+                ports[str(len(ports) + 1)] = {**c, "ifname": f"{name}:{where}"}
+        interswitch = {name: snap["interswitch"] for name, snap in per_switch.items()}
+        return {"target": self.name, "rings": rings, "ports": ports, "interswitch": interswitch}
+
+    def port_of_mac(self, mac: str) -> Optional[int]:
+        """The host port of `mac` on its rack's ToR (None when no ToR has it on a host port)."""
+        for t in self.tors.values():
+            port = t.port_of_mac(mac)
+            if port is not None:
+                return port
+        return None
+
+    def limits(self) -> dict[str, Any]:
+        """What the fabric can aggregate (the fields of control.proto's TargetLimits it sets)."""
+        return {"path_mtus": list(PATH_MTUS), "max_slots": MAX_SLOTS,
+                "max_ranks": MAX_RANKS * len(self.tors)}

@@ -1,0 +1,388 @@
+"""The switch controller: the typed gRPC service of switch/api/control.proto and its TLS
+server, in front of one `switch.control.target.Target`.
+
+Every call goes: credentials (all but Ping) -> decode and validate every field
+(`switch.api.validate`) -> ownership and configured limits -> the Target. A refusal is a
+gRPC status naming the field or limit (see the proto's header); anything unexpected is
+INTERNAL, logged once per method and exception type. Invariants: no request reaches a
+Target unvalidated; a refused call changes nothing; every registered ring has exactly one
+lease, owned by the principal that registered it, and a lapsed lease unregisters its ring
+(`leases_expired`); the rings and their aggregator memory stay within `ControllerConfig`.
+The controller never touches packets.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import grpc
+
+from switch.api import control_pb2 as pb
+from switch.api import validate
+from switch.api.client import DEFAULT_ADDR
+from switch.api.tokens import read_token_file
+from switch.contract import DEFAULT_SLOTS, MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT, RingSpec
+from switch.control.target import FabricSwitchTarget, Target, slot_memory
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Controller"].full_name
+MAX_MESSAGE = 4 << 20              # gRPC's default receive limit, which clients keep
+REPLY_BUDGET = MAX_MESSAGE - (64 << 10)
+MAX_RINGS_CEILING = 1024           # Counters without detail stays < 300 KiB at this many rings
+DEFAULT_MAX_RINGS = 64
+DEFAULT_MAX_SLOT_MEMORY = 256 << 20
+DEFAULT_LEASE_MS = 15_000
+REAPER_TICK = 0.05                 # s between lease checks
+ANONYMOUS = "anonymous"            # the principal of every call when no token file is given
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """What the switch's command line configures about its controller."""
+
+    tokens: Optional[dict[str, str]] = None      # secret -> principal; None: no credentials
+    max_rings: int = DEFAULT_MAX_RINGS
+    max_slot_memory: int = DEFAULT_MAX_SLOT_MEMORY   # bytes; 0: no limit
+    default_lease_ms: int = DEFAULT_LEASE_MS
+    default_slots: int = DEFAULT_SLOTS
+    max_in_flight: int = 0        # the target's pace (TargetLimits); 0: no requirement
+    ack_timeout: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_rings <= MAX_RINGS_CEILING:
+            raise ValueError(f"max_rings {self.max_rings} is not in 1..{MAX_RINGS_CEILING} "
+                             "(Counters must stay under the 4 MiB message limit)")
+        if self.max_slot_memory < 0:
+            raise ValueError(f"max_slot_memory {self.max_slot_memory} is negative")
+        if not 0 <= self.max_in_flight <= RXE_MAX_INFLIGHT:
+            raise ValueError(f"max_in_flight {self.max_in_flight} is not in "
+                             f"0..{RXE_MAX_INFLIGHT}")
+        if not 0 <= self.ack_timeout <= MAX_ACK_TIMEOUT:
+            raise ValueError(f"ack_timeout {self.ack_timeout} is not in 0..{MAX_ACK_TIMEOUT}")
+        if not validate.MIN_LEASE_MS <= self.default_lease_ms <= validate.MAX_LEASE_MS:
+            raise ValueError(f"default lease {self.default_lease_ms} ms is not in "
+                             f"{validate.MIN_LEASE_MS}..{validate.MAX_LEASE_MS}")
+
+    @classmethod
+    def with_token_file(cls, token_file: Optional[str | Path], **kw: Any) -> "ControllerConfig":
+        tokens = None
+        if token_file is not None:
+            tokens = {secret: who for who, secret in read_token_file(token_file)}
+        return cls(tokens=tokens, **kw)
+
+
+class Refusal(Exception):
+    """A call refused with `code`; the message names the field or limit."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+REFUSAL_COUNTERS = {grpc.StatusCode.INVALID_ARGUMENT: "refused_invalid",
+                    grpc.StatusCode.UNAUTHENTICATED: "refused_unauthenticated",
+                    grpc.StatusCode.PERMISSION_DENIED: "refused_permission",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED: "refused_limit",
+                    grpc.StatusCode.FAILED_PRECONDITION: "refused_precondition",
+                    grpc.StatusCode.NOT_FOUND: "refused_not_found"}
+OWN_COUNTERS = ("rings_registered", "slot_memory_used", "leases_expired", "internal_errors",
+                *REFUSAL_COUNTERS.values())
+
+
+@dataclass
+class Lease:
+    """A registered ring's owner, lease and share of the aggregator memory."""
+
+    owner: str
+    lease_ms: int
+    expires: float                 # on the controller's clock
+    memory: int
+
+
+class ControllerService:
+    """The RPC handlers over a Target (see the module doc).
+
+    `_lock` serialises every change of the leases and the target: calls and the reaper.
+    """
+
+    def __init__(self, target: Target, config: ControllerConfig = ControllerConfig(),
+                 clock: Callable[[], float] = time.monotonic):
+        self.target = target
+        self.config = config
+        self.clock = clock
+        self.leases: dict[str, Lease] = {}
+        self.counts = dict.fromkeys(OWN_COUNTERS, 0)
+        self._lock = threading.Lock()
+        self._logged: set[tuple[str, str]] = set()
+        self._stop = threading.Event()
+        self._reaper: Optional[threading.Thread] = None
+
+    # -- limits, credentials, ownership -------------------------------------------------
+    def limits(self) -> dict[str, Any]:
+        mine = self.target.limits()
+        max_rings = min(self.config.max_rings, mine.get("max_rings", self.config.max_rings))
+        return {"path_mtus": list(mine["path_mtus"]), "max_slots": mine["max_slots"],
+                "max_ranks": mine["max_ranks"], "max_rings": max_rings,
+                "free_rings": max(0, max_rings - len(self.leases)),
+                "max_slot_memory": self.config.max_slot_memory,
+                "default_lease_ms": self.config.default_lease_ms,
+                "max_in_flight": self.config.max_in_flight,
+                "ack_timeout": self.config.ack_timeout}
+
+    def authenticate(self, context: grpc.ServicerContext) -> str:
+        """The caller's principal; UNAUTHENTICATED unless it sent a secret of the file."""
+        tokens = self.config.tokens
+        if tokens is None:
+            return ANONYMOUS
+        sent = [v for k, v in context.invocation_metadata() if k == "authorization"]
+        if not sent:
+            raise Refusal(grpc.StatusCode.UNAUTHENTICATED,
+                          "no credentials: this switch needs 'authorization: Bearer SECRET' "
+                          "(a client reads the token file $NR_CONTROLLER_TOKEN names)")
+        scheme, _, secret = str(sent[0]).partition(" ")
+        principal = None
+        for known, who in tokens.items():          # compare with every secret, in constant time
+            if hmac.compare_digest(secret.encode(), known.encode()):
+                principal = who
+        if scheme != "Bearer" or principal is None:
+            raise Refusal(grpc.StatusCode.UNAUTHENTICATED,
+                          "the secret sent is not one of the switch's token file")
+        return principal
+
+    def _owned(self, ring_id: str, principal: str) -> Lease:
+        lease = self.leases.get(ring_id)
+        if lease is None:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {ring_id} is not registered")
+        if lease.owner != principal:
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                          f"ring {ring_id} belongs to principal {lease.owner!r}, not "
+                          f"{principal!r}")
+        return lease
+
+    # -- the calls ------------------------------------------------------------------------
+    def ping(self, req: pb.PingRequest, principal: Optional[str]) -> pb.PingReply:
+        with self._lock:
+            return pb.PingReply(target=self.target.name, limits=pb.TargetLimits(**self.limits()),
+                                auth_required=self.config.tokens is not None)
+
+    def register_ring(self, req: pb.RegisterRingRequest, principal: str
+                      ) -> pb.RegisterRingReply:
+        with self._lock:
+            limits = self.limits()
+            reg = validate.registration(req, limits, self.config.default_slots,
+                                        self.config.default_lease_ms)
+            spec = reg.spec
+            old = self.leases.get(spec.ring_id)
+            if old is not None:
+                self._owned(spec.ring_id, principal)
+            else:
+                self._check_room(spec, reg.slots, limits)
+            try:
+                if isinstance(self.target, FabricSwitchTarget) and reg.racks:
+                    placed = self.target.register_in_fabric(spec, reg.slots, reg.racks)
+                elif reg.racks:
+                    raise ValueError(f"racks: given, but this switch ({self.target.name}) is "
+                                     "not a ToR or spine of a two-tier fabric")
+                else:
+                    placed = self.target.register_ring(spec, reg.slots)
+            except ValueError as e:
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+            memory = slot_memory(spec.world_size, reg.slots, spec.mtu)
+            self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
+                                              self.clock() + reg.lease_ms / 1000, memory)
+            log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms",
+                     spec.ring_id, principal, spec.world_size, reg.slots, reg.lease_ms)
+            return pb.RegisterRingReply(ring_id=placed["ring_id"], slots=placed["slots"],
+                                        ports=placed["ports"], lease_ms=reg.lease_ms)
+
+    def _check_room(self, spec: RingSpec, slots: int, limits: dict[str, Any]) -> None:
+        if len(self.leases) >= limits["max_rings"]:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"ring {spec.ring_id}: the switch's limit of {limits['max_rings']} "
+                          f"rings (--max-rings) is reached")
+        cap = self.config.max_slot_memory
+        used = sum(lease.memory for lease in self.leases.values())
+        need = slot_memory(spec.world_size, slots, spec.mtu)
+        if cap and used + need > cap:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"ring {spec.ring_id}: {slots} slots x {spec.world_size + 1} x "
+                          f"{spec.mtu} B = {need} bytes of aggregator memory, {used} of the "
+                          f"switch's limit of {cap} bytes (--max-slot-memory) in use")
+
+    def renew_lease(self, req: pb.RenewLeaseRequest, principal: str) -> pb.RenewLeaseReply:
+        rid = validate.ring_id(req.ring_id)
+        with self._lock:
+            lease = self._owned(rid, principal)
+            lease.expires = self.clock() + lease.lease_ms / 1000
+            return pb.RenewLeaseReply(ring_id=rid, lease_ms=lease.lease_ms)
+
+    def unregister_ring(self, req: pb.UnregisterRingRequest, principal: str
+                        ) -> pb.UnregisterRingReply:
+        rid = validate.ring_id(req.ring_id)
+        with self._lock:
+            self._owned(rid, principal)
+            self._free(rid)
+            log.info("ring %s unregistered by %s", rid, principal)
+            return pb.UnregisterRingReply(ring_id=rid)
+
+    def _free(self, ring_id: str) -> None:
+        del self.leases[ring_id]
+        try:
+            self.target.unregister_ring(ring_id)
+        except KeyError:
+            log.error("ring %s had a lease but was not in the %s target", ring_id,
+                      self.target.name)
+
+    def counters(self, req: pb.CountersRequest, principal: str) -> pb.CountersReply:
+        rid = validate.ring_id(req.ring_id) if req.ring_id else None
+        with self._lock:
+            if rid is not None and rid not in self.leases:
+                raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {rid} is not registered")
+            now = self.clock()
+            got = self.target.counters()
+            leases = dict(self.leases)
+            own = {**self.counts, "rings_registered": len(leases),
+                   "slot_memory_used": sum(x.memory for x in leases.values())}
+        reply = pb.CountersReply(target=got["target"])
+        for ring_id, ring in got["rings"].items():
+            if (rid is not None and ring_id != rid) or ring_id not in leases:
+                continue
+            lease = leases[ring_id]
+            rc = reply.rings.add(ring_id=ring_id, world_size=ring["world_size"],
+                                 slots=ring["slots"], next_emit=ring["next_emit"],
+                                 counters=ring["counters"], owner=lease.owner,
+                                 lease_remaining_ms=max(0, int((lease.expires - now) * 1000)))
+            if req.connections:
+                for c in ring["connections"]:
+                    cc = rc.connections.add(
+                        rank=c["rank"], src_ip=c["src_ip"], dst_ip=c["dst_ip"],
+                        dst_qpn=c["dst_qpn"], psn0=c["psn0"], in_port=c["in_port"],
+                        out_port=c["out_port"], counters=c["counters"])
+                    if c["reth"] is not None:
+                        cc.reth.CopyFrom(pb.Reth(**c["reth"]))
+        for port, pc in got["ports"].items():
+            reply.ports.add(port=int(port), ifname=str(pc.get("ifname", "")),
+                            counters={k: v for k, v in pc.items() if k != "ifname"})
+        reply.switch.update({**got.get("switch", {}), **own})
+        reply.static_macs.update(got.get("static_macs", {}))
+        size = reply.ByteSize()
+        if size > REPLY_BUDGET:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the per-connection counters of {len(reply.rings)} rings take "
+                          f"{size} bytes, over the {MAX_MESSAGE} byte message limit: ask for "
+                          "one ring (ring_id) or for totals only (connections false)")
+        return reply
+
+    # -- leases -----------------------------------------------------------------------------
+    def expire_leases(self) -> list[str]:
+        """Unregister every ring whose lease lapsed; returns their ids."""
+        with self._lock:
+            now = self.clock()
+            lapsed = [(rid, lease) for rid, lease in self.leases.items() if lease.expires <= now]
+            for rid, lease in lapsed:
+                self._free(rid)
+                self.counts["leases_expired"] += 1
+                log.warning("ring %s of %s: lease lapsed (not renewed within %d ms): "
+                            "unregistered", rid, lease.owner, lease.lease_ms)
+        return [rid for rid, _ in lapsed]
+
+    def start_reaper(self, tick: float = REAPER_TICK) -> None:
+        def run() -> None:
+            while not self._stop.wait(tick):
+                try:
+                    self.expire_leases()
+                except Exception:  # noqa: BLE001 - the reaper must outlive a target's bug
+                    log.exception("lease expiry failed")
+        self._reaper = threading.Thread(target=run, name="lease-reaper", daemon=True)
+        self._reaper.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join()
+
+    # -- gRPC plumbing ----------------------------------------------------------------------
+    def handler(self) -> grpc.GenericRpcHandler:
+        calls = {"Ping": (pb.PingRequest, self.ping, False),
+                 "RegisterRing": (pb.RegisterRingRequest, self.register_ring, True),
+                 "RenewLease": (pb.RenewLeaseRequest, self.renew_lease, True),
+                 "UnregisterRing": (pb.UnregisterRingRequest, self.unregister_ring, True),
+                 "Counters": (pb.CountersRequest, self.counters, True)}
+        return grpc.method_handlers_generic_handler(
+            SERVICE, {name: grpc.unary_unary_rpc_method_handler(self._rpc(name, *call))
+                      for name, call in calls.items()})
+
+    def _rpc(self, name: str, request_type: type, fn: Callable[[Any, Any], Any],
+             needs_credentials: bool) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        """A raw-bytes handler: authenticate, decode, call; every failure becomes a status.
+
+        Requests are decoded here, not by grpc, so that undecodable bytes are
+        INVALID_ARGUMENT like any other malformed value. context.abort raises, so a call
+        either returns the reply or ends with the status.
+        """
+        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                principal = self.authenticate(context) if needs_credentials else None
+                return fn(validate.parse(request_type, request), principal).SerializeToString()
+            except (Refusal, validate.InvalidArgument) as e:
+                refusal = e if isinstance(e, Refusal) else Refusal(
+                    grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                self._count(REFUSAL_COUNTERS[refusal.code])
+                context.abort(refusal.code, refusal.message)
+            except Exception as e:  # noqa: BLE001 - anything else is the controller's fault
+                self._count("internal_errors")
+                if (name, type(e).__name__) not in self._logged:
+                    self._logged.add((name, type(e).__name__))
+                    log.exception("%s failed", name)
+                context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
+        return handle
+
+    def _count(self, counter: str) -> None:
+        with self._lock:
+            self.counts[counter] += 1
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+
+
+class ControllerServer:
+    """A running controller: the gRPC server and its service's lease reaper."""
+
+    def __init__(self, server: grpc.Server, service: ControllerService):
+        self.server = server
+        self.service = service
+
+    def stop(self, grace: Optional[float] = None) -> None:
+        self.service.stop()
+        self.server.stop(grace).wait()
+
+
+def serve(target: Target, addr: str = DEFAULT_ADDR, max_workers: int = 4, *,
+          config: ControllerConfig = ControllerConfig(), tls: Optional[TlsFiles] = None
+          ) -> tuple[ControllerServer, int]:
+    """Start the controller on `addr` ('host:0' picks a port) with its lease reaper;
+    returns (the running controller, port)."""
+    service = ControllerService(target, config)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
+    server.add_generic_rpc_handlers((service.handler(),))
+    try:
+        if tls is None:
+            port = server.add_insecure_port(addr)
+        else:
+            creds = grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
+            port = server.add_secure_port(addr, creds)
+    except RuntimeError as e:
+        raise OSError(f"controller: cannot listen on {addr}: {e}") from None
+    server.start()
+    service.start_reaper()
+    return ControllerServer(server, service), port

@@ -1,0 +1,90 @@
+"""The README's library snippets, run verbatim by 4 ranks under the lab launcher, as a new
+user would run them (`netreduce launch --hosts 4 -- python snippet.py`): nothing in the
+environment beyond what the lab and the launcher set (no GLOO_SOCKET_IFNAME of our own).
+Each snippet is followed by a short check of ours that prints one line per rank.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from netreduce.tools.launch import LaunchResult, launch
+from tests.lab.labhosts import HOSTS, ROOT
+from tests.lab.test_allreduce import _ports
+
+pytestmark = pytest.mark.lab
+N = 4
+
+# After the numpy snippet: x holds the sum of every rank's x (the first, in-place call),
+# within the README's float32 bound n 2^-(e+1) (1 + 2^-24) + 2^-24 |S| + 2^-150,
+# e = 30 - ceil(log2 n) - floor(log2 max|x|) (max over every rank's input).
+NUMPY_CHECK = """
+import math, os
+n = int(os.environ["WORLD_SIZE"])
+expected = np.arange(1_000_000, dtype=np.float64) * (n * (n + 1) // 2)
+e = 30 - math.ceil(math.log2(n)) - math.floor(math.log2(999_999 * n))
+bound = n * 2.0 ** -(e + 1) * (1 + 2.0 ** -24) + 2.0 ** -24 * np.abs(expected) + 2.0 ** -150
+excess = float(np.max(np.abs(x - expected) - bound))
+print(f"README-CHECK numpy rank {os.environ['RANK']}: worst error - bound {excess:.3e}", flush=True)
+assert excess <= 0, excess
+"""
+# After the DDP snippet: one step on rank-specific inputs; DDP averages the gradients through
+# the hook, so every rank must hold the same ones.
+DDP_CHECK = """
+import os
+torch.manual_seed(int(os.environ["RANK"]))
+model(torch.randn(32, 64)).square().sum().backward()
+g = torch.cat([p.grad.flatten() for p in model.parameters()])
+print(f"README-CHECK ddp rank {os.environ['RANK']}: grad sum {g.double().sum().item():.6e} "
+      f"algo {comm.last_algo}", flush=True)
+netreduce.finalize()
+"""
+
+
+def readme_snippets() -> list[str]:
+    """The ```python blocks of the README's "The library" section, in order."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## The library\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def run_snippet(code: str, tmp_path: Path, name: str) -> tuple[LaunchResult, list[str]]:
+    if HOSTS < N:
+        pytest.fail(f"the lab has {HOSTS} hosts, the test needs {N}")
+    script = tmp_path / f"{name}.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME",
+                                                           "TP_SOCKET_IFNAME")}
+    result = launch([sys.executable, str(script)], N, port=next(_ports), timeout=900,
+                    grace=30, env=env)
+    checks = [line for r in result.ranks for line in r.output if line.startswith("README-CHECK")]
+    for r in result.ranks:
+        assert r.returncode == 0, "\n".join(r.output)
+    return result, checks
+
+
+def test_the_readme_has_the_two_library_snippets() -> None:
+    numpy_snippet, ddp_snippet = readme_snippets()
+    assert "netreduce.allreduce(x)" in numpy_snippet
+    assert "register_comm_hook" in ddp_snippet and 'init_process_group("gloo")' in ddp_snippet
+
+
+def test_the_numpy_snippet_sums_through_the_switch(tmp_path: Path) -> None:
+    snippet = readme_snippets()[0]
+    result, checks = run_snippet(snippet + NUMPY_CHECK, tmp_path, "readme_numpy")
+    assert len(checks) == N, checks
+    for r in result.ranks:     # the snippet's own print(comm.last_algo)
+        assert "switch" in r.output, r.output
+
+
+def test_the_ddp_snippet_trains_with_the_hook(tmp_path: Path) -> None:
+    snippet = readme_snippets()[1]
+    _, checks = run_snippet(snippet + DDP_CHECK, tmp_path, "readme_ddp")
+    assert len(checks) == N, checks
+    sums = {re.search(r"grad sum (\S+)", c)[1] for c in checks}
+    assert len(sums) == 1, checks          # every rank holds the same averaged gradients
+    assert all(c.endswith("algo switch") for c in checks), checks

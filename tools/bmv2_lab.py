@@ -1,0 +1,168 @@
+"""`python -m tools.bmv2_lab`: BMv2 in the software switch's place, same command line.
+
+Compiles switch/p4 (p4c), starts `simple_switch_grpc` on the given ports (port N is
+BMv2 port N: host hI on I+1, the controller's port last, as for `python -m switch`),
+pushes the program, installs the static MAC table and the flood group, and with
+--controller serves the controller's gRPC API with a Bmv2Target. BMv2 does not learn
+MAC addresses: give every host's --mac (unknown destinations are flooded). Runs until
+SIGTERM/SIGINT; SIGUSR1 prints the port counters and writes --stats-file.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from switch.cli import build_parser, controller_options
+from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
+from switch.control.service import serve
+from switch.p4.program import DEFAULT_BUILD, compile_program
+from switch.report import report
+
+SIMPLE_SWITCH = "simple_switch_grpc"
+# BMv2's log level defaults to 'trace' even with no log sink (no --log-console/--log-file):
+# it then formats every trace message per table, action and field, for nothing. Off, this
+# build spends half the CPU per packet (switch/p4/README.md, "Cost per packet").
+LOG_OFF = ("--log-level", "off")
+START_TIMEOUT = 30.0
+# BMv2's pace, published to clients (--max-in-flight / --ack-timeout default to these here).
+# In the TCG lab BMv2 spends about 4.5 ms of CPU per contribution (docs/benchmarks.md). With
+# rxe's default 67 ms retransmit timer, 4 ranks x 128 packets in flight take BMv2 ~2.3 s to
+# drain: every timer fires, go-back-N resends everything, and retransmissions then take
+# most of BMv2's time (a 256 KiB call stalled). 32 packets per connection keep BMv2 busy
+# (the hosts answer in far less than BMv2 takes) and 4 ranks x 32 x 4.5 ms ~ 0.6 s sits well
+# inside a 2^18 x 4.096 us = 1.07 s timer. Since the program and the log level were made
+# cheaper (switch/p4/README.md, "Cost per packet": ~0.7 ms per contribution, 4-5x less) the
+# same 128 packets drain in ~0.1-0.2 s, so the timer is now 2^17 x 4.096 us = 537 ms: still
+# 3x that under load, and half the wait for each loss the responder's NAK does not repair.
+BMV2_MAX_IN_FLIGHT = 32
+BMV2_ACK_TIMEOUT = 17
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIMEOUT) -> None:
+    """Until `proc` (a simple_switch_grpc) listens on 127.0.0.1:`port`; RuntimeError if it
+    exits first or takes longer than `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{SIMPLE_SWITCH} exited at start ({proc.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{SIMPLE_SWITCH} did not listen on port {port} in {timeout:.0f} s")
+
+
+class Bmv2Switch:
+    """A simple_switch_grpc process on `ports` with switch/p4 pushed, and its Bmv2Target.
+
+    Invariant: while the object is open the process runs and `target` is connected;
+    `close()` stops what it started (by pid) and is idempotent.
+    """
+
+    def __init__(self, ports: dict[int, str], macs: dict[str, int],
+                 build_dir: Path = DEFAULT_BUILD, grpc_port: int = 9559,
+                 thrift_port: int = 9090, log: Optional[Path] = None):
+        if shutil.which(SIMPLE_SWITCH) is None:
+            raise RuntimeError(f"{SIMPLE_SWITCH} is not on PATH: it comes with "
+                               "p4lang/behavioral-model (see switch/p4/README.md)")
+        build = compile_program(build_dir)
+        grpc_addr = f"127.0.0.1:{grpc_port}"
+        cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port),
+               *LOG_OFF]
+        for num, ifname in sorted(ports.items()):
+            cmd += ["-i", f"{num}@{ifname}"]
+        cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
+        with open(log or os.devnull, "ab") as out:     # the child keeps its own copy
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_listening(self.proc, grpc_port)
+            self.target = Bmv2Target(ShellSession(grpc_addr, build), ports, macs,
+                                     ThriftRegisters(thrift_port))
+        except BaseException:
+            self._stop_process()
+            raise
+        self._open = True
+
+    def _stop_process(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.target.close()
+        self._stop_process()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = build_parser()
+    ap.prog = "python -m tools.bmv2_lab"
+    ap.description = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
+    ap.add_argument("--build", type=Path, default=DEFAULT_BUILD,
+                    help=f"where p4c's output goes (default {DEFAULT_BUILD})")
+    ap.add_argument("--grpc-port", type=int, default=9559, help="BMv2's P4Runtime port")
+    ap.add_argument("--thrift-port", type=int, default=9090, help="BMv2's Thrift port")
+    ap.add_argument("--bmv2-log", type=Path, help="simple_switch_grpc's output goes here")
+    ap.set_defaults(max_in_flight=BMV2_MAX_IN_FLIGHT, ack_timeout=BMV2_ACK_TIMEOUT)
+    args = ap.parse_args(argv)
+    ports = dict(args.port)
+    if len(ports) != len(args.port):
+        print("bmv2_lab: a port number is given twice", file=sys.stderr)
+        return 2
+    try:
+        sw = Bmv2Switch(ports, dict(args.mac), args.build, args.grpc_port, args.thrift_port,
+                        args.bmv2_log)
+    except (RuntimeError, ValueError) as e:
+        print(f"bmv2_lab: {e}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    server = None
+    try:
+        if args.controller:
+            try:
+                server, _ = serve(sw.target, args.controller, **controller_options(args))
+            except (OSError, ValueError) as e:
+                print(f"bmv2_lab: controller: {e}", file=sys.stderr)
+                return 1
+
+        def dump(*_: object) -> None:
+            c = sw.target.counters()
+            report({"ports": c["ports"], "mac_table": sw.target.macs(), "rings": c["rings"]},
+                   args.stats_file)
+
+        signal.signal(signal.SIGUSR1, dump)
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        print(f"bmv2_lab: {SIMPLE_SWITCH} pid {sw.proc.pid}, ports "
+              + ", ".join(f"{n}={i}" for n, i in sorted(ports.items()))
+              + (f"; controller on {args.controller}" if args.controller else "; forwarding only"),
+              file=sys.stderr, flush=True)
+        if args.ready_file:
+            args.ready_file.write_text(str(os.getpid()))
+        while not stop.wait(0.5):
+            if sw.proc.poll() is not None:
+                print(f"bmv2_lab: {SIMPLE_SWITCH} died ({sw.proc.returncode})", file=sys.stderr)
+                return 1
+        dump()
+    finally:
+        if server is not None:
+            server.stop(grace=None)
+        sw.close()
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

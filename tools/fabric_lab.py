@@ -1,0 +1,221 @@
+"""`python -m tools.fabric_lab`: the lab's two-tier fabric on the lab's ports (scripts/lab.sh
+--racks R, or a restart as kind "racks:R[:LOSS]" through tests/lab/labswitch.py).
+
+Takes the single switch's command line (`--port`, `--mac`, `--controller`, `--token-file`,
+`--ready-file`, `--stats-file`) plus `--racks R`, `--spine-port N` (the controller's leg:
+cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its own:
+- ToR j (`python -m switch --role tor`) on the host ports of rack j (hosts spread as evenly
+  as possible, in port order: `rack_sizes`) keeping their lab port numbers, uplink port
+  UPLINK on a veth `nrkt{j}` whose peer `nrks{j}` is spine port j+1;
+- the spine (`--role spine`) on those peers and the spine ports;
+- the fabric's controller (`--role fabric`) on the job's controller address, programming
+  the switches through their control APIs on 127.0.0.1 (the lab's token for all).
+`--link-loss` % of the frames sent on every ToR–spine link is lost, both directions (the
+switches' `--tx-loss`: this machine's kernel, where the switches run, has no netem; the
+hosts' links are inside the lab VM, whose kernel has). Ready when all are.
+On SIGTERM the children are stopped (each prints and writes its counters), their counters
+go to `--stats-file` as {"switches": {name: counters}}, the veths are removed. A child that
+exits on its own stops the fabric (exit 1, naming it): no half-fabric lingers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from switch.cli import _mac_arg, _port_arg
+
+UPLINK = 100
+TOR_CONTROL_PORT = 50100           # ToR j: 127.0.0.1:50100+j; the spine: 127.0.0.1:50199
+SPINE_CONTROL = "127.0.0.1:50199"
+START_TIMEOUT = 60.0
+
+
+def rack_sizes(hosts: int, racks: int) -> list[int]:
+    """`hosts` over `racks` as evenly as possible, the first racks one larger (5, 2 -> [3, 2])."""
+    if not 1 <= racks <= hosts:
+        raise ValueError(f"{racks} racks for {hosts} hosts: need 1..{hosts}")
+    return [hosts // racks + (j < hosts % racks) for j in range(racks)]
+
+
+def tor_mac(j: int) -> str:
+    return f"02:4e:52:01:00:{j:02x}"
+
+
+def tor_ip(j: int) -> str:
+    return f"10.77.1.{j + 1}"
+
+
+SPINE_MAC, SPINE_IP = "02:4e:52:01:00:fe", "10.77.1.254"
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+# The fabric's pace, published to clients by its controller (TargetLimits.ack_timeout): a
+# result crosses two tiers of Python switches, and with rxe's 67 ms timer a 16 MiB bench job
+# in the lab saw 27-84 retransmit timeouts with no frame lost (completer_retry_err; one job
+# took 8.4 s instead of 2.5); 2^16 x 4.096 us = 268 ms gave none (docs/multirack.md).
+FABRIC_ACK_TIMEOUT = 16
+
+
+def cable(j: int, mtu: int) -> tuple[str, str]:
+    """The veth between ToR j's uplink and spine port j+1."""
+    tor_if, spine_if = f"nrkt{j}", f"nrks{j}"
+    subprocess.run(["ip", "link", "del", tor_if], capture_output=True)
+    sh("ip", "link", "add", tor_if, "type", "veth", "peer", "name", spine_if)
+    for d in (tor_if, spine_if):
+        sh("ip", "link", "set", d, "mtu", str(mtu), "up")
+        subprocess.run(["ethtool", "-K", d, "tx", "off", "tso", "off", "gso", "off", "gro",
+                        "off"], capture_output=True)
+    return tor_if, spine_if
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tools.fabric_lab", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("--port", action="append", type=_port_arg, required=True)
+    ap.add_argument("--mac", action="append", type=_mac_arg, default=[])
+    ap.add_argument("--spine-port", type=int, action="append", default=[], metavar="N",
+                    help="a lab port cabled to the spine, not a host (the controller's leg)")
+    ap.add_argument("--racks", type=int, required=True)
+    ap.add_argument("--link-loss", type=float, default=0.0, metavar="PCT",
+                    help="loss on every ToR-spine link, both directions")
+    ap.add_argument("--controller", required=True)
+    ap.add_argument("--ack-timeout", type=int, default=FABRIC_ACK_TIMEOUT, metavar="EXP",
+                    help="the fabric's pace: rings use a QP local ACK timeout of at least "
+                         f"4.096 us x 2^EXP (default {FABRIC_ACK_TIMEOUT}: 268 ms)")
+    ap.add_argument("--token-file", type=Path)
+    ap.add_argument("--ready-file", type=Path)
+    ap.add_argument("--stats-file", type=Path)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp"),
+                    help="the children's ready and stats files")
+    return ap
+
+
+class Fabric:
+    """The child processes and cables of one fabric; `stop` undoes everything."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.children: dict[str, subprocess.Popen] = {}
+        self.cables: list[str] = []
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        ready = self.args.workdir / f"fabric-{name}.ready"
+        ready.unlink(missing_ok=True)
+        token = ["--token-file", str(self.args.token_file)] if self.args.token_file else []
+        self.children[name] = subprocess.Popen(
+            [sys.executable, "-m", "switch", *argv, *token, "--ready-file", str(ready),
+             "--stats-file", str(self.args.workdir / f"fabric-{name}.json")])
+        end = time.monotonic() + START_TIMEOUT
+        while not ready.exists():
+            if self.children[name].poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"{name} did not start (exit {self.children[name].poll()})")
+            time.sleep(0.1)
+
+    def start(self) -> None:
+        a = self.args
+        ports = dict(a.port)
+        hosts = [p for p in sorted(ports) if p not in a.spine_port]
+        mtu = int(Path(f"/sys/class/net/{ports[hosts[0]]}/mtu").read_text())
+        macs = dict(a.mac)
+        racks, first = [], 0
+        for size in rack_sizes(len(hosts), a.racks):
+            racks.append(hosts[first:first + size])
+            first += size
+        spine_ports = {p: ports[p] for p in a.spine_port}
+        spine_macs = {m: p for m, p in macs.items() if p in a.spine_port}
+        tor_args = []
+        for j, rack in enumerate(racks):
+            tor_if, spine_if = cable(j, mtu)
+            self.cables.append(tor_if)
+            spine_ports[j + 1] = spine_if
+            spine_macs[tor_mac(j)] = j + 1
+            tor_macs = {m: (p if p in rack else UPLINK) for m, p in macs.items()}
+            spine_macs.update({m: j + 1 for m, p in macs.items() if p in rack})
+            tor_args.append(["--role", "tor", "--tor-id", str(j), "--uplink", str(UPLINK),
+                             "--me", f"{tor_mac(j)},{tor_ip(j)}", "--spine",
+                             f"{SPINE_MAC},{SPINE_IP}",
+                             *[f"--port={p}={ports[p]}" for p in rack],
+                             f"--port={UPLINK}={tor_if}",
+                             *[f"--mac={m}={p}" for m, p in tor_macs.items()],
+                             f"--mac={SPINE_MAC}={UPLINK}",
+                             f"--tx-loss={UPLINK}={a.link_loss}",
+                             "--controller", f"127.0.0.1:{TOR_CONTROL_PORT + j}"])
+        for j, argv in enumerate(tor_args):
+            self.spawn(f"tor{j}", argv)
+        self.spawn("spine", ["--role", "spine", "--me", f"{SPINE_MAC},{SPINE_IP}",
+                             *[f"--tor={j}={j + 1},{tor_mac(j)},{tor_ip(j)}"
+                               for j in range(len(racks))],
+                             *[f"--port={p}={i}" for p, i in sorted(spine_ports.items())],
+                             *[f"--mac={m}={p}" for m, p in spine_macs.items()],
+                             *[f"--tx-loss={j + 1}={a.link_loss}" for j in range(len(racks))],
+                             "--controller", SPINE_CONTROL])
+        self.spawn("fabric", ["--role", "fabric", "--controller", a.controller,
+                              "--ack-timeout", str(a.ack_timeout),
+                              "--spine-controller", SPINE_CONTROL,
+                              *[f"--tor-controller={j}=127.0.0.1:{TOR_CONTROL_PORT + j}"
+                                for j in range(len(racks))]])
+        print(f"fabric_lab: {len(racks)} racks: "
+              + "; ".join(f"tor{j} ports {rack} uplink {UPLINK}={self.cables[j]}"
+                          for j, rack in enumerate(racks))
+              + f"; spine ports {sorted(spine_ports)}; link loss {a.link_loss}%",
+              file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        for name in ["fabric", *sorted(n for n in self.children if n != "fabric")]:
+            child = self.children.get(name)
+            if child is not None and child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+        stats = {}
+        for name in self.children:
+            path = self.args.workdir / f"fabric-{name}.json"
+            if path.exists():
+                stats[name] = json.loads(path.read_text())
+        if self.args.stats_file:
+            self.args.stats_file.write_text(json.dumps({"switches": stats}, indent=1))
+        for tor_if in self.cables:
+            subprocess.run(["ip", "link", "del", tor_if], capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    fabric = Fabric(args)
+    stopping = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        fabric.start()
+        if args.ready_file:
+            args.ready_file.write_text("ready")
+        while not stopping:
+            dead = [n for n, c in fabric.children.items() if c.poll() is not None]
+            if dead:
+                print(f"fabric_lab: {', '.join(dead)} exited: stopping the fabric",
+                      file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.2)
+        return 0
+    except (RuntimeError, ValueError, subprocess.CalledProcessError, OSError) as e:
+        print(f"fabric_lab: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        fabric.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
