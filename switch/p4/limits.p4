@@ -3,7 +3,8 @@
  * The one place these numbers are stated. switch/p4/program.py reads every
  * `#define NR_<NAME> <integer>` line of this file (derived values, in parentheses, are
  * not read); tests/test_p4_program.py checks the Python side and switch/p4/README.md
- * against them. Change a limit here and nowhere else.
+ * against them. Change a limit here and nowhere else. Its Python twin is switch/contract.py
+ * (what hosts and the software target agree on).
  */
 #ifndef NR_LIMITS_P4
 #define NR_LIMITS_P4
@@ -25,7 +26,7 @@
 
 /* Counter ids. ring_ctr index = ring * NR_CTRS + id; conn_ctr index = conn * NR_CTRS + id
  * with conn = ring * NR_MAX_RANKS + rank. The names are the software target's counter
- * names (switch/dataplane/pipeline.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
+ * names (switch/contract.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
 #define NR_CTRS                     16
 #define NR_CTR_PACKETS              0
 #define NR_CTR_MESSAGES             1
