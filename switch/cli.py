@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--token-file", type=Path, metavar="FILE",
                      help="lines 'PRINCIPAL SECRET': every call but Ping must carry one of "
                           "these secrets (default: no credentials asked)")
+    ctl.add_argument("--admin", action="append", default=[], metavar="PRINCIPAL",
+                     help="a principal of the token file that sees every ring in Counters "
+                          "(repeatable); any other principal sees only the rings it "
+                          "registered, and the ports' and switch's totals")
     ctl.add_argument("--tls-cert", type=Path, metavar="PEM",
                      help="serve TLS with this certificate (with --tls-key)")
     ctl.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
@@ -161,8 +165,10 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
+    if args.admin and args.token_file is None:
+        raise ValueError("--admin names a principal of --token-file: give the token file")
     return {"config": ControllerConfig.with_token_file(
-                args.token_file, max_rings=args.max_rings,
+                args.token_file, admins=frozenset(args.admin), max_rings=args.max_rings,
                 max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms,
                 max_in_flight=args.max_in_flight, ack_timeout=args.ack_timeout),
             "tls": tls}

@@ -289,10 +289,43 @@ def test_only_the_owner_renews_or_unregisters(start: Start, tokens: dict[str, Pa
             assert refused(call) == ("PERMISSION_DENIED",
                                      "ring ring belongs to principal 'alice', not 'bob'")
         assert list(pipeline.counters()) == ["ring"]
-        assert bob.counters()["leases"]["ring"]["owner"] == "alice"
+        assert alice.counters()["leases"]["ring"]["owner"] == "alice"
         assert alice.renew_lease("ring") == {"ring_id": "ring", "lease_ms": 15000}
         assert alice.unregister_ring("ring") == {"ring_id": "ring"}
         assert bob.counters()["switch"]["refused_permission"] == 3
+
+
+def test_counters_show_a_ring_only_to_its_owner_and_the_admins(
+        start: Start, tokens: dict[str, Path], tmp_path: Path) -> None:
+    """Another tenant's connections (RETH address, R_Key, PSNs: enough to forge a WRITE into
+    its memory) are not shown, nor its ring at all; the switch's totals are."""
+    root = "root-secret-0123456789abcd"
+    (tmp_path / "root.tokens").write_text(f"root {root}\n")
+    addr, pipeline = start(tokens={ALICE: "alice", BOB: "bob", root: "root"},
+                           admins=frozenset({"root"}))
+    with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
+            ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob, \
+            ControllerClient(addr, timeout=5, token_file=tmp_path / "root.tokens") as admin:
+        spec = make_ring(2)
+        alice.register_ring(spec)
+        frame = write_frame(spec.connections[0], 0, WRITE_ONLY, bytes(256),
+                            reth=(0xDEAD0000, 0x2A, 256))
+        assert pipeline.process(memoryview(frame), 1, lambda port, parts: None)
+        assert alice.counters()["rings"]["ring"]["connections"][0]["reth"]["va"] == 0xDEAD0000
+        seen = bob.counters()
+        assert (seen["rings"], seen["leases"]) == ({}, {})
+        assert seen["switch"]["rings_registered"] == 1 and seen["ports"]
+        assert refused(lambda: bob.counters("ring")) == (
+            "PERMISSION_DENIED", "ring ring belongs to principal 'alice', not 'bob'")
+        every = admin.counters()
+        assert every["leases"]["ring"]["owner"] == "alice"
+        assert every["rings"]["ring"]["connections"][0]["reth"]["va"] == 0xDEAD0000
+        assert admin.counters("ring")["rings"]["ring"]["world_size"] == 2
+
+
+def test_an_admin_must_be_a_principal_of_the_token_file() -> None:
+    with pytest.raises(ValueError, match="admin principal.s. root not in the token file"):
+        ControllerConfig(tokens={ALICE: "alice"}, admins=frozenset({"root"}))
 
 
 def test_token_file_from_the_environment(start: Start, tokens: dict[str, Path],

@@ -46,6 +46,8 @@ class ControllerConfig:
     """What the switch's command line configures about its controller."""
 
     tokens: Optional[dict[str, str]] = None      # secret -> principal; None: no credentials
+    # principals that see every ring in Counters; any other sees its own rings only
+    admins: frozenset[str] = frozenset()
     max_rings: int = DEFAULT_MAX_RINGS
     max_slot_memory: int = DEFAULT_MAX_SLOT_MEMORY   # bytes; 0: no limit
     default_lease_ms: int = DEFAULT_LEASE_MS
@@ -64,6 +66,10 @@ class ControllerConfig:
                              f"0..{RXE_MAX_INFLIGHT}")
         if not 0 <= self.ack_timeout <= MAX_ACK_TIMEOUT:
             raise ValueError(f"ack_timeout {self.ack_timeout} is not in 0..{MAX_ACK_TIMEOUT}")
+        unknown = self.admins - set((self.tokens or {}).values())
+        if unknown:
+            raise ValueError(f"admin principal(s) {', '.join(sorted(unknown))} not in the "
+                             "token file")
         if not validate.MIN_LEASE_MS <= self.default_lease_ms <= validate.MAX_LEASE_MS:
             raise ValueError(f"default lease {self.default_lease_ms} ms is not in "
                              f"{validate.MIN_LEASE_MS}..{validate.MAX_LEASE_MS}")
@@ -240,10 +246,17 @@ class ControllerService:
                       self.target.name)
 
     def counters(self, req: pb.CountersRequest, principal: str) -> pb.CountersReply:
+        """Rings the caller owns (every ring for an admin principal), with per-connection
+        detail on request; ports and the switch's totals for everyone. Another tenant's ring
+        is not shown at all: its connections carry RETH addresses, R_Keys and PSNs, enough to
+        forge a WRITE into that job's memory."""
         rid = validate.ring_id(req.ring_id) if req.ring_id else None
+        sees_all = principal in self.config.admins
         with self._lock:
             if rid is not None and rid not in self.leases:
                 raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {rid} is not registered")
+            if rid is not None and not sees_all:
+                self._owned(rid, principal)
             now = self.clock()
             got = self.target.counters()
             leases = dict(self.leases)
@@ -254,6 +267,8 @@ class ControllerService:
             if (rid is not None and ring_id != rid) or ring_id not in leases:
                 continue
             lease = leases[ring_id]
+            if lease.owner != principal and not sees_all:
+                continue
             rc = reply.rings.add(ring_id=ring_id, world_size=ring["world_size"],
                                  slots=ring["slots"], next_emit=ring["next_emit"],
                                  counters=ring["counters"], owner=lease.owner,
