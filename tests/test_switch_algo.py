@@ -72,22 +72,25 @@ def test_switch_allreduce_int32_exact_float32_within_the_bound(n: int) -> None:
         assert res["ring posted"] == 0       # the metadata, too, went through the switch
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 31, 32, 33, 64, 127, 128])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 31, 32, 33, 64, 127, 128, 129, 256, 257,
+                               1000, 1024])
 def test_quantization_exponent_keeps_sums_in_int32_and_wastes_at_most_a_bit(n: int) -> None:
     """Every float32 M closest to a power of two from below (the worst case for rounding
-    up), subnormals and the largest float32 included."""
+    up), subnormals and the largest float32 included; above 128 ranks (a fabric takes up to
+    32 x 32) one more bit is given up, where rint could reach 2^(31-c)."""
     f32 = np.float32
     below = [float(np.nextafter(f32(2.0**k), f32(0))) for k in range(-148, 128)]
     below.append(float(np.finfo(f32).max))          # the largest float32, just below 2^128
     powers = [2.0**k for k in range(-149, 128)]
+    spare = 2 if n <= 128 else 3                     # e + spare bits always overflow
     for m in [0.0, float(np.finfo(f32).smallest_subnormal), *below, *powers]:
         e = quantization_exponent(n, m)
         assert n * round(math.ldexp(m, e)) <= INT32_MAX, (n, m, e)
         if m:
-            assert n * round(math.ldexp(m, e + 2)) > INT32_MAX
-            assert n * 2.0 ** -(e + 1) <= n * n * m * 2.0**-30
-    with pytest.raises(ValueError, match="129 ranks"):
-        quantization_exponent(129, 1.0)
+            assert n * round(math.ldexp(m, e + spare)) > INT32_MAX
+            assert n * 2.0 ** -(e + 1) <= n * n * m * 2.0**-(30 if n <= 128 else 29)
+    with pytest.raises(ValueError, match="65537 ranks"):
+        quantization_exponent(65537, 1.0)
 
 
 def test_extreme_magnitudes_round_trip_within_the_bound() -> None:

@@ -25,7 +25,8 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
 - float32 travels quantized with one scale 2^e for the whole call, agreed by all ranks
   because each derives it from the same exchanged records (SwitchML-style; see
   `quantization_exponent`): M = max over ranks and elements of |x|, c = ceil(log2 n),
-  e = 30 - c - floor(log2 M) (31 - c when M = 0). Then q = rint(x * 2^e) satisfies
+  e = 30 - c - floor(log2 M) (31 - c when M = 0; one less above 128 ranks, where rounding
+  could otherwise reach 2^(31-c)). Then q = rint(x * 2^e) satisfies
   n * max|q| <= 2^31 - 1, the switch's int32 sums cannot wrap, and the result is
   (sum of q) * 2^-e rounded to float32, bit-identical on every rank.
   Error bound, per element, with S the exact sum of the n float32 inputs:
@@ -70,19 +71,27 @@ class NotQuantizable(CallRejected, ValueError):
     """float32 data holding NaN or infinity cannot travel quantized: refused on every rank."""
 
 
+MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (switch.contract: 32 racks x 32)
+
+
 def quantization_exponent(world_size: int, absmax: float) -> int:
-    """The exponent e of the float32 scale 2^e for n = `world_size` ranks (1..128) whose
-    largest |x| is M = `absmax` (a finite float32 value, >= 0):
-        e = 30 - ceil(log2 n) - floor(log2 M)        (31 - ceil(log2 n) when M = 0)
+    """The exponent e of the float32 scale 2^e for n = `world_size` ranks whose largest |x|
+    is M = `absmax` (a finite float32 value, >= 0), with c = ceil(log2 n):
+        e = 30 - c - floor(log2 M)        (31 - c when M = 0)       for n <= 128
+        e = 29 - c - floor(log2 M)        (30 - c when M = 0)       for n > 128
     Invariant: n * rint(M * 2^e) <= 2^31 - 1, so no int32 sum of the q = rint(x * 2^e) can
     wrap. Why: M < 2^E with E = floor(log2 M) + 1, and the largest float32 below 2^E is
-    2^E - 2^(E-24), so M * 2^e <= 2^(31-c) - 2^(7-c) <= 2^(31-c) - 1 for c = ceil(log2 n)
-    <= 7: rint(M * 2^e) <= 2^(31-c) - 1 and n * that <= 2^31 - 1. And
-    n * 2^-(e+1) = n * 2^(c+E-32) <= n^2 * M * 2^-30 (the module doc's bound)."""
-    if not 1 <= world_size <= 128:
-        raise ValueError(f"quantization for {world_size} ranks: 1..128 supported")
+    2^E - 2^(E-24). For c <= 7, M * 2^e <= 2^(31-c) - 2^(7-c) with 2^(7-c) >= 1, so
+    rint(M * 2^e) <= 2^(31-c) - 1 and n * that <= 2^31 - 1. For c >= 8 that margin is below
+    one half and rint may reach 2^(31-c) (n * 2^(31-c) can exceed 2^31 - 1): one bit less,
+    M * 2^e < 2^(30-c), rint <= 2^(30-c) and n * that <= 2^30. In both cases
+    n * 2^-(e+1) <= n^2 * M * 2^-29 (the module doc's bound, with 2^-30 up to 128 ranks)."""
+    if not 1 <= world_size <= MAX_QUANTIZED_RANKS:
+        raise ValueError(f"quantization for {world_size} ranks: 1..{MAX_QUANTIZED_RANKS} "
+                         "supported")
     _, exp = math.frexp(absmax)                  # absmax < 2^exp (exp = 0 for 0)
-    return 31 - (world_size - 1).bit_length() - exp
+    c = (world_size - 1).bit_length()
+    return 31 - c - exp - (c > 7)
 
 
 def float32_error_bound(world_size: int, exponent: int, exact: np.ndarray) -> np.ndarray:
