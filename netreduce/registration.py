@@ -28,16 +28,16 @@ Invariants:
 """
 from __future__ import annotations
 
-import os
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 from flowctl.plan import FlowConfig
-from switch.contract import RXE_MAX_INFLIGHT, RingSpec
 from ring_setup.rendezvous import Rendezvous
+from switch.contract import RXE_MAX_INFLIGHT, RingSpec
 
 logger = logging.getLogger(__name__)
 

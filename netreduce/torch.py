@@ -41,6 +41,7 @@ from netreduce.progress import Work
 from netreduce.torch_store import store_port_exchange
 from ring_setup.rendezvous import RendezvousConfig
 
+
 class NonFiniteGradientWarning(UserWarning):
     """A gradient bucket held NaN or Inf and was reduced over the host ring instead."""
 

@@ -19,18 +19,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from switch.control.service import (DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS, DEFAULT_MAX_SLOT_MEMORY,
-                                    MAX_RINGS_CEILING, ControllerConfig, TlsFiles, serve)
 from switch.api.client import ControllerError
-from switch.control.target import SoftwareTarget, Target
-from switch.dataplane.ports import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, DataPlane
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
+from switch.control.service import (DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS, DEFAULT_MAX_SLOT_MEMORY,
+                                    MAX_RINGS_CEILING, ControllerConfig, TlsFiles, serve)
+from switch.control.target import SoftwareTarget, Target
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.pipeline import AggregationPipeline
-from switch.report import report
+from switch.dataplane.ports import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, DataPlane
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
+from switch.report import report
 
 ROLES = ("switch", "tor", "spine", "fabric")
 

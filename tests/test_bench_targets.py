@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 
+from switch.dataplane.ports import Port
 from tools.bench_pipeline import frames, lab_ring
 from tools.bench_targets import Result, replay
-from switch.dataplane.ports import Port
 
 
 def test_replay_counts_what_comes_back_and_keeps_the_window() -> None:

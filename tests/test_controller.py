@@ -68,6 +68,7 @@ def tokens(tmp_path: Path) -> dict[str, Path]:
     for name, text in files.items():
         out[name] = tmp_path / f"{name}.tokens"
         out[name].write_text(text)
+        out[name].chmod(0o600)
     return out
 
 
@@ -301,6 +302,7 @@ def test_counters_show_a_ring_only_to_its_owner_and_the_admins(
     its memory) are not shown, nor its ring at all; the switch's totals are."""
     root = "root-secret-0123456789abcd"
     (tmp_path / "root.tokens").write_text(f"root {root}\n")
+    (tmp_path / "root.tokens").chmod(0o600)
     addr, pipeline = start(tokens={ALICE: "alice", BOB: "bob", root: "root"},
                            admins=frozenset({"root"}))
     with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
@@ -501,14 +503,29 @@ def test_token_files_are_checked_by_line(tmp_path: Path, text: str, message: str
     from switch.api.tokens import TokenFileError, read_token_file
     path = tmp_path / "t"
     path.write_text(text)
+    path.chmod(0o600)
     with pytest.raises(TokenFileError, match=re.escape(message)):
         read_token_file(path)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660])
+def test_a_token_file_others_may_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
+    from switch.api.tokens import TokenFileError, read_token_file
+    path = tmp_path / "t"
+    path.write_text("alice alice-secret-0123456789\n")
+    path.chmod(mode)
+    with pytest.raises(TokenFileError, match=rf"mode {mode:04o} lets its group or others read "
+                                             rf"or write it: chmod 600 {path}"):
+        read_token_file(path)
+    path.chmod(0o400)
+    assert read_token_file(path) == [("alice", "alice-secret-0123456789")]
 
 
 def test_token_file_entries(tmp_path: Path) -> None:
     from switch.api.tokens import read_token_file
     path = tmp_path / "t"
     path.write_text("# switch\n0123456789abcdef0  # the default principal\nbob bob-0123456789abcdef\n")
+    path.chmod(0o600)
     assert read_token_file(path) == [("default", "0123456789abcdef0"),
                                       ("bob", "bob-0123456789abcdef")]
     with pytest.raises(ValueError, match="cannot read it"):

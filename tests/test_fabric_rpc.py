@@ -61,6 +61,7 @@ def sim_macs(tor: TorTarget) -> dict[bytes, int]:
 def rpc(tmp_path: Path) -> Iterator[RpcFabric]:
     token = tmp_path / "token"
     token.write_text("fabric s3cret-of-the-fabric-test\n")
+    token.chmod(0o600)
     fabric = RpcFabric(token)
     yield fabric
     fabric.close()

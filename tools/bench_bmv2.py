@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from tools.bench_pipeline import frames, lab_ring
-from tools.bench_targets import replay
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
-from tools.bmv2_lab import SIMPLE_SWITCH, wait_listening
 from switch.dataplane.ports import Port, open_port
 from switch.p4.program import build_paths
+from tools.bench_pipeline import frames, lab_ring
+from tools.bench_targets import replay
+from tools.bmv2_lab import SIMPLE_SWITCH, wait_listening
 
 GRPC_PORT = 9591
 THRIFT_PORT = 9391

@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from tools.bench_pipeline import frames, lab_ring
 from switch.api.client import ControllerClient
-from switch.dataplane.ports import Port, open_port
 from switch.dataplane.packets import parse
+from switch.dataplane.ports import Port, open_port
+from tools.bench_pipeline import frames, lab_ring
 
 NETNS = "nrlab"
 LOCK = Path("/run/lock/netreduce-lab.lock")

@@ -10,8 +10,7 @@ import argparse
 import sys
 
 from netreduce.tools import demo, launch
-from netreduce.tools.bench import __doc__ as BENCH_DOC
-from netreduce.tools.bench import runner
+from netreduce.tools.bench import __doc__ as BENCH_DOC, runner
 
 
 def parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ every call as `authorization: Bearer SECRET`; with a CA file (`ca_file`, else
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -19,6 +20,17 @@ from switch.contract import RingSpec
 from switch.api import control_pb2 as pb
 from switch.api import control_pb2_grpc
 from switch.api.tokens import CA_ENV, TOKEN_ENV, read_token_file
+
+logger = logging.getLogger(__name__)
+_warned_plaintext: set[str] = set()     # addresses warned about once per process
+
+
+def local_address(addr: str) -> bool:
+    """A unix socket or a loopback address: traffic that never leaves the machine."""
+    if addr.startswith("unix:"):
+        return True
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 DEFAULT_ADDR = "10.77.0.254:50051"
 
@@ -101,6 +113,11 @@ class ControllerClient:
             creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
             self._channel = grpc.secure_channel(addr, creds)
         else:
+            if self._metadata and not local_address(addr) and addr not in _warned_plaintext:
+                _warned_plaintext.add(addr)
+                logger.warning("controller %s: the token's secret goes in the clear (no CA "
+                               "file: give ca_file or $%s to speak TLS); anyone who can "
+                               "capture this traffic can replay it", addr, CA_ENV)
             self._channel = grpc.insecure_channel(addr)
         self._stub = control_pb2_grpc.ControllerStub(self._channel)
 

@@ -4,11 +4,14 @@ A token file holds lines `PRINCIPAL SECRET`; a line with one word is the secret 
 principal "default"; blank lines and `#` comments are ignored. The switch accepts every
 entry; a client sends the secret of the first. Invariant: a parsed file has at least one
 entry, no secret twice, and every secret is usable as gRPC metadata (printable ASCII, no
-spaces, at least MIN_SECRET characters).
+spaces, at least MIN_SECRET characters); a file that its group or others may read or write
+is refused (as ssh refuses such a key), before any secret is read from it.
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 TOKEN_ENV = "NR_CONTROLLER_TOKEN"     # path of the client's token file
@@ -26,6 +29,10 @@ class TokenFileError(ValueError):
 def read_token_file(path: str | Path) -> list[tuple[str, str]]:
     """The file's (principal, secret) entries in order (see the module doc)."""
     try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            raise TokenFileError(f"token file {path}: mode {mode:04o} lets its group or others "
+                                 f"read or write it: chmod 600 {path}")
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise TokenFileError(f"token file {path}: cannot read it: {e}") from None

@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from switch.contract import MAX_RACKS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, RingSpec
 from switch.api.client import ControllerClient, ControllerError
-from switch.control.target import FabricSwitchTarget, normalize_mac
+from switch.contract import MAX_RACKS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, RingSpec
 from switch.control.fabric import Placement, SpineTarget, TorTarget
+from switch.control.target import FabricSwitchTarget, normalize_mac
 
 log = logging.getLogger(__name__)
 RENEW_FRACTION = 3                 # renew every lease / 3 (as the host library does)

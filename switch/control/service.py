@@ -23,9 +23,8 @@ from typing import Any, Callable, Optional
 
 import grpc
 
-from switch.api import control_pb2 as pb
-from switch.api import validate
-from switch.api.client import DEFAULT_ADDR
+from switch.api import control_pb2 as pb, validate
+from switch.api.client import DEFAULT_ADDR, local_address
 from switch.api.tokens import read_token_file
 from switch.contract import DEFAULT_SLOTS, MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT, RingSpec
 from switch.control.target import FabricSwitchTarget, Target, slot_memory
@@ -390,6 +389,10 @@ def serve(target: Target, addr: str = DEFAULT_ADDR, max_workers: int = 4, *,
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
     server.add_generic_rpc_handlers((service.handler(),))
+    if tls is None and config.tokens and not local_address(addr):
+        log.warning("controller on %s: token secrets are accepted in the clear (no "
+                    "--tls-cert): anyone who can capture the control traffic can replay them",
+                    addr)
     try:
         if tls is None:
             port = server.add_insecure_port(addr)

@@ -26,7 +26,7 @@ from switch.dataplane.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, UD
                                       parse, reth)
 
 if TYPE_CHECKING:
-    from switch.dataplane.ports import Emit   # the hook contract: parts valid only during the call
+    from switch.dataplane.ports import Emit  # the hook contract: parts valid only during the call
 
 EMPTY = -1                       # tag of a slot that holds no packet
 PSN_HALF = 1 << 23                # serial arithmetic: a relative distance below this is "ahead"

@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
+from switch.contract import PSN_MASK
 from switch.dataplane.interswitch import is_interswitch
 from switch.dataplane.packets import parse
-from switch.contract import PSN_MASK
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263

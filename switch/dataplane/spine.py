@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from switch.contract import LANE_OUTCOMES, MAX_SLOTS, PATH_MTUS, PSN_MASK
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag
-from switch.contract import LANE_OUTCOMES, MAX_SLOTS, PATH_MTUS, PSN_MASK
-
 from switch.dataplane.pipeline import EMPTY, PSN_HALF
 
 if TYPE_CHECKING:

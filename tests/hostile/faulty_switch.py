@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 
 from switch import contract
-from switch.dataplane import pipeline
 from switch.cli import main
+from switch.dataplane import pipeline
 
 _register = pipeline.AggregationPipeline.register_ring
 

@@ -150,6 +150,8 @@ class SwitchRig:
         self.alice_tokens.write_text(f"alice {ALICE}\n")
         self.bob_tokens = tmp / "bob.tokens"
         self.bob_tokens.write_text(f"bob {BOB}\n")
+        for f in (self.token_file, self.alice_tokens, self.bob_tokens):
+            f.chmod(0o600)
         self.log_path = tmp / "switch.log"
         self.proc: Optional[subprocess.Popen] = None
         self.hosts: dict[int, HostPort] = {}

@@ -19,11 +19,11 @@ from typing import Iterator
 import pytest
 
 from netreduce.tools.launch import LaunchResult
-from tools.fabric_lab import FABRIC_ACK_TIMEOUT
 from tests.lab.labhosts import HOSTS, run_in_host, switch_counters
 from tests.lab.labswitch import current_switch, restart_switch
 from tests.lab.test_allreduce import lines, run_worker
 from tests.lab.test_switch_allreduce import BIG, STRUCTURAL_DROPS, expected_packets, host_loss
+from tools.fabric_lab import FABRIC_ACK_TIMEOUT
 
 pytestmark = pytest.mark.lab
 

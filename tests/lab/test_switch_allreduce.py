@@ -17,8 +17,8 @@ from typing import Iterator
 import pytest
 
 from flowctl.plan import FlowConfig, MessagePlan
-from netreduce.tools.launch import LaunchResult
 from netreduce.meta import RECORD_STRIDE
+from netreduce.tools.launch import LaunchResult
 from tests.lab.labhosts import HOSTS, ROOT, run_in_host, switch_counters
 from tests.lab.test_allreduce import in_background, lines, run_worker
 

@@ -15,12 +15,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from netreduce.tools.bench.plan import (ALGOS, DTYPES, BenchPlan, format_size, parse_algos, parse_size,
-                                  parse_sizes)
+from netreduce.registration import SWITCH_ENV
+from netreduce.tools.bench.plan import (ALGOS, DTYPES, BenchPlan, format_size, parse_algos,
+                                        parse_size, parse_sizes)
 from netreduce.tools.bench.progress import Progress
 from netreduce.tools.bench.report import Collector, Record, Result, document, table
 from netreduce.tools.launch import launch
-from netreduce.registration import SWITCH_ENV
 from ring_setup.rendezvous import DEFAULT_PORT
 
 ROOT = Path(__file__).resolve().parents[3]

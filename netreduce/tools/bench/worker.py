@@ -22,12 +22,11 @@ from typing import Callable, Protocol
 import numpy as np
 
 import netreduce
+from netreduce.registration import SWITCH_ENV
 from netreduce.tools.bench.link import LinkProbe
 from netreduce.tools.bench.plan import LINK, BenchPlan
 from netreduce.tools.bench.report import CPU, SPINE, Record
-from netreduce.tools.reference import Reference
-from netreduce.registration import SWITCH_ENV
-from netreduce.tools.reference import rank_input as seeded_input
+from netreduce.tools.reference import Reference, rank_input as seeded_input
 from ring_setup.device import hw_counters
 from switch.api.client import ControllerClient
 
