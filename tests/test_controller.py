@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import struct
 import subprocess
@@ -530,3 +531,16 @@ def test_token_file_entries(tmp_path: Path) -> None:
                                       ("bob", "bob-0123456789abcdef")]
     with pytest.raises(ValueError, match="cannot read it"):
         read_token_file(tmp_path / "missing")
+
+
+def test_a_token_in_the_clear_to_a_remote_controller_is_warned_about_once(
+        tokens: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+    import switch.api.client as client_module
+    client_module._warned_plaintext.clear()
+    with caplog.at_level(logging.WARNING, logger="switch.api.client"):
+        for addr in ("127.0.0.1:1", "unix:/tmp/nr.sock", "192.0.2.7:50051", "192.0.2.7:50051"):
+            ControllerClient(addr, token_file=tokens["alice"]).close()
+        ControllerClient("192.0.2.8:50051").close()          # no token: nothing to leak
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and warned[0].startswith(
+        "controller 192.0.2.7:50051: the token's secret goes in the clear"), warned
