@@ -43,7 +43,7 @@ from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
 from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
                                   check_endpoints, neighbours, ring_spec)
-from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, Rendezvous,
+from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, PortExchange, Rendezvous,
                                    RendezvousConfig, RendezvousError)
 from switch.contract import RingSpec
 
@@ -135,7 +135,7 @@ class Communicator:
                device: str | None = None, local_addr: str | None = None,
                config: FlowConfig = FlowConfig(), pinned: frozenset[str] = frozenset(),
                switch: str | None = None, timeout: float = DEFAULT_TIMEOUT,
-               port_exchange: Callable[[int | None], int] | None = None) -> "Communicator":
+               port_exchange: PortExchange | None = None) -> "Communicator":
         """Rendezvous with the other ranks (arguments, else RANK, WORLD_SIZE, MASTER_ADDR,
         MASTER_PORT; when torch owns MASTER_PORT, `torch_store_in_use`, rank 0 serves the
         store on a free port and passes it through torch's store: `netreduce.torch`; or

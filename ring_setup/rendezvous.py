@@ -16,9 +16,21 @@ Every rank's watch then learns it within a round trip (`Rendezvous.check_peers()
 `PeerFailed` naming the ranks); a watch that loses the store itself reports rank 0, whose
 process serves it. A failure is final: the store keeps it until it stops.
 
+Who may talk to the store: only the job's ranks. Every rank holds the job's secret
+(NR_JOB_SECRET, which `netreduce launch` sets to a fresh random value per run; under torch,
+rank 0 passes one through torch's store with the store's port). A connection proves it
+before anything else, by an HMAC-SHA256 of a nonce the store sent, and the store proves it
+back; a connection that fails (or says nothing for HELLO_TIMEOUT) is closed having changed
+nothing. The store listens on MASTER_ADDR only, holds at most `max_connections`
+connections, bounds lines (MAX_LINE), stored bytes (MAX_STORED) and every server-side wait
+(MAX_WAIT); a rank may write only its own keys ("<name>/<rank>") and speak only for itself.
+A malformed request gets an error naming what is wrong and changes nothing.
+
 Wire protocol: one JSON object per line each way, one request at a time per connection.
-  hello {rank, world_size}           -> ok | error (world size disagreement, bad rank)
-  set   {key, value, exclusive}      -> ok | error (exclusive key already set)
+  (store)                            -> challenge {nonce}
+  hello {rank, world_size, nonce, mac} -> ok + mac | error, then closed (bad secret, rank
+                                        out of range, world size disagreement)
+  set   {key, value, exclusive}      -> ok | error (exclusive key already set, not ours)
   get   {keys, timeout}              -> ok + values | missing keys | aborted ranks
   abort {rank, reason}               -> ok   (every pending and later get fails with it)
   watch {rank, timeout}              -> ok + failed ranks and reasons ({} when none within
@@ -29,8 +41,12 @@ Wire protocol: one JSON object per line each way, one request at a time per conn
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import re
+import secrets
 import socket
 import threading
 import time
@@ -46,6 +62,17 @@ WATCH_INTERVAL = 1.0     # a watch request returns after this long when nothing 
 # 6 s broke slow BMv2 calls).
 SILENCE_TIMEOUT = 60.0   # a rank whose watch is silent this long is declared failed
 _MARGIN = 30.0           # extra socket timeout over a server-side wait
+SECRET_ENV = "NR_JOB_SECRET"
+MIN_SECRET = 16          # characters of NR_JOB_SECRET
+HELLO_TIMEOUT = 10.0     # s a new connection has to prove the secret
+MAX_LINE = 1 << 20       # bytes of one request or reply line
+MAX_STORED = 64 << 20    # bytes of keys and values the store holds
+MAX_WAIT = 7200.0        # s: the longest server-side wait a request may ask for
+MAX_KEYS = 4096          # keys of one get
+_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}/(\d{1,6})")
+
+
+PortExchange = Callable[["tuple[int, str] | None"], "tuple[int, str]"]
 
 
 class RendezvousError(RuntimeError):
@@ -54,6 +81,23 @@ class RendezvousError(RuntimeError):
 
 class RendezvousTimeout(RendezvousError):
     """Some rank never showed up; the message names it."""
+
+
+class UntrustedStore(RendezvousError):
+    """Whatever answers at MASTER_ADDR:MASTER_PORT could not prove the job's secret."""
+
+
+class BadRequest(ValueError):
+    """A request the store refuses; the message says what is wrong with it."""
+
+
+def _mac(secret: bytes, *parts: object) -> str:
+    return hmac.new(secret, "|".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
+
+
+def new_secret() -> str:
+    """A fresh job secret (what `netreduce launch` puts in NR_JOB_SECRET)."""
+    return secrets.token_hex(16)
 
 
 class PeerFailed(RendezvousError):
@@ -82,6 +126,7 @@ class RendezvousConfig:
     master_addr: str
     master_port: int = DEFAULT_PORT
     timeout: float = DEFAULT_TIMEOUT
+    secret: bytes = b""      # the job's secret (empty: not known yet, see Rendezvous.join)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -100,7 +145,8 @@ class RendezvousConfig:
                 timeout: float = DEFAULT_TIMEOUT,
                 env: Mapping[str, str] = os.environ) -> "RendezvousConfig":
         """Explicit arguments win; the rest come from RANK, WORLD_SIZE, MASTER_ADDR and
-        MASTER_PORT (default 29500), as torchrun and netreduce.tools.launch set them."""
+        MASTER_PORT (default 29500), as torchrun and netreduce.tools.launch set them, and
+        the job's secret from NR_JOB_SECRET (netreduce launch sets it)."""
         def pick(value: Any, var: str, default: Any = None) -> Any:
             if value is not None:
                 return value
@@ -110,20 +156,39 @@ class RendezvousConfig:
                 raise RendezvousError(f"rendezvous: {var} is not set: pass it explicitly or run "
                                       f"under netreduce.tools.launch / torchrun")
             return default
+        secret = env.get(SECRET_ENV, "")
+        if secret and len(secret) < MIN_SECRET:
+            raise RendezvousError(f"rendezvous: {SECRET_ENV} must be at least {MIN_SECRET} "
+                                  f"characters (e.g. python -c 'import secrets; "
+                                  f"print(secrets.token_hex(16))')")
         try:
             return cls(rank=int(pick(rank, "RANK")), world_size=int(pick(world_size, "WORLD_SIZE")),
                        master_addr=str(pick(master_addr, "MASTER_ADDR")),
                        master_port=int(pick(master_port, "MASTER_PORT", DEFAULT_PORT)),
-                       timeout=float(timeout))
+                       timeout=float(timeout), secret=secret.encode())
         except ValueError as exc:
             raise RendezvousError(f"rendezvous: bad setting: {exc}") from exc
 
 
 class StoreServer:
-    """The store (rank 0): a dict guarded by one condition, one thread per client."""
+    """The store (rank 0): a dict guarded by one condition, one thread per client (see the
+    module doc for who may connect and the bounds).
 
-    def __init__(self, port: int, world_size: int, host: str = "") -> None:
+    Invariants: a request reaches `_handle` only on a connection that proved the secret, as
+    the rank it proved; a refused request changes nothing; the store holds at most
+    `max_connections` connections and MAX_STORED bytes."""
+
+    def __init__(self, port: int, world_size: int, host: str, secret: bytes,
+                 max_connections: int | None = None) -> None:
+        if len(secret) < MIN_SECRET:
+            raise RendezvousError("rendezvous: the store needs the job's secret "
+                                  f"({SECRET_ENV}, at least {MIN_SECRET} characters)")
         self.world_size = world_size
+        self._secret = secret
+        # each rank keeps 2 (requests, watch) and briefly a third (abort); room to spare
+        self.max_connections = max_connections or 4 * world_size + 8
+        self.refused_connections = 0            # over max_connections, or failed hello
+        self._stored = 0
         self._cond = threading.Condition()
         self._data: dict[str, Any] = {}
         self._aborted: dict[int, str] = {}      # failed ranks (see the module doc)
@@ -137,8 +202,9 @@ class StoreServer:
             self._listener.bind((host, port))
         except OSError as exc:
             self._listener.close()
-            raise RendezvousError(f"rendezvous: rank 0 cannot serve the store on port {port}: "
-                                  f"{exc}") from exc
+            raise RendezvousError(f"rendezvous: rank 0 cannot serve the store on "
+                                  f"{host}:{port} (MASTER_ADDR must be an address of rank 0's "
+                                  f"host): {exc}") from exc
         self._listener.listen(128)
         self.port: int = self._listener.getsockname()[1]
         self._accepting = True
@@ -153,7 +219,14 @@ class StoreServer:
             except OSError:
                 break
             with self._cond:
-                self._conns.add(conn)
+                full = len(self._conns) >= self.max_connections
+                if full:
+                    self.refused_connections += 1
+                else:
+                    self._conns.add(conn)
+            if full:
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), name="nr-store-conn",
                              daemon=True).start()
         self._listener.close()
@@ -180,16 +253,37 @@ class StoreServer:
         self._acceptor.join(timeout=grace)
 
     def _serve(self, conn: socket.socket) -> None:
-        rank: int | None = None          # whose connection this is, once it said hello
+        rank: int | None = None          # whose connection this is, once it proved the secret
         try:
             with conn, conn.makefile("rb") as reader:
-                for line in reader:
-                    req = json.loads(line)
-                    reply = self._handle(req)
-                    if req.get("op") == "hello" and reply["ok"]:
-                        rank = int(req["rank"])
+                nonce = secrets.token_hex(16)
+                conn.settimeout(HELLO_TIMEOUT)
+                conn.sendall(json.dumps({"challenge": nonce}).encode() + b"\n")
+                try:
+                    reply, rank = self._hello(_read_request(reader), nonce)
+                except (BadRequest, OSError) as exc:
+                    reply, rank = {"ok": False, "error": str(exc)}, None
+                if rank is None:
+                    with self._cond:
+                        self.refused_connections += 1
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+                if rank is None:
+                    return
+                conn.settimeout(None)
+                while True:
+                    try:
+                        req = _read_request(reader)
+                    except BadRequest as exc:
+                        if str(exc) == "closed":
+                            break
+                        reply = {"ok": False, "error": str(exc)}
+                    else:
+                        try:
+                            reply = self._handle(req, rank)
+                        except BadRequest as exc:
+                            reply = {"ok": False, "error": str(exc)}
                     conn.sendall(json.dumps(reply).encode() + b"\n")
-        except (OSError, ValueError):
+        except (OSError, BadRequest):
             pass
         finally:
             with self._cond:
@@ -220,26 +314,54 @@ class StoreServer:
                 self._aborted[r] = (f"silent for {now - seen:.0f}s (no liveness message: its "
                                     f"host hung or is unreachable)")
 
-    def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _hello(self, req: dict[str, Any], nonce: str) -> tuple[dict[str, Any], int | None]:
+        """The first request of a connection: (reply, the rank it proved or None)."""
+        if req.get("op") != "hello":
+            return {"ok": False, "error": "the first request must be hello"}, None
+        rank, world_size = req.get("rank"), req.get("world_size")
+        theirs, mac = req.get("nonce"), req.get("mac")
+        if not (isinstance(theirs, str) and isinstance(mac, str) and 0 < len(theirs) <= 64):
+            return {"ok": False, "error": "hello needs nonce and mac"}, None
+        if not hmac.compare_digest(mac, _mac(self._secret, "hello", nonce, theirs, rank,
+                                             world_size)):
+            return {"ok": False, "error": f"not this job's secret ({SECRET_ENV}): every rank "
+                    "must have the same"}, None
+        if world_size != self.world_size:
+            return {"ok": False, "error": f"rank {rank} has world size {world_size} but rank "
+                    f"0 has {self.world_size}"}, None
+        if not (isinstance(rank, int) and 0 <= rank < self.world_size):
+            return {"ok": False, "error": f"rank {rank!r} is not in 0..{self.world_size - 1}"}, None
+        return {"ok": True, "mac": _mac(self._secret, "store", theirs, nonce)}, rank
+
+    def _handle(self, req: dict[str, Any], rank: int) -> dict[str, Any]:
+        """One request of `rank`'s connection; BadRequest (nothing changed) if malformed."""
         op = req.get("op")
+        if "rank" in req and req["rank"] != rank:
+            raise BadRequest(f"rank {rank}'s connection cannot speak for rank {req['rank']!r}")
         with self._cond:
-            if op == "hello":
-                if req["world_size"] != self.world_size:
-                    return {"ok": False, "error": f"rank {req['rank']} has world size "
-                            f"{req['world_size']} but rank 0 has {self.world_size}"}
-                return {"ok": True}
             if op == "set":
-                key = req["key"]
+                key, value = req.get("key"), req.get("value")
+                m = _KEY.fullmatch(key) if isinstance(key, str) else None
+                if m is None or int(m[1]) != rank:
+                    raise BadRequest(f"rank {rank} may set only its own keys NAME/{rank}, "
+                                     f"not {key!r}")
+                size = len(key) + len(json.dumps(value))
+                if key not in self._data and self._stored + size > MAX_STORED:
+                    raise BadRequest(f"the store is full ({MAX_STORED} bytes)")
                 if req.get("exclusive") and key in self._data:
                     return {"ok": False, "error": f"{key!r} was published twice: two processes "
                             f"claim the same rank"}
-                self._data[key] = req["value"]
+                self._stored += size if key not in self._data else 0
+                self._data[key] = value
                 self._cond.notify_all()
                 return {"ok": True}
             if op == "get":
-                keys = req["keys"]
+                keys, timeout = req.get("keys"), _wait(req)
+                if not (isinstance(keys, list) and 0 < len(keys) <= MAX_KEYS
+                        and all(isinstance(k, str) for k in keys)):
+                    raise BadRequest(f"get needs keys: a list of 1..{MAX_KEYS} strings")
                 self._cond.wait_for(lambda: self._aborted or all(k in self._data for k in keys),
-                                    timeout=req["timeout"])
+                                    timeout=timeout)
                 if self._aborted:
                     return {"ok": False, "aborted": {str(r): m for r, m in self._aborted.items()}}
                 missing = [k for k in keys if k not in self._data]
@@ -247,26 +369,52 @@ class StoreServer:
                     return {"ok": False, "missing": missing}
                 return {"ok": True, "values": {k: self._data[k] for k in keys}}
             if op == "abort":
-                self._aborted.setdefault(int(req["rank"]), str(req["reason"]))
+                self._aborted.setdefault(rank, str(req.get("reason"))[:1000])
                 self._cond.notify_all()
                 return {"ok": True}
             if op == "watch":
-                rank = int(req["rank"])
+                timeout = _wait(req)
                 self._watching.add(rank)
                 self._check_silence()
-                self._cond.wait_for(lambda: bool(self._aborted), timeout=req["timeout"])
+                self._cond.wait_for(lambda: bool(self._aborted), timeout=timeout)
                 self._watching.discard(rank)
                 self._seen[rank] = time.monotonic()
                 return {"ok": True, "failed": {str(r): m for r, m in self._aborted.items()}}
             if op == "leave":
-                self._left.add(int(req["rank"]))
+                timeout = _wait(req)
+                self._left.add(rank)
                 self._cond.notify_all()
                 self._cond.wait_for(lambda: len(self._left) == self.world_size,
-                                    timeout=req["timeout"])
+                                    timeout=timeout)
                 if len(self._left) == self.world_size:
                     self._stop_accepting()
                 return {"ok": True, "missing": sorted(set(range(self.world_size)) - self._left)}
-        return {"ok": False, "error": f"unknown request {op!r}"}
+        raise BadRequest(f"unknown request {str(op)[:40]!r}")
+
+
+def _read_request(reader: Any) -> dict[str, Any]:
+    """The next request line as a JSON object; BadRequest("closed") at end of stream."""
+    line = reader.readline(MAX_LINE + 1)
+    if not line:
+        raise BadRequest("closed")
+    if len(line) > MAX_LINE:
+        raise OSError(f"a line over {MAX_LINE} bytes")      # cannot resynchronise: close
+    try:
+        req = json.loads(line)
+    except ValueError:
+        raise BadRequest("not JSON") from None
+    if not isinstance(req, dict):
+        raise BadRequest("a request is a JSON object")
+    return req
+
+
+def _wait(req: dict[str, Any]) -> float:
+    timeout = req.get("timeout")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 <= timeout <= MAX_WAIT:
+        raise BadRequest(f"timeout must be a number of seconds in 0..{MAX_WAIT:g}, not "
+                         f"{timeout!r}")
+    return float(timeout)
 
 
 class StoreClient:
@@ -279,7 +427,13 @@ class StoreClient:
 
     @classmethod
     def connect(cls, config: RendezvousConfig) -> "StoreClient":
-        """Connect and say hello, retrying until the store is up or `config.timeout` passes."""
+        """Connect and prove the job's secret, retrying until the store is up or
+        `config.timeout` passes."""
+        if len(config.secret) < MIN_SECRET:
+            raise RendezvousError(f"rendezvous: rank {config.rank}: no job secret: "
+                                  f"{SECRET_ENV} is not set (netreduce launch sets it; under "
+                                  "torchrun, export the same random value of at least "
+                                  f"{MIN_SECRET} characters on every rank)")
         deadline = time.monotonic() + config.timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
@@ -292,8 +446,10 @@ class StoreClient:
                 continue
             client = cls(sock, config.where)
             try:
-                reply = client.request({"op": "hello", "rank": config.rank,
-                                        "world_size": config.world_size}, wait=0)
+                reply = client._hello(config)
+            except UntrustedStore:
+                client.close()
+                raise
             except RendezvousError as exc:   # a store that was shutting down: try again
                 client.close()
                 last = exc
@@ -301,10 +457,34 @@ class StoreClient:
                 continue
             if not reply["ok"]:
                 client.close()
-                raise RendezvousError(f"rendezvous: {reply['error']}")
+                raise RendezvousError(f"rendezvous: rank {config.rank}: the store at "
+                                      f"{config.where} refused it: {reply['error']}")
             return client
         raise RendezvousTimeout(f"rendezvous: rank 0 never joined within {config.timeout:g}s "
                                 f"(no store at {config.where}: {last})")
+
+    def _hello(self, config: RendezvousConfig) -> dict[str, Any]:
+        """Answer the store's challenge; check that the store holds the secret too."""
+        self._sock.settimeout(HELLO_TIMEOUT)
+        try:
+            line = self._reader.readline(MAX_LINE)
+        except OSError as exc:
+            raise RendezvousError(f"rendezvous: no challenge from {self._where}: {exc}") from exc
+        try:
+            challenge = json.loads(line)["challenge"]
+        except (ValueError, KeyError, TypeError):
+            raise RendezvousError(f"rendezvous: {self._where} sent no challenge (not a "
+                                  "netreduce store, or one shutting down)") from None
+        mine = secrets.token_hex(16)
+        reply = self.request({"op": "hello", "rank": config.rank,
+                              "world_size": config.world_size, "nonce": mine,
+                              "mac": _mac(config.secret, "hello", challenge, mine, config.rank,
+                                          config.world_size)}, wait=0)
+        if reply.get("ok") and not hmac.compare_digest(
+                str(reply.get("mac")), _mac(config.secret, "store", mine, challenge)):
+            raise UntrustedStore(f"rendezvous: the store at {self._where} does not know "
+                                 f"this job's secret ({SECRET_ENV}): not our rank 0")
+        return reply
 
     def request(self, req: dict[str, Any], wait: float,
                 margin: float = _MARGIN) -> dict[str, Any]:
@@ -357,18 +537,25 @@ class Rendezvous:
     def world_size(self) -> int:
         return self.config.world_size
 
-    def join(self, port_exchange: Callable[[int | None], int] | None = None) -> "Rendezvous":
+    def join(self, port_exchange: PortExchange | None = None) -> "Rendezvous":
         """Start the store (rank 0) and connect to it. With `port_exchange` (the store's
-        port travels through another store, e.g. torch's on MASTER_PORT), rank 0 serves on
-        a port the kernel picks and hands it to `port_exchange(port)`; the other ranks
-        connect to the port `port_exchange(None)` returns. Without, MASTER_PORT."""
+        port and the job's secret travel through another store, e.g. torch's on
+        MASTER_PORT), rank 0 serves on a port the kernel picks, with its NR_JOB_SECRET or a
+        fresh one, and hands both to `port_exchange((port, secret))`; the other ranks use
+        what `port_exchange(None)` returns. Without, MASTER_PORT and NR_JOB_SECRET."""
         if self.rank == 0:
+            if port_exchange is not None and not self.config.secret:
+                self.config = replace(self.config, secret=new_secret().encode())
+            if not self.config.secret:
+                StoreClient.connect(self.config)       # raises: says what is missing
             self._server = StoreServer(0 if port_exchange else self.config.master_port,
-                                       self.world_size)
+                                       self.world_size, self.config.master_addr,
+                                       self.config.secret)
         try:
             if port_exchange is not None:
-                port = port_exchange(self._server.port if self._server else None)
-                self.config = replace(self.config, master_port=port)
+                port, secret = port_exchange(
+                    (self._server.port, self.config.secret.decode()) if self._server else None)
+                self.config = replace(self.config, master_port=port, secret=secret.encode())
             self._client = StoreClient.connect(self.config)
         except BaseException:
             self._stop_server()
@@ -406,8 +593,7 @@ class Rendezvous:
         self._note({self.rank: reason})
         if self._client is None:
             return
-        quick = RendezvousConfig(self.rank, self.world_size, self.config.master_addr,
-                                 self.config.master_port, timeout=2.0)
+        quick = replace(self.config, timeout=2.0)
         try:
             client = StoreClient.connect(quick)
             try:

@@ -1,5 +1,5 @@
 """Test-wide rules: lab tests run only inside the lab, and never skip under CI=true; tests
-that need switch/p4 compiled into build/p4 run last."""
+that need switch/p4 compiled into build/p4 run last; every test has a job secret."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,13 @@ def _lab_guard(request: pytest.FixtureRequest) -> None:
     if UNDER_CI:
         pytest.fail(f"lab test outside the lab under CI=true ({why})")
     pytest.skip(why)
+
+
+@pytest.fixture(autouse=True)
+def _job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `netreduce launch` hands every rank: in-process ranks of a test share one."""
+    if "NR_JOB_SECRET" not in os.environ:
+        monkeypatch.setenv("NR_JOB_SECRET", "secret-of-the-test-job-0123")
 
 
 def _needs_p4_build(item: pytest.Item) -> bool:

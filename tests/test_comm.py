@@ -39,7 +39,8 @@ def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowCo
 
     def worker(rank: int) -> None:
         host = FakeHost(fabric, rank)
-        rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10)).join()
+        rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10,
+                                           secret=b"secret-of-the-comm-tests")).join()
         try:
             comm = Communicator.connect(rdzv, host, cfg, controller if rank == 0 else None,
                                         pinned)

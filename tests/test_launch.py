@@ -30,6 +30,20 @@ def test_every_rank_gets_its_environment_and_a_prefix() -> None:
     assert "[launch] rank 0: exit 0; rank 1: exit 0; rank 2: exit 0" in text
 
 
+def test_every_launch_hands_its_ranks_one_fresh_job_secret(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NR_JOB_SECRET", raising=False)
+    code = "import os; print(os.environ['NR_JOB_SECRET'])"
+    first, _ = run(code, 2)
+    second, _ = run(code, 2)
+    secrets = [r.output[0] for r in first.ranks], [r.output[0] for r in second.ranks]
+    assert len(set(secrets[0])) == len(set(secrets[1])) == 1          # one per job
+    assert secrets[0][0] != secrets[1][0] and len(secrets[0][0]) == 32   # fresh, 128 bits
+    monkeypatch.setenv("NR_JOB_SECRET", "the-users-own-secret-000")     # the user's wins
+    mine, _ = run(code, 2)
+    assert [r.output[0] for r in mine.ranks] == ["the-users-own-secret-000"] * 2
+
+
 def test_lab_ranks_point_torch_at_the_lab_interface_unless_told_otherwise() -> None:
     """gloo advertises the namespace hostname's address ([::1]) unless told the interface:
     in the lab's namespaces the launcher names nr0; a user's own setting wins; --local

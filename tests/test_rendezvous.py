@@ -20,8 +20,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def config(rank: int, world: int, port: int, timeout: float = 5.0) -> RendezvousConfig:
-    return RendezvousConfig(rank, world, "127.0.0.1", port, timeout)
+SECRET = b"secret-of-the-rendezvous-tests"
+
+
+def config(rank: int, world: int, port: int, timeout: float = 5.0,
+           secret: bytes = SECRET) -> RendezvousConfig:
+    return RendezvousConfig(rank, world, "127.0.0.1", port, timeout, secret)
 
 
 def run_ranks(ranks: list[int], world: int, port: int, body: Callable[[Rendezvous], Any],

@@ -4,7 +4,8 @@
 
 Rank I runs `CMD` in network namespace hI (`ip netns exec hI ...`; `--local` runs every
 rank here instead) with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
-(default: rank 0's lab address 10.77.0.1, or 127.0.0.1 with --local) and MASTER_PORT set.
+(default: rank 0's lab address 10.77.0.1, or 127.0.0.1 with --local), MASTER_PORT and
+NR_JOB_SECRET (a fresh random secret per run, unless already set) set.
 In the lab's namespaces it also points torch's socket transports at the lab interface
 (GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME = nr0) unless they are set: gloo otherwise advertises
 an address of the namespace's hostname ([::1]) that no other rank can reach.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, TextIO
 
-from ring_setup.rendezvous import DEFAULT_PORT
+from ring_setup.rendezvous import DEFAULT_PORT, SECRET_ENV, new_secret
 
 LAB_MASTER_ADDR = "10.77.0.1"
 LOCAL_MASTER_ADDR = "127.0.0.1"
@@ -113,7 +114,8 @@ def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
                              f"run inside the lab (scripts/lab.sh --hosts {hosts} -- ...) or "
                              f"use --local")
     master = master_addr or (LOCAL_MASTER_ADDR if local else LAB_MASTER_ADDR)
-    base = dict(os.environ if env is None else env)
+    # the job's secret, which the rendezvous store asks of every connection: fresh per run
+    base = {SECRET_ENV: new_secret(), **(os.environ if env is None else env)}
     lock = threading.Lock()
     results = [RankResult(i) for i in range(hosts)]
     procs: list[subprocess.Popen[bytes]] = []

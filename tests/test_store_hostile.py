@@ -1,0 +1,207 @@
+"""Hostile clients of the rendezvous store (ring_setup/rendezvous.py): without the job's
+secret a connection changes and learns nothing; with it, a rank writes only its own keys and
+speaks only for itself; every malformed request is refused by name and changes nothing;
+lines, waits and connections are bounded; a store without the secret is not believed."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+import ring_setup.rendezvous as rdzv
+from ring_setup.rendezvous import (MAX_LINE, Rendezvous, RendezvousConfig, RendezvousError,
+                                   StoreClient, StoreServer, _mac)
+
+SECRET = b"secret-of-the-hostile-store-tests"
+WORLD = 2
+
+
+@pytest.fixture
+def store() -> Iterator[StoreServer]:
+    server = StoreServer(0, WORLD, "127.0.0.1", SECRET)
+    yield server
+    server.stop(grace=0.5)
+
+
+def cfg(server: StoreServer, rank: int, secret: bytes = SECRET, world: int = WORLD,
+        timeout: float = 5.0) -> RendezvousConfig:
+    return RendezvousConfig(rank, world, "127.0.0.1", server.port, timeout, secret)
+
+
+class Raw:
+    """A hand-driven connection: one JSON line each way."""
+
+    def __init__(self, server: StoreServer) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        self.reader = self.sock.makefile("rb")
+        self.challenge = json.loads(self.reader.readline())["challenge"]
+
+    def send(self, obj: Any) -> None:
+        self.sock.sendall((obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n")
+
+    def ask(self, obj: Any) -> dict[str, Any] | None:
+        self.send(obj)
+        line = self.reader.readline()
+        return json.loads(line) if line else None       # None: the store hung up
+
+    def hello(self, rank: int, secret: bytes = SECRET, world: int = WORLD) -> dict[str, Any] | None:
+        return self.ask({"op": "hello", "rank": rank, "world_size": world, "nonce": "n1",
+                         "mac": _mac(secret, "hello", self.challenge, "n1", rank, world)})
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def values(server: StoreServer) -> dict[str, Any]:
+    return dict(server._data)
+
+
+def test_the_store_listens_on_the_job_address_only(store: StoreServer) -> None:
+    assert store._listener.getsockname()[0] == "127.0.0.1"
+
+
+def test_without_the_secret_nothing_is_set_nor_read(store: StoreServer) -> None:
+    stray = Raw(store)
+    assert stray.ask({"op": "set", "key": "endpoint/1", "value": "evil"}) == {
+        "ok": False, "error": "the first request must be hello"}
+    assert stray.ask({"op": "get", "keys": ["endpoint/0"], "timeout": 0}) is None   # closed
+    wrong = Raw(store)
+    reply = wrong.hello(1, secret=b"not-the-secret-of-this-job")
+    assert reply is not None and reply["ok"] is False and "NR_JOB_SECRET" in reply["error"]
+    assert wrong.ask({"op": "set", "key": "endpoint/1", "value": "evil"}) is None
+    assert values(store) == {} and store._aborted == {}
+    assert store.refused_connections == 2
+
+
+def test_a_stray_client_cannot_redirect_rank_0(store: StoreServer) -> None:
+    """The attack of the issue: set endpoint/1 before rank 1 does."""
+    stray = Raw(store)
+    stray.ask({"op": "set", "key": "endpoint/1", "value": {"qpn": 666}})
+    got: dict[int, Any] = {}
+
+    def rank(r: int) -> None:
+        me = Rendezvous(cfg(store, r))
+        me._client = StoreClient.connect(me.config)
+        got[r] = me.all_gather("endpoint", {"qpn": 100 + r})
+        me._client.close()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert got == {0: [{"qpn": 100}, {"qpn": 101}], 1: [{"qpn": 100}, {"qpn": 101}]}
+
+
+def test_out_of_range_ranks_and_their_disconnects_fail_nobody(store: StoreServer) -> None:
+    for bad in (-1, WORLD, 10**9, "1", None):
+        c = Raw(store)
+        reply = c.hello(bad)  # type: ignore[arg-type]
+        assert reply is not None and reply["ok"] is False and "is not in 0..1" in reply["error"]
+        c.close()
+    time.sleep(0.2)
+    assert store._aborted == {}
+
+
+def test_a_rank_writes_only_its_own_keys_and_speaks_only_for_itself(store: StoreServer) -> None:
+    c = Raw(store)
+    assert c.hello(1)["ok"] is True  # type: ignore[index]
+    for key in ("endpoint/0", "endpoint/2", "endpoint", "a/b/1", "x" * 200 + "/1", 7):
+        reply = c.ask({"op": "set", "key": key, "value": 1})
+        assert reply and reply["ok"] is False and "may set only its own keys NAME/1" in reply["error"]
+    for op in ("abort", "watch", "leave"):
+        reply = c.ask({"op": op, "rank": 0, "reason": "x", "timeout": 0})
+        assert reply == {"ok": False, "error": "rank 1's connection cannot speak for rank 0"}
+    assert c.ask({"op": "set", "key": "endpoint/1", "value": 5}) == {"ok": True}
+    assert values(store) == {"endpoint/1": 5} and store._aborted == {} and store._left == set()
+
+
+@pytest.mark.parametrize("request_, error", [
+    ({"op": "get", "keys": ["k/0"], "timeout": None}, "timeout must be a number of seconds"),
+    ({"op": "get", "keys": ["k/0"], "timeout": 1e9}, "timeout must be a number of seconds"),
+    ({"op": "get", "keys": ["k/0"], "timeout": -1}, "timeout must be a number of seconds"),
+    ({"op": "get", "keys": ["k/0"], "timeout": True}, "timeout must be a number of seconds"),
+    ({"op": "get", "keys": "k/0", "timeout": 0}, "get needs keys"),
+    ({"op": "get", "keys": [], "timeout": 0}, "get needs keys"),
+    ({"op": "watch", "timeout": "soon"}, "timeout must be a number of seconds"),
+    ({"op": "leave"}, "timeout must be a number of seconds"),
+    ({"op": "drop_tables"}, "unknown request 'drop_tables'"),
+    ({}, "unknown request 'None'"),
+    (b"[1, 2, 3]", "a request is a JSON object"),
+    (b'"hello"', "a request is a JSON object"),
+    (b"{not json", "not JSON"),
+])
+def test_malformed_requests_are_refused_by_name(store: StoreServer, request_: Any,
+                                                error: str) -> None:
+    c = Raw(store)
+    assert c.hello(0)["ok"] is True  # type: ignore[index]
+    reply = c.ask(request_)
+    assert reply is not None and reply["ok"] is False and error in reply["error"], reply
+    assert c.ask({"op": "set", "key": "still/0", "value": 1}) == {"ok": True}   # still served
+    assert values(store) == {"still/0": 1} and store._left == set() and store._aborted == {}
+
+
+def test_an_endless_line_closes_the_connection(store: StoreServer) -> None:
+    c = Raw(store)
+    assert c.hello(0)["ok"] is True  # type: ignore[index]
+    c.sock.sendall(b"{" + b" " * MAX_LINE)
+    c.sock.sendall(b"}\n")
+    assert c.reader.readline() == b""
+    assert values(store) == {}
+
+
+def test_silent_and_surplus_connections_are_cut(store: StoreServer,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    idle = [socket.create_connection(("127.0.0.1", store.port)) for _ in
+            range(store.max_connections)]
+    time.sleep(0.3)
+    extra = socket.create_connection(("127.0.0.1", store.port), timeout=5)
+    assert extra.recv(100) == b""                    # over the bound: closed at once
+    assert store.refused_connections >= 1
+    for s in idle + [extra]:
+        s.close()
+    time.sleep(0.3)
+    monkeypatch.setattr(rdzv, "HELLO_TIMEOUT", 0.3)
+    silent = socket.create_connection(("127.0.0.1", store.port), timeout=5)
+    silent.recv(200)                                  # the challenge
+    time.sleep(0.6)
+    assert silent.recv(200) == b'{"ok": false, "error": "timed out"}\n'
+    assert silent.recv(200) == b""                    # and closed
+
+
+def test_a_rank_without_the_secret_is_told_what_to_set() -> None:
+    me = Rendezvous(RendezvousConfig(0, 2, "127.0.0.1", 0, 1.0, b""))
+    with pytest.raises(RendezvousError, match="NR_JOB_SECRET is not set"):
+        me.join()
+
+
+def test_a_store_that_does_not_know_the_secret_is_not_believed(store: StoreServer) -> None:
+    with pytest.raises(RendezvousError, match="refused it: not this job's secret"):
+        StoreClient.connect(cfg(store, 0, secret=b"another-job-secret-0123456"))
+
+
+def test_a_fake_store_is_detected_by_the_rank() -> None:
+    """Someone else listening on the port and accepting any hello: its reply cannot carry
+    the store's proof."""
+    fake = socket.socket()
+    fake.bind(("127.0.0.1", 0))
+    fake.listen(1)
+    port = fake.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = fake.accept()
+        with conn, conn.makefile("rb") as r:
+            conn.sendall(b'{"challenge": "c"}\n')
+            r.readline()
+            conn.sendall(b'{"ok": true, "mac": "00"}\n')
+            time.sleep(0.5)
+    t = threading.Thread(target=serve)
+    t.start()
+    with pytest.raises(RendezvousError, match="does not know this job's secret"):
+        StoreClient.connect(RendezvousConfig(1, 2, "127.0.0.1", port, 3.0, SECRET))
+    t.join(5)
+    fake.close()
