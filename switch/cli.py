@@ -22,8 +22,9 @@ from typing import Any
 from switch.api.client import ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
-from switch.control.service import (DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS, DEFAULT_MAX_SLOT_MEMORY,
-                                    MAX_RINGS_CEILING, ControllerConfig, TlsFiles, serve)
+from switch.control.service import (DEFAULT_CALLS_PER_SECOND, DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS,
+                                    DEFAULT_MAX_SLOT_MEMORY, MAX_RINGS_CEILING, ControllerConfig,
+                                    TlsFiles, serve)
 from switch.control.target import SoftwareTarget, Target
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.pipeline import AggregationPipeline
@@ -114,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a principal of the token file that sees every ring in Counters "
                           "(repeatable); any other principal sees only the rings it "
                           "registered, and the ports' and switch's totals")
+    ctl.add_argument("--calls-per-second", type=float, default=DEFAULT_CALLS_PER_SECOND,
+                     metavar="R", help="calls each principal may make per second, in bursts "
+                     f"of 2R; more are RESOURCE_EXHAUSTED (0: no limit; default "
+                     f"{DEFAULT_CALLS_PER_SECOND:g})")
     ctl.add_argument("--tls-cert", type=Path, metavar="PEM",
                      help="serve TLS with this certificate (with --tls-key)")
     ctl.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
@@ -170,7 +175,8 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"config": ControllerConfig.with_token_file(
                 args.token_file, admins=frozenset(args.admin), max_rings=args.max_rings,
                 max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms,
-                max_in_flight=args.max_in_flight, ack_timeout=args.ack_timeout),
+                max_in_flight=args.max_in_flight, ack_timeout=args.ack_timeout,
+                calls_per_second=args.calls_per_second),
             "tls": tls}
 
 

@@ -9,6 +9,7 @@ import re
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -544,3 +545,66 @@ def test_a_token_in_the_clear_to_a_remote_controller_is_warned_about_once(
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and warned[0].startswith(
         "controller 192.0.2.7:50051: the token's secret goes in the clear"), warned
+
+
+class SlowTarget(SoftwareTarget):
+    """A software target whose registrations take `delay` s: a fabric whose ToR is slow."""
+
+    delay = 0.0
+
+    def register_ring(self, spec, slots):  # type: ignore[no-untyped-def]
+        time.sleep(self.delay)
+        return super().register_ring(spec, slots)
+
+
+def test_a_slow_target_stalls_no_other_tenants_renewals(tokens: dict[str, Path]) -> None:
+    """While one registration waits 1.5 s at the target, another principal renews its ring
+    (lease 300 ms) at once and its lease never lapses; the same ring's second registration
+    meanwhile is ABORTED (busy), not queued behind the first."""
+    target = SlowTarget(AggregationPipeline(), mac_ports(3).get)
+    server, port = serve(target, "127.0.0.1:0",
+                         config=ControllerConfig(tokens={ALICE: "alice", BOB: "bob"}))
+    addr = f"127.0.0.1:{port}"
+    try:
+        with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
+                ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
+            bob.register_ring(make_ring(2, ring_id="bobs", qpn_base=300), lease_ms=300)
+            target.delay = 1.5
+            slow = threading.Thread(target=alice.register_ring, args=(make_ring(2),))
+            slow.start()
+            time.sleep(0.2)
+            assert refused(lambda: alice.register_ring(make_ring(2)))[0] == "ABORTED"
+            worst = 0.0
+            while slow.is_alive():
+                t0 = time.monotonic()
+                bob.renew_lease("bobs")
+                worst = max(worst, time.monotonic() - t0)
+                time.sleep(0.1)
+            assert worst < 0.5, worst
+            got = bob.counters()
+            assert "bobs" in got["rings"] and got["switch"]["leases_expired"] == 0
+            assert list(alice.counters()["rings"]) == ["ring"]
+    finally:
+        server.stop()
+
+
+def test_each_principal_has_its_own_rate_limit(tokens: dict[str, Path]) -> None:
+    server, port = serve(SoftwareTarget(AggregationPipeline(), mac_ports(3).get), "127.0.0.1:0",
+                         config=ControllerConfig(tokens={ALICE: "alice", BOB: "bob"},
+                                                 calls_per_second=5))
+    addr = f"127.0.0.1:{port}"
+    try:
+        with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
+                ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
+            codes = []
+            for _ in range(30):                       # a burst far over 2 x 5
+                try:
+                    alice.counters()
+                    codes.append("OK")
+                except ControllerError as e:
+                    codes.append(e.code)
+            assert 9 <= codes.count("OK") <= 12 and codes[-1] == "RESOURCE_EXHAUSTED", codes
+            assert bob.counters()["switch"]["refused_limit"] >= 18     # bob is not limited
+    finally:
+        server.stop()
+

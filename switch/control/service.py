@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import threading
 import time
 from concurrent import futures
@@ -37,6 +38,7 @@ DEFAULT_MAX_RINGS = 64
 DEFAULT_MAX_SLOT_MEMORY = 256 << 20
 DEFAULT_LEASE_MS = 15_000
 REAPER_TICK = 0.05                 # s between lease checks
+DEFAULT_CALLS_PER_SECOND = 50.0    # per principal (bursts of twice that)
 ANONYMOUS = "anonymous"            # the principal of every call when no token file is given
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,11 @@ class ControllerConfig:
     default_slots: int = DEFAULT_SLOTS
     max_in_flight: int = 0        # the target's pace (TargetLimits); 0: no requirement
     ack_timeout: int = 0
+    calls_per_second: float = DEFAULT_CALLS_PER_SECOND    # per principal; 0: no limit
 
     def __post_init__(self) -> None:
+        if not 0 <= self.calls_per_second <= 1e6:
+            raise ValueError(f"calls_per_second {self.calls_per_second} is not in 0..1e6")
         if not 1 <= self.max_rings <= MAX_RINGS_CEILING:
             raise ValueError(f"max_rings {self.max_rings} is not in 1..{MAX_RINGS_CEILING} "
                              "(Counters must stay under the 4 MiB message limit)")
@@ -95,25 +100,53 @@ REFUSAL_COUNTERS = {grpc.StatusCode.INVALID_ARGUMENT: "refused_invalid",
                     grpc.StatusCode.PERMISSION_DENIED: "refused_permission",
                     grpc.StatusCode.RESOURCE_EXHAUSTED: "refused_limit",
                     grpc.StatusCode.FAILED_PRECONDITION: "refused_precondition",
-                    grpc.StatusCode.NOT_FOUND: "refused_not_found"}
+                    grpc.StatusCode.NOT_FOUND: "refused_not_found",
+                    grpc.StatusCode.ABORTED: "refused_busy"}
 OWN_COUNTERS = ("rings_registered", "slot_memory_used", "leases_expired", "internal_errors",
                 *REFUSAL_COUNTERS.values())
 
 
 @dataclass
 class Lease:
-    """A registered ring's owner, lease and share of the aggregator memory."""
+    """A registered ring's owner, lease and share of the aggregator memory. `busy`: a
+    register or unregister of the ring is at the target; the lease holds the ring's id and
+    room meanwhile, does not lapse, and other calls on the ring wait their turn (ABORTED)."""
 
     owner: str
     lease_ms: int
     expires: float                 # on the controller's clock
     memory: int
+    busy: bool = False
+
+
+class RateLimit:
+    """A token bucket per principal: `rate` calls per second, bursts of 2 x rate
+    (0: no limit). Invariant: a principal's calls beyond it are refused, others' are not."""
+
+    def __init__(self, rate: float, clock: Callable[[], float]):
+        self.rate = rate
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}    # principal -> (tokens, when)
+
+    def take(self, principal: str) -> bool:
+        if not self.rate:
+            return True
+        now = self.clock()
+        tokens, when = self._buckets.get(principal, (2 * self.rate, now))
+        tokens = min(2 * self.rate, tokens + (now - when) * self.rate)
+        ok = tokens >= 1
+        self._buckets[principal] = (tokens - 1 if ok else tokens, now)
+        return ok
 
 
 class ControllerService:
     """The RPC handlers over a Target (see the module doc).
 
-    `_lock` serialises every change of the leases and the target: calls and the reaper.
+    Two locks, never one inside the other's wait: `_lock` guards the leases and counts and
+    is never held across a call to the target (a fabric's target calls other switches, up
+    to their timeouts: a slow switch must not stall other tenants' renewals); `_target_lock`
+    serialises the calls to the target (targets need not be thread-safe). A ring being
+    registered or unregistered holds a busy lease meanwhile (`Lease.busy`).
     """
 
     def __init__(self, target: Target, config: ControllerConfig = ControllerConfig(),
@@ -124,6 +157,8 @@ class ControllerService:
         self.leases: dict[str, Lease] = {}
         self.counts = dict.fromkeys(OWN_COUNTERS, 0)
         self._lock = threading.Lock()
+        self._target_lock = threading.Lock()
+        self._rate = RateLimit(config.calls_per_second, clock)
         self._logged: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self._reaper: Optional[threading.Thread] = None
@@ -185,10 +220,15 @@ class ControllerService:
             spec = reg.spec
             old = self.leases.get(spec.ring_id)
             if old is not None:
-                self._owned(spec.ring_id, principal)
+                self._idle(self._owned(spec.ring_id, principal), spec.ring_id)
+                old.busy = True
             else:
                 self._check_room(spec, reg.slots, limits)
-            try:
+                self.leases[spec.ring_id] = Lease(principal, reg.lease_ms, math.inf,
+                                                  slot_memory(spec.world_size, reg.slots,
+                                                              spec.mtu), busy=True)
+        try:
+            with self._target_lock:
                 if isinstance(self.target, FabricSwitchTarget) and reg.racks:
                     placed = self.target.register_in_fabric(spec, reg.slots, reg.racks)
                 elif reg.racks:
@@ -196,15 +236,30 @@ class ControllerService:
                                      "not a ToR or spine of a two-tier fabric")
                 else:
                     placed = self.target.register_ring(spec, reg.slots)
-            except ValueError as e:
+        except BaseException as e:
+            with self._lock:
+                if old is not None:
+                    old.busy = False
+                else:
+                    del self.leases[spec.ring_id]
+            if isinstance(e, ValueError):
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
-            memory = slot_memory(spec.world_size, reg.slots, spec.mtu)
+            raise
+        with self._lock:
             self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
-                                              self.clock() + reg.lease_ms / 1000, memory)
-            log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms",
-                     spec.ring_id, principal, spec.world_size, reg.slots, reg.lease_ms)
-            return pb.RegisterRingReply(ring_id=placed["ring_id"], slots=placed["slots"],
-                                        ports=placed["ports"], lease_ms=reg.lease_ms)
+                                              self.clock() + reg.lease_ms / 1000,
+                                              slot_memory(spec.world_size, reg.slots, spec.mtu))
+        log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms",
+                 spec.ring_id, principal, spec.world_size, reg.slots, reg.lease_ms)
+        return pb.RegisterRingReply(ring_id=placed["ring_id"], slots=placed["slots"],
+                                    ports=placed["ports"], lease_ms=reg.lease_ms)
+
+    @staticmethod
+    def _idle(lease: Lease, ring_id: str) -> Lease:
+        if lease.busy:
+            raise Refusal(grpc.StatusCode.ABORTED, f"ring {ring_id}: a registration or "
+                          "unregistration of it is in progress: retry")
+        return lease
 
     def _check_room(self, spec: RingSpec, slots: int, limits: dict[str, Any]) -> None:
         if len(self.leases) >= limits["max_rings"]:
@@ -231,18 +286,22 @@ class ControllerService:
                         ) -> pb.UnregisterRingReply:
         rid = validate.ring_id(req.ring_id)
         with self._lock:
-            self._owned(rid, principal)
-            self._free(rid)
-            log.info("ring %s unregistered by %s", rid, principal)
-            return pb.UnregisterRingReply(ring_id=rid)
+            self._idle(self._owned(rid, principal), rid).busy = True
+        self._free(rid)
+        log.info("ring %s unregistered by %s", rid, principal)
+        return pb.UnregisterRingReply(ring_id=rid)
 
     def _free(self, ring_id: str) -> None:
-        del self.leases[ring_id]
+        """Remove the ring from the target, then its (busy) lease; not under `_lock`."""
         try:
-            self.target.unregister_ring(ring_id)
+            with self._target_lock:
+                self.target.unregister_ring(ring_id)
         except KeyError:
             log.error("ring %s had a lease but was not in the %s target", ring_id,
                       self.target.name)
+        finally:
+            with self._lock:
+                del self.leases[ring_id]
 
     def counters(self, req: pb.CountersRequest, principal: str) -> pb.CountersReply:
         """Rings the caller owns (every ring for an admin principal), with per-connection
@@ -256,9 +315,11 @@ class ControllerService:
                 raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {rid} is not registered")
             if rid is not None and not sees_all:
                 self._owned(rid, principal)
-            now = self.clock()
+        with self._target_lock:
             got = self.target.counters()
-            leases = dict(self.leases)
+        with self._lock:
+            now = self.clock()
+            leases = {r: lease for r, lease in self.leases.items() if not lease.busy}
             own = {**self.counts, "rings_registered": len(leases),
                    "slot_memory_used": sum(x.memory for x in leases.values())}
         reply = pb.CountersReply(target=got["target"])
@@ -298,12 +359,15 @@ class ControllerService:
         """Unregister every ring whose lease lapsed; returns their ids."""
         with self._lock:
             now = self.clock()
-            lapsed = [(rid, lease) for rid, lease in self.leases.items() if lease.expires <= now]
+            lapsed = [(rid, lease) for rid, lease in self.leases.items()
+                      if lease.expires <= now and not lease.busy]
             for rid, lease in lapsed:
-                self._free(rid)
+                lease.busy = True
                 self.counts["leases_expired"] += 1
-                log.warning("ring %s of %s: lease lapsed (not renewed within %d ms): "
-                            "unregistered", rid, lease.owner, lease.lease_ms)
+        for rid, lease in lapsed:
+            self._free(rid)
+            log.warning("ring %s of %s: lease lapsed (not renewed within %d ms): "
+                        "unregistered", rid, lease.owner, lease.lease_ms)
         return [rid for rid, _ in lapsed]
 
     def start_reaper(self, tick: float = REAPER_TICK) -> None:
@@ -343,6 +407,14 @@ class ControllerService:
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
                 principal = self.authenticate(context) if needs_credentials else None
+                if principal is not None:
+                    with self._lock:
+                        within = self._rate.take(principal)
+                    if not within:
+                        raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      f"principal {principal!r}: over "
+                                      f"{self.config.calls_per_second:g} calls per second "
+                                      "(the controller's rate limit per principal)")
                 return fn(validate.parse(request_type, request), principal).SerializeToString()
             except (Refusal, validate.InvalidArgument) as e:
                 refusal = e if isinstance(e, Refusal) else Refusal(
