@@ -5,6 +5,7 @@ installed that way; refusals, rollback, leases and counters travel through the A
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -175,3 +176,56 @@ def test_the_lab_spreads_hosts_over_racks_as_evenly_as_possible() -> None:
         [[2, 2], [3, 2], [3, 3], [3, 2, 2], [1, 1]]
     with pytest.raises(ValueError, match="3 racks for 2 hosts"):
         rack_sizes(2, 3)
+
+
+def test_unregister_removes_the_ring_from_every_switch_that_answers(rpc: RpcFabric) -> None:
+    """tor0 is unreachable: the spine and tor1 still lose the ring, and nothing renews
+    tor0's lease any more (it lapses there)."""
+    sim = Sim([2, 2], elements=64, control=rpc)
+    rpc.servers[0].stop(None)                 # tor0's (RpcFabric serves the ToRs first)
+    sim.fabric.unregister_ring("mr")
+    assert sim.fabric.unregister_failures == 1
+    for name in ("tor1", "spine"):
+        with ControllerClient(rpc.addrs[name], token_file=rpc.token) as c:
+            assert c.counters()["rings"] == {}, name
+    assert all("mr" not in c.leases._leases for c in rpc.clients)
+
+
+def test_a_switch_that_lost_the_ring_is_reported_to_the_job_within_a_lease(
+        tmp_path: Path) -> None:
+    """tor1 forgets the ring (as after a restart): its lease keeper's next renewal says
+    NOT_FOUND, the fabric removes the ring everywhere, and the job's own renewal at the
+    fabric's controller fails naming tor1, within one lease of the ToRs (600 ms)."""
+    token = tmp_path / "token"
+    token.write_text("fabric s3cret-of-the-fabric-test\n")
+    token.chmod(0o600)
+    rpc = RpcFabric(token, lease_ms=600)
+    fabric_server = None
+    try:
+        sim = Sim([2, 2], elements=64, control=rpc)
+        sim.fabric.unregister_ring("mr")                      # the job registers its own
+        fabric_server, port = serve(sim.fabric, "127.0.0.1:0",
+                                    config=ControllerConfig.with_token_file(token))
+        with ControllerClient(f"127.0.0.1:{port}", token_file=token) as job:
+            job.register_ring(dataclasses.replace(sim.spec, ring_id="job"))
+            with ControllerClient(rpc.addrs["tor1"], token_file=token) as tor1:
+                tor1.unregister_ring("job")                   # tor1 "restarted"
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 5:
+                try:
+                    job.renew_lease("job")
+                except ControllerError as e:
+                    assert e.code == "NOT_FOUND" and "tor1 lost it" in e.message, e
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the job never learned that tor1 lost its ring")
+            assert time.monotonic() - t0 < 0.6 + 0.5
+            assert job.counters()["switch"]["rings_lost"] == 1
+        for name in ("tor0", "spine"):
+            with ControllerClient(rpc.addrs[name], token_file=token) as c:
+                assert "job" not in c.counters()["rings"], name
+    finally:
+        if fabric_server is not None:
+            fabric_server.stop(None)
+        rpc.close()

@@ -15,6 +15,7 @@ reaches switch processes of a lab.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
 
@@ -25,6 +26,7 @@ from switch.dataplane.tor import TorPipeline
 
 log = logging.getLogger(__name__)
 PortCounters = Callable[[], dict[Any, dict[str, Any]]]
+LostCallback = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class TorControl(Protocol):
     def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None: ...
     def unregister_ring(self, ring_id: str) -> None: ...
     def counters(self) -> dict[str, Any]: ...
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call `callback(ring_id, why)` when this switch turns out to have lost a ring the
+        fabric installed (a restart); in-process switches never do."""
     def port_of_mac(self, mac: str) -> Optional[int]:
         """The host port of `mac` on this ToR (None: not on a host port here)."""
         ...
@@ -69,6 +74,7 @@ class SpineControl(Protocol):
     def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None: ...
     def unregister_ring(self, ring_id: str) -> None: ...
     def counters(self) -> dict[str, Any]: ...
+    def on_lost(self, callback: LostCallback) -> None: ...
 
 
 class TorTarget:
@@ -98,6 +104,9 @@ class TorTarget:
         port = self._port_of_mac(mac)
         return None if port == self.uplink else port
 
+    def on_lost(self, callback: LostCallback) -> None:
+        """In process, the ToR lives and dies with the fabric: nothing to report."""
+
 
 class SpineTarget:
     """An in-process spine: a SpinePipeline and its port counters."""
@@ -119,6 +128,9 @@ class SpineTarget:
         return {"rings": self.pipeline.counters(), "interswitch": dict(self.pipeline.interswitch),
                 "ports": {str(p): c for p, c in self._port_counters().items()}}
 
+    def on_lost(self, callback: LostCallback) -> None:
+        """In process, the spine lives and dies with the fabric: nothing to report."""
+
 
 class FabricTarget(Target):
     """The controller's Target for a ToR/spine fabric (see the module doc)."""
@@ -132,6 +144,27 @@ class FabricTarget(Target):
         self.tors = {t.tor_id: t for t in tors}
         self.spine = spine
         self._rings: dict[str, tuple[RingSpec, int, Placement]] = {}
+        self._reports: dict[str, str] = {}      # ring id -> which switch lost it, and why
+        self.unregister_failures = 0            # switches that did not confirm a removal
+        self._reports_lock = threading.Lock()
+        for switch in [*tors, spine]:
+            switch.on_lost(lambda rid, why, name=switch.name: self._report_lost(rid, name, why))
+
+    def _report_lost(self, ring_id: str, switch: str, why: str) -> None:
+        """From a switch's lease keeper (any thread): `switch` no longer holds the ring."""
+        with self._reports_lock:
+            self._reports.setdefault(ring_id, f"{switch} lost it (restarted?): {why}")
+
+    def take_lost(self) -> dict[str, str]:
+        """Rings some switch lost since the last call, now removed from every other switch
+        too (the controller drops their leases: the job learns it at its next renewal)."""
+        with self._reports_lock:
+            reports, self._reports = self._reports, {}
+        lost = {rid: why for rid, why in reports.items() if rid in self._rings}
+        for rid, why in lost.items():
+            log.warning("ring %s: %s: removing it from the whole fabric", rid, why)
+            self.unregister_ring(rid)
+        return lost
 
     def place(self, spec: RingSpec) -> Placement:
         """Each rank's rack from the ToRs' MAC tables; ValueError names a rank placed badly."""
@@ -197,8 +230,16 @@ class FabricTarget(Target):
         switches: list[TorControl | SpineControl] = [self.tors[t] for t in placement.tor_ids]
         if len(placement.tor_ids) > 1:
             switches.append(self.spine)
-        for switch in switches:
-            switch.unregister_ring(ring_id)
+        for switch in switches:      # every one, whatever the others answer: no ring left over
+            try:
+                switch.unregister_ring(ring_id)
+            except KeyError:
+                pass                 # it had lost the ring already
+            except Exception as e:  # noqa: BLE001 - an unreachable switch: its lease lapses
+                self.unregister_failures += 1
+                log.warning("ring %s: %s did not confirm its removal (%s); no lease of it is "
+                            "renewed any more, so it frees the ring when that lease lapses",
+                            ring_id, switch.name, e)
 
     def counters(self) -> dict[str, Any]:
         """The Target shape for the whole fabric, plus the fabric's own detail.

@@ -149,6 +149,8 @@ class LeaseKeeper:
     def __init__(self, client: ControllerClient, name: str):
         self._client = client
         self._name = name
+        # called (ring id, why) when the switch answers a renewal NOT_FOUND: it lost the ring
+        self.on_lost: Callable[[str, str], None] = lambda rid, why: None
         self._leases: dict[str, float] = {}           # ring id -> lease s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -177,6 +179,9 @@ class LeaseKeeper:
                     self._client.renew_lease(rid)
                 except ControllerError as e:
                     log.error("ring %s: renewing its lease at %s failed: %s", rid, self._name, e)
+                    if e.code == "NOT_FOUND":
+                        self.release(rid)
+                        self.on_lost(rid, e.message)
             for rid in set(due) - set(leases):
                 del due[rid]
 
@@ -205,6 +210,9 @@ class _SwitchClient:
                 raise ValueError(e.message) from None
             raise
         self.leases.hold(spec.ring_id, reply["lease_ms"])
+
+    def on_lost(self, callback: Callable[[str, str], None]) -> None:
+        self.leases.on_lost = callback
 
     def unregister_ring(self, ring_id: str) -> None:
         self.leases.release(ring_id)

@@ -38,6 +38,7 @@ DEFAULT_MAX_RINGS = 64
 DEFAULT_MAX_SLOT_MEMORY = 256 << 20
 DEFAULT_LEASE_MS = 15_000
 REAPER_TICK = 0.05                 # s between lease checks
+MAX_REMEMBERED_LOSSES = 1024      # lost rings whose reason a renewal's NOT_FOUND still names
 DEFAULT_CALLS_PER_SECOND = 50.0    # per principal (bursts of twice that)
 ANONYMOUS = "anonymous"            # the principal of every call when no token file is given
 log = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ REFUSAL_COUNTERS = {grpc.StatusCode.INVALID_ARGUMENT: "refused_invalid",
                     grpc.StatusCode.FAILED_PRECONDITION: "refused_precondition",
                     grpc.StatusCode.NOT_FOUND: "refused_not_found",
                     grpc.StatusCode.ABORTED: "refused_busy"}
-OWN_COUNTERS = ("rings_registered", "slot_memory_used", "leases_expired", "internal_errors",
+OWN_COUNTERS = ("rings_registered", "slot_memory_used", "leases_expired", "rings_lost",
+                "internal_errors",
                 *REFUSAL_COUNTERS.values())
 
 
@@ -158,6 +160,7 @@ class ControllerService:
         self.counts = dict.fromkeys(OWN_COUNTERS, 0)
         self._lock = threading.Lock()
         self._target_lock = threading.Lock()
+        self._lost_why: dict[str, str] = {}     # ring id -> why the target lost it (recent)
         self._rate = RateLimit(config.calls_per_second, clock)
         self._logged: set[tuple[str, str]] = set()
         self._stop = threading.Event()
@@ -198,7 +201,9 @@ class ControllerService:
     def _owned(self, ring_id: str, principal: str) -> Lease:
         lease = self.leases.get(ring_id)
         if lease is None:
-            raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {ring_id} is not registered")
+            lost = self._lost_why.get(ring_id)
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {ring_id} is not registered"
+                          + (f" (the switch lost it: {lost})" if lost else ""))
         if lease.owner != principal:
             raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
                           f"ring {ring_id} belongs to principal {lease.owner!r}, not "
@@ -246,6 +251,7 @@ class ControllerService:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
             raise
         with self._lock:
+            self._lost_why.pop(spec.ring_id, None)
             self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
                                               self.clock() + reg.lease_ms / 1000,
                                               slot_memory(spec.world_size, reg.slots, spec.mtu))
@@ -356,7 +362,20 @@ class ControllerService:
 
     # -- leases -----------------------------------------------------------------------------
     def expire_leases(self) -> list[str]:
-        """Unregister every ring whose lease lapsed; returns their ids."""
+        """Drop the leases of the rings the target lost; unregister every ring whose lease
+        lapsed; returns the lapsed ids."""
+        with self._target_lock:
+            lost = self.target.take_lost()
+        with self._lock:
+            for rid, why in lost.items():
+                lease = self.leases.get(rid)
+                if lease is not None and not lease.busy:
+                    del self.leases[rid]
+                    self.counts["rings_lost"] += 1
+                    self._lost_why[rid] = why
+                    while len(self._lost_why) > MAX_REMEMBERED_LOSSES:
+                        del self._lost_why[next(iter(self._lost_why))]
+                    log.warning("ring %s of %s: the target lost it: %s", rid, lease.owner, why)
         with self._lock:
             now = self.clock()
             lapsed = [(rid, lease) for rid, lease in self.leases.items()

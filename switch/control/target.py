@@ -67,6 +67,12 @@ class Target(ABC):
     def port_of_mac(self, mac: str) -> Optional[int]:
         """The switch port of `mac` (lowercase, colon form) in the static port map."""
 
+    def take_lost(self) -> dict[str, str]:
+        """Rings this target lost on its own since the last call (ring id -> why), already
+        removed: the controller drops their leases, so each job learns it at its next
+        renewal (NOT_FOUND naming why). A target that cannot lose rings returns {}."""
+        return {}
+
     def limits(self) -> dict[str, Any]:
         """What this target can aggregate, by TargetLimits field name (path_mtus, max_slots,
         max_ranks; max_rings if the target has a capacity of its own)."""
