@@ -22,6 +22,8 @@ and `netreduce.init()` build a new one (and register it with the restarted switc
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import threading
 from dataclasses import dataclass, replace
@@ -214,7 +216,8 @@ class Communicator:
             streams[name] = Stream(link, configs[name], f"rank {rank}, ring {name!r}",
                                    liveness=rendezvous.check_peers)
         rendezvous.barrier("ready")
-        switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, fit.config),
+        switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, fit.config,
+                                                              rendezvous.config.secret),
                                    controller, fit.choice)
         try:
             rendezvous.watch()
@@ -232,7 +235,7 @@ class Communicator:
 
     def inc_ring_spec(self) -> RingSpec:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""
-        return _inc_ring_spec(self._endpoints, self.inc_config)
+        return _inc_ring_spec(self._endpoints, self.inc_config, self._rendezvous.config.secret)
 
     def allreduce(self, array: Any, op: str = "sum", algo: str = "auto",
                   out: Any = None, async_op: bool = False) -> Any:
@@ -426,7 +429,12 @@ class _Call:
                 f"op={self.op} algo={self.algorithm.name})")
 
 
-def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig) -> RingSpec:
-    """The "inc" ring's RingSpec; its id names rank 0's address and "inc" send QPN."""
+def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig,
+                   secret: bytes) -> RingSpec:
+    """The "inc" ring's RingSpec; its id names rank 0's address and "inc" send QPN, and ends
+    in 8 hex digits derived from the job's secret: the same on every rank, and no other
+    tenant can predict it to register it first (and so have this job refused)."""
     first = endpoints[0]
-    return ring_spec(endpoints, "inc", f"nr-{first.ip}-{first.rings['inc'].send.qpn}", config)
+    qpn = first.rings["inc"].send.qpn
+    tag = hmac.new(secret, f"ring-id|{first.ip}|{qpn}".encode(), hashlib.sha256).hexdigest()
+    return ring_spec(endpoints, "inc", f"nr-{first.ip}-{qpn}-{tag[:8]}", config)

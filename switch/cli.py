@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a principal of the token file that sees every ring in Counters "
                           "(repeatable); any other principal sees only the rings it "
                           "registered, and the ports' and switch's totals")
+    ctl.add_argument("--hosts-policy", type=Path, metavar="FILE",
+                     help="lines 'PRINCIPAL NET [NET ...]': the host addresses (or CIDR "
+                          "prefixes) each principal's rings may use (default: any; an address "
+                          "in one principal's registered ring is never another's)")
     ctl.add_argument("--calls-per-second", type=float, default=DEFAULT_CALLS_PER_SECOND,
                      metavar="R", help="calls each principal may make per second, in bursts "
                      f"of 2R; more are RESOURCE_EXHAUSTED (0: no limit; default "
@@ -173,7 +177,7 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.admin and args.token_file is None:
         raise ValueError("--admin names a principal of --token-file: give the token file")
     return {"config": ControllerConfig.with_token_file(
-                args.token_file, admins=frozenset(args.admin), max_rings=args.max_rings,
+                args.token_file, hosts_policy=args.hosts_policy, admins=frozenset(args.admin), max_rings=args.max_rings,
                 max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms,
                 max_in_flight=args.max_in_flight, ack_timeout=args.ack_timeout,
                 calls_per_second=args.calls_per_second),

@@ -561,14 +561,15 @@ def test_a_slow_target_stalls_no_other_tenants_renewals(tokens: dict[str, Path])
     """While one registration waits 1.5 s at the target, another principal renews its ring
     (lease 300 ms) at once and its lease never lapses; the same ring's second registration
     meanwhile is ABORTED (busy), not queued behind the first."""
-    target = SlowTarget(AggregationPipeline(), mac_ports(3).get)
+    target = SlowTarget(AggregationPipeline(), mac_ports(4).get)
     server, port = serve(target, "127.0.0.1:0",
                          config=ControllerConfig(tokens={ALICE: "alice", BOB: "bob"}))
     addr = f"127.0.0.1:{port}"
     try:
         with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
                 ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
-            bob.register_ring(make_ring(2, ring_id="bobs", qpn_base=300), lease_ms=300)
+            bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
+                              lease_ms=300)
             target.delay = 1.5
             slow = threading.Thread(target=alice.register_ring, args=(make_ring(2),))
             slow.start()
@@ -608,3 +609,55 @@ def test_each_principal_has_its_own_rate_limit(tokens: dict[str, Path]) -> None:
     finally:
         server.stop()
 
+
+
+def test_an_address_belongs_to_one_principal_at_a_time(start: Start,
+                                                       tokens: dict[str, Path]) -> None:
+    """bob cannot register a ring over alice's hosts (its frames would be eaten as her
+    overruns, or bind her address to his port); alice may use them in a second ring."""
+    addr, pipeline = start(hosts=4, tokens={ALICE: "alice", BOB: "bob"})
+    with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
+            ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
+        alice.register_ring(make_ring(2, ring_id="a"))                     # hosts 0, 1
+        assert refused(lambda: bob.register_ring(
+            make_ring(2, ring_id="b", hosts=[1, 2], qpn_base=100))) == (
+            "PERMISSION_DENIED", "ring b: rank 0's address 10.77.0.2 is in use by another "
+                                 "principal's ring")
+        assert list(pipeline.counters()) == ["a"]
+        alice.register_ring(make_ring(2, ring_id="a2", hosts=[1, 0], qpn_base=200))
+        bob.register_ring(make_ring(2, ring_id="b", hosts=[2, 3], qpn_base=100))
+        alice.unregister_ring("a")
+        alice.unregister_ring("a2")
+        bob.register_ring(make_ring(2, ring_id="b2", hosts=[0, 1], qpn_base=300))   # free now
+
+
+def test_a_hosts_policy_binds_principals_to_their_hosts(start: Start, tokens: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    from switch.api.tokens import read_hosts_policy
+    policy = tmp_path / "hosts"
+    policy.write_text("# who may use which hosts\nalice 10.77.0.1 10.77.0.2\nbob 10.77.0.0/30\n")
+    addr, pipeline = start(hosts=4, tokens={ALICE: "alice", BOB: "bob"},
+                           hosts_policy=read_hosts_policy(policy))
+    with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
+            ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
+        assert refused(lambda: alice.register_ring(make_ring(3))) == (
+            "PERMISSION_DENIED", "ring ring: rank 2's address 10.77.0.3 is not a host of "
+                                 "principal 'alice' (hosts policy)")
+        alice.register_ring(make_ring(2))
+        assert refused(lambda: bob.register_ring(
+            make_ring(2, ring_id="b", hosts=[2, 3], qpn_base=100)))[1].endswith(
+            "rank 1's address 10.77.0.4 is not a host of principal 'bob' (hosts policy)")
+        assert list(pipeline.counters()) == ["ring"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("alice\n", "line 1: expected 'PRINCIPAL NET [NET ...]'"),
+    ("alice 10.77.0.300\n", "line 1: '10.77.0.300' does not appear to be an IPv4 or IPv6"),
+    ("bad/name 10.0.0.1\n", "line 1: expected 'PRINCIPAL NET [NET ...]'"),
+])
+def test_a_hosts_policy_is_checked_by_line(tmp_path: Path, text: str, message: str) -> None:
+    from switch.api.tokens import TokenFileError, read_hosts_policy
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    with pytest.raises(TokenFileError, match=re.escape(message)):
+        read_hosts_policy(path)

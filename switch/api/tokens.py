@@ -9,6 +9,7 @@ is refused (as ssh refuses such a key), before any secret is read from it.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import stat
@@ -24,6 +25,33 @@ _SECRET = re.compile(r"[\x21-\x7e]+")
 
 class TokenFileError(ValueError):
     """A token file that cannot be used; the message names the file and line."""
+
+
+HostsPolicy = dict[str, tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]]
+
+
+def read_hosts_policy(path: str | Path) -> HostsPolicy:
+    """A hosts policy file: lines `PRINCIPAL NET [NET ...]` (NET: an address or a CIDR
+    prefix; `#` comments): the host addresses each principal may register rings over.
+    TokenFileError names the file and line of anything else."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenFileError(f"hosts policy {path}: cannot read it: {e}") from None
+    policy: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) < 2 or not _PRINCIPAL.fullmatch(words[0]):
+            raise TokenFileError(f"hosts policy {path} line {n}: expected 'PRINCIPAL NET "
+                                 "[NET ...]'")
+        try:
+            nets = [ipaddress.ip_network(w, strict=False) for w in words[1:]]
+        except ValueError as e:
+            raise TokenFileError(f"hosts policy {path} line {n}: {e}") from None
+        policy.setdefault(words[0], []).extend(nets)
+    return {who: tuple(nets) for who, nets in policy.items()}
 
 
 def read_token_file(path: str | Path) -> list[tuple[str, str]]:

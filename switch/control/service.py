@@ -13,6 +13,7 @@ The controller never touches packets.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import math
 import threading
@@ -26,7 +27,7 @@ import grpc
 
 from switch.api import control_pb2 as pb, validate
 from switch.api.client import DEFAULT_ADDR, local_address
-from switch.api.tokens import read_token_file
+from switch.api.tokens import HostsPolicy, read_hosts_policy, read_token_file
 from switch.contract import DEFAULT_SLOTS, MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT, RingSpec
 from switch.control.target import FabricSwitchTarget, Target, slot_memory
 
@@ -50,6 +51,8 @@ class ControllerConfig:
     tokens: Optional[dict[str, str]] = None      # secret -> principal; None: no credentials
     # principals that see every ring in Counters; any other sees its own rings only
     admins: frozenset[str] = frozenset()
+    # principal -> the host addresses its rings may use (None: any address)
+    hosts_policy: Optional[HostsPolicy] = None
     max_rings: int = DEFAULT_MAX_RINGS
     max_slot_memory: int = DEFAULT_MAX_SLOT_MEMORY   # bytes; 0: no limit
     default_lease_ms: int = DEFAULT_LEASE_MS
@@ -80,11 +83,14 @@ class ControllerConfig:
                              f"{validate.MIN_LEASE_MS}..{validate.MAX_LEASE_MS}")
 
     @classmethod
-    def with_token_file(cls, token_file: Optional[str | Path], **kw: Any) -> "ControllerConfig":
+    def with_token_file(cls, token_file: Optional[str | Path],
+                        hosts_policy: Optional[str | Path] = None,
+                        **kw: Any) -> "ControllerConfig":
         tokens = None
         if token_file is not None:
             tokens = {secret: who for who, secret in read_token_file(token_file)}
-        return cls(tokens=tokens, **kw)
+        policy = read_hosts_policy(hosts_policy) if hosts_policy is not None else None
+        return cls(tokens=tokens, hosts_policy=policy, **kw)
 
 
 class Refusal(Exception):
@@ -119,6 +125,7 @@ class Lease:
     expires: float                 # on the controller's clock
     memory: int
     busy: bool = False
+    hosts: frozenset[str] = frozenset()    # the ranks' addresses: held by `owner` alone
 
 
 class RateLimit:
@@ -226,12 +233,16 @@ class ControllerService:
             old = self.leases.get(spec.ring_id)
             if old is not None:
                 self._idle(self._owned(spec.ring_id, principal), spec.ring_id)
-                old.busy = True
             else:
                 self._check_room(spec, reg.slots, limits)
+            hosts = self._check_hosts(spec, principal)
+            if old is not None:
+                old.busy = True
+            else:
                 self.leases[spec.ring_id] = Lease(principal, reg.lease_ms, math.inf,
                                                   slot_memory(spec.world_size, reg.slots,
-                                                              spec.mtu), busy=True)
+                                                              spec.mtu), busy=True,
+                                                  hosts=hosts)
         try:
             with self._target_lock:
                 if isinstance(self.target, FabricSwitchTarget) and reg.racks:
@@ -254,11 +265,31 @@ class ControllerService:
             self._lost_why.pop(spec.ring_id, None)
             self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
                                               self.clock() + reg.lease_ms / 1000,
-                                              slot_memory(spec.world_size, reg.slots, spec.mtu))
+                                              slot_memory(spec.world_size, reg.slots, spec.mtu),
+                                              hosts=hosts)
         log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms",
                  spec.ring_id, principal, spec.world_size, reg.slots, reg.lease_ms)
         return pb.RegisterRingReply(ring_id=placed["ring_id"], slots=placed["slots"],
                                     ports=placed["ports"], lease_ms=reg.lease_ms)
+
+    def _check_hosts(self, spec: RingSpec, principal: str) -> frozenset[str]:
+        """The ring's host addresses, if `principal` may use them: each within its hosts
+        policy (if any), and none in another principal's registered ring (an address
+        belongs to one tenant at a time). Caller holds `_lock`."""
+        policy = self.config.hosts_policy
+        for c in spec.connections:
+            if policy is not None:
+                ip = ipaddress.ip_address(c.src_ip)
+                if not any(ip in net for net in policy.get(principal, ())):
+                    raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"ring {spec.ring_id}: rank {c.rank}'s address {c.src_ip} is "
+                                  f"not a host of principal {principal!r} (hosts policy)")
+            for rid, lease in self.leases.items():
+                if rid != spec.ring_id and lease.owner != principal and c.src_ip in lease.hosts:
+                    raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"ring {spec.ring_id}: rank {c.rank}'s address {c.src_ip} "
+                                  "is in use by another principal's ring")
+        return frozenset(c.src_ip for c in spec.connections)
 
     @staticmethod
     def _idle(lease: Lease, ring_id: str) -> Lease:
