@@ -225,6 +225,24 @@ def test_transit_comes_only_from_the_uplink(sim: Sim) -> None:
                        "counters": {"forwarded": 1, "drop_wrong_port": 1}}
 
 
+def test_the_spine_passes_transit_only_from_the_requesters_tor(sim: Sim) -> None:
+    """A host of another rack forging rank 1's frames to rank 2 (rack 0 -> rack 1): its ToR
+    forwards them up like any unknown frame, and the spine drops them, since that
+    connection's frames may come only from tor0's port; tor0's own (a served
+    retransmission) pass to L2 forwarding."""
+    spine = sim.switches["spine"]
+    forged = contribution(sim, 1, 0, np.full(64, 7, dtype=np.int32))      # rank 1 -> rank 2
+    assert spine.pipeline.process(memoryview(forged), 1, lambda port, parts: None) is False
+    for other_rack_port in (2, 3):
+        assert spine.pipeline.process(memoryview(forged), other_rack_port,
+                                      lambda port, parts: None) is True
+    assert spine.pipeline.interswitch["drop_spoofed_transit"] == 2
+    unrelated = contribution(sim, 0, 0, np.ones(64, dtype=np.int32))      # rank 0 -> 1: in rack
+    assert spine.pipeline.process(memoryview(unrelated), 2, lambda port, parts: None) is False
+    sim.fabric.unregister_ring("mr")
+    assert spine.pipeline.process(memoryview(forged), 2, lambda port, parts: None) is False
+
+
 # -- the fabric controller --------------------------------------------------------------------
 
 def fabric(racks: list[list[int]]) -> tuple[FabricTarget, list[TorPipeline], SpinePipeline]:

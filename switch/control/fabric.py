@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from switch.contract import MAX_RACKS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, RING_COUNTERS, RingSpec
 from switch.control.target import PortOfMac, Target, normalize_mac
+from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpinePipeline
 from switch.dataplane.tor import TorPipeline
 
@@ -118,8 +119,11 @@ class SpineTarget:
         self._port_counters = port_counters
 
     def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None:
+        racks, n = placement.rack_of_rank, spec.world_size
+        transit = {conn_key(c.src_ip, c.dst_ip, c.dst_qpn): racks[c.rank]
+                   for c in spec.connections if racks[c.rank] != racks[(c.rank + 1) % n]}
         self.pipeline.register_ring(spec.ring_id, placement.tor_ids, slots, spec.mtu,
-                                    placement.routes)
+                                    placement.routes, transit)
 
     def unregister_ring(self, ring_id: str) -> None:
         self.pipeline.unregister_ring(ring_id)

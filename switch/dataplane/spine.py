@@ -6,9 +6,12 @@ their partials carried (connections between racks). When every ToR of the ring h
 its partial for k, the total goes down once to each of them, with the headers of the
 connections entering that ToR's rack. A partial
 that comes again (its ToR saw a retransmission and has no total yet) is never added twice:
-if the slot is totalled the total goes back to that ToR only, else it is dropped. Every
-other frame is not the spine's business (`process` returns False: L2 forwards it; the
-racks' cross-rack result packets and the hosts' ACKs travel that way).
+if the slot is totalled the total goes back to that ToR only, else it is dropped. A RoCE
+frame of a registered connection between racks (a retransmission its requester's ToR
+served) passes only from that ToR's port: from any other it is a spoof from another rack
+and is dropped (`drop_spoofed_transit`), so a ToR's uplink, which hears only the spine,
+carries no forged transit. Every other frame is not the spine's business (`process`
+returns False: L2 forwards it; the hosts' ACKs travel that way).
 Invariants: a ToR's partial counts once per slot; a slot is re-used only for a k within
 [next_total, next_total + N), so whatever it held before was totalled (docs/multirack.md,
 "Slot reuse across tiers").
@@ -24,6 +27,7 @@ import numpy as np
 from switch.contract import LANE_OUTCOMES, MAX_SLOTS, PATH_MTUS, PSN_MASK
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag
+from switch.dataplane.packets import parse
 from switch.dataplane.pipeline import EMPTY, PSN_HALF
 
 if TYPE_CHECKING:
@@ -146,6 +150,7 @@ class _SpineRing:
     mtu: int
     routes: dict[int, int]
     pool: SpinePool
+    transit: dict[int, int]      # conn_key of a connection between racks -> requester's ToR
 
 
 class SpinePipeline:
@@ -157,16 +162,23 @@ class SpinePipeline:
     def __init__(self, config: SpineConfig):
         self.config = config
         self._rings: dict[int, _SpineRing] = {}      # by ring_tag
+        self._transit: dict[int, int] = {}           # conn_key -> the only port it may enter by
         self._lock = threading.Lock()
-        self.interswitch = {"drop_corrupt": 0, "drop_unknown_ring": 0, "drop_unknown_tor": 0}
+        self.interswitch = {"drop_corrupt": 0, "drop_unknown_ring": 0, "drop_unknown_tor": 0,
+                            "drop_spoofed_transit": 0}
 
     def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int,
-                      routes: dict[int, int]) -> None:
+                      routes: dict[int, int], transit: dict[int, int] | None = None) -> None:
         """Aggregate ring `ring_id` over the partials of `tor_ids` (idempotent if the same).
 
         `routes`: rank -> the ToR of its responder, for each connection between racks (the
-        header its partial carries goes down in that ToR's total).
+        header its partial carries goes down in that ToR's total). `transit`: the
+        `packets.conn_key` of each connection between racks -> its requester's ToR, the only
+        one whose port its frames may come from.
         """
+        transit = dict(transit or {})
+        if set(transit.values()) - set(tor_ids):
+            raise ValueError(f"ring {ring_id}: transit from outside ToRs {list(tor_ids)}")
         tors = tuple(tor_ids)
         if set(routes.values()) - set(tors):
             raise ValueError(f"ring {ring_id}: routes {routes} lead outside ToRs {list(tors)}")
@@ -181,8 +193,8 @@ class SpinePipeline:
         with self._lock:
             old = self._rings.get(tag)
             if old is not None:
-                if (old.ring_id, old.tor_ids, old.slots, old.mtu, old.routes) == \
-                        (ring_id, tors, slots, mtu, routes):
+                if (old.ring_id, old.tor_ids, old.slots, old.mtu, old.routes, old.transit) == \
+                        (ring_id, tors, slots, mtu, routes, transit):
                     return
                 if old.ring_id == ring_id:
                     raise ValueError(f"ring {ring_id} is already registered differently")
@@ -190,15 +202,38 @@ class SpinePipeline:
                                  f"{old.ring_id}'s; choose another ring id")
             pool = SpinePool(tag, [Lane(t, *self.config.tors[t]) for t in tors], slots, mtu,
                              self.config.me, routes)
+            taken = set(transit) & set(self._transit)
+            if taken:
+                raise ValueError(f"ring {ring_id}: a connection between racks is already "
+                                 "another ring's")
             self._rings = {**self._rings, tag: _SpineRing(ring_id, tors, slots, mtu,
-                                                          dict(routes), pool)}
+                                                          dict(routes), pool, transit)}
+            self._transit = {**self._transit, **{k: self.config.tors[t][0]
+                                                 for k, t in transit.items()}}
 
     def unregister_ring(self, ring_id: str) -> None:
         with self._lock:
             tag = ring_tag(ring_id)
             if tag not in self._rings or self._rings[tag].ring_id != ring_id:
                 raise KeyError(f"ring {ring_id} is not registered at the spine")
+            gone = self._rings[tag].transit
             self._rings = {t: r for t, r in self._rings.items() if t != tag}
+            self._transit = {k: p for k, p in self._transit.items() if k not in gone}
+
+    def _spoofed_transit(self, frame: memoryview, in_port: int) -> bool:
+        """Whether `frame` is a registered connection between racks that came by another
+        port than its requester's ToR's (then it is counted, and dropped by the caller)."""
+        transit = self._transit
+        if not transit:
+            return False
+        fields = parse(frame)
+        if fields is None:
+            return False
+        port = transit.get(fields[0])
+        if port is None or port == in_port:
+            return False
+        self.interswitch["drop_spoofed_transit"] += 1
+        return True
 
     def counters(self) -> dict[str, Any]:
         """Per ring: slots, next_total, completed, totals_sent, per ToR its outcome counters."""
@@ -213,9 +248,10 @@ class SpinePipeline:
                 for r in self._rings.values()}
 
     def process(self, frame: memoryview, in_port: int, emit: Emit) -> bool:
-        """Partials in, totals out; False for anything else (forwarded by L2)."""
+        """Partials in, totals out; a spoofed transit frame dropped; False for anything else
+        (forwarded by L2)."""
         if not interswitch.is_interswitch(frame):
-            return False
+            return self._spoofed_transit(frame, in_port)
         try:
             msg = interswitch.decode(frame)
         except interswitch.Corrupt:
