@@ -661,3 +661,15 @@ def test_a_hosts_policy_is_checked_by_line(tmp_path: Path, text: str, message: s
     path.write_text(text)
     with pytest.raises(TokenFileError, match=re.escape(message)):
         read_hosts_policy(path)
+
+
+def test_wrong_secrets_from_one_address_are_throttled(start: Start,
+                                                      tokens: dict[str, Path]) -> None:
+    addr, _ = start(tokens={ALICE: "alice"})
+    with ControllerClient(addr, timeout=5, token_file=tokens["mallory"]) as mallory, \
+            ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice:
+        codes = [refused(mallory.counters)[0] for _ in range(12)]
+        assert codes == ["UNAUTHENTICATED"] * 10 + ["RESOURCE_EXHAUSTED"] * 2, codes
+        code, message = refused(alice.counters)      # the same address: refused, even right
+        assert code == "RESOURCE_EXHAUSTED" and "10 wrong secrets from" in message
+        assert alice.ping()["auth_required"] is True            # Ping stays open

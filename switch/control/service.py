@@ -40,6 +40,8 @@ DEFAULT_MAX_SLOT_MEMORY = 256 << 20
 DEFAULT_LEASE_MS = 15_000
 REAPER_TICK = 0.05                 # s between lease checks
 MAX_REMEMBERED_LOSSES = 1024      # lost rings whose reason a renewal's NOT_FOUND still names
+FAILED_LOGINS = 10                 # wrong secrets from one peer address within ...
+FAILED_LOGIN_WINDOW = 60.0         # ... this many seconds: its calls are refused for as long
 DEFAULT_CALLS_PER_SECOND = 50.0    # per principal (bursts of twice that)
 ANONYMOUS = "anonymous"            # the principal of every call when no token file is given
 log = logging.getLogger(__name__)
@@ -169,6 +171,7 @@ class ControllerService:
         self._target_lock = threading.Lock()
         self._lost_why: dict[str, str] = {}     # ring id -> why the target lost it (recent)
         self._rate = RateLimit(config.calls_per_second, clock)
+        self._failed_logins: dict[str, list[float]] = {}   # peer address -> recent failures
         self._logged: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self._reaper: Optional[threading.Thread] = None
@@ -204,6 +207,29 @@ class ControllerService:
             raise Refusal(grpc.StatusCode.UNAUTHENTICATED,
                           "the secret sent is not one of the switch's token file")
         return principal
+
+    def _login(self, context: grpc.ServicerContext) -> str:
+        """`authenticate`, throttled: a peer address that sent FAILED_LOGINS wrong secrets
+        within FAILED_LOGIN_WINDOW s is refused (RESOURCE_EXHAUSTED) until the oldest ages
+        out, so guessing a secret costs a minute per ten guesses and address."""
+        peer = context.peer().rsplit(":", 1)[0] if context.peer() else "?"
+        now = self.clock()
+        with self._lock:
+            recent = [t for t in self._failed_logins.get(peer, []) if now - t < FAILED_LOGIN_WINDOW]
+            if len(recent) >= FAILED_LOGINS:
+                raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{len(recent)} wrong secrets from {peer} within "
+                              f"{FAILED_LOGIN_WINDOW:g} s: calls from it are refused for "
+                              f"{FAILED_LOGIN_WINDOW - (now - recent[0]):.0f} s more")
+        try:
+            return self.authenticate(context)
+        except Refusal as e:
+            if "not one of the switch's token file" in e.message:
+                with self._lock:
+                    self._failed_logins[peer] = [*recent, now]
+                    while len(self._failed_logins) > 4096:     # bounded: oldest peers go
+                        del self._failed_logins[next(iter(self._failed_logins))]
+            raise
 
     def _owned(self, ring_id: str, principal: str) -> Lease:
         lease = self.leases.get(ring_id)
@@ -456,7 +482,7 @@ class ControllerService:
         """
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                principal = self.authenticate(context) if needs_credentials else None
+                principal = self._login(context) if needs_credentials else None
                 if principal is not None:
                     with self._lock:
                         within = self._rate.take(principal)
