@@ -193,6 +193,7 @@ class StoreServer:
         self._data: dict[str, Any] = {}
         self._aborted: dict[int, str] = {}      # failed ranks (see the module doc)
         self._left: set[int] = set()
+        self._gave_up: set[int] = set()         # ranks whose get timed out on missing keys
         self._seen: dict[int, float] = {}       # rank -> end of its last watch (monotonic)
         self._watching: set[int] = set()        # ranks with a watch request in progress
         self._conns: set[socket.socket] = set()
@@ -296,8 +297,8 @@ class StoreServer:
         """A connection of `rank` closed (caller holds the condition): a failure unless
         every rank has left, or some failure is known already (the ranks that learn of it
         exit: consequences, not culprits)."""
-        if len(self._left) == self.world_size or self._aborted:
-            return
+        if len(self._left) == self.world_size or self._aborted or rank in self._gave_up:
+            return          # (a rank that gave up waiting for others is not their culprit)
         if rank in self._left:
             why = "it finalized and left while other ranks had not (its QPs are gone)"
         else:
@@ -366,6 +367,7 @@ class StoreServer:
                     return {"ok": False, "aborted": {str(r): m for r, m in self._aborted.items()}}
                 missing = [k for k in keys if k not in self._data]
                 if missing:
+                    self._gave_up.add(rank)
                     return {"ok": False, "missing": missing}
                 return {"ok": True, "values": {k: self._data[k] for k in keys}}
             if op == "abort":

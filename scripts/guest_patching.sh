@@ -10,14 +10,19 @@
 # hash of a boot flips a key from a worker, e.g. in udp_ehashfn), (b) sched_clock turning
 # unstable when the clocksource watchdog distrusts the TSC (sched_clock_cpu; lab.sh boots
 # with tsc=reliable, so that never happens), (c) tc ingress/clsact and filters turning
-# global keys on and off (the fault tests' netem through an ifb).
+# global keys on and off (the fault tests' netem through an ifb), (d) the UDP encapsulation
+# keys, which the first rxe device's tunnel sockets turn on and the last one's removal
+# turns off (`rdma link delete`, as test_setup_rxe_is_idempotent does: 46 patches in a CI
+# boot before this was held).
 #
 # settle: makes all of that happen now, while nothing else runs, and holds the tc keys on
 #   for the whole boot (a dummy device nrkeys with clsact, a matchall/mirred filter and
-#   netem, never removed), then waits for the deferred key workers; and starts an ftrace
-#   watch on the code patchers (no cost unless they run).
-# report: prints how many code patches ran since `settle` and who made them (0 is the
-#   goal: every patch during the command is a chance of that panic under TCG).
+#   netem, never removed) and the UDP encapsulation keys (a process holding a v4 and a v6
+#   UDP socket with UDP_ENCAP set), then waits for the deferred key workers; and starts an
+#   ftrace watch on the code patchers (no cost unless they run).
+# report: prints how many code patches ran since `settle` and, per distinct call chain,
+#   how many and from where (0 is the goal: every patch during the command is a chance of
+#   that panic under TCG).
 set -uo pipefail
 
 TRACING=/sys/kernel/tracing
@@ -89,9 +94,23 @@ except OSError as e:
 EOF_PY
 }
 
+hold_encap_keys() {  # a process for the whole boot holding UDP sockets with encap enabled
+  setsid python3 - >/dev/null 2>&1 </dev/null <<'EOF_PY' &
+import signal, socket
+SOL_UDP, UDP_ENCAP, UDP_ENCAP_ESPINUDP = 17, 100, 2
+held = []
+for fam in (socket.AF_INET, socket.AF_INET6):
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    s.setsockopt(SOL_UDP, UDP_ENCAP, UDP_ENCAP_ESPINUDP)
+    held.append(s)
+signal.pause()
+EOF_PY
+}
+
 settle() {
   warm_sockets
   hold_tc_keys
+  hold_encap_keys
   sleep 2     # the DO_ONCE keys flip from a worker after the first use
   mountpoint -q "$TRACING" || mount -t tracefs nodev "$TRACING" 2>/dev/null || {
     say "no tracefs: code patches during the command are not counted"; return 0; }
@@ -109,8 +128,27 @@ report() {
   local n
   n=$(grep -cE "^ *[^#=].* ($(IFS='|'; echo "${PATCHERS[*]}")) <-" "$TRACING/trace")
   say "kernel code patches during the command: $n (each one a chance of an int3 panic under multi-threaded TCG)"
-  if [ "$n" -gt 0 ]; then
-    grep -vE '^#' "$TRACING/trace" | head -n 200 | sed 's/^/[lab-guest]   /' >&2
+  if [ "$n" -gt 0 ]; then    # per distinct call chain: how many, the first time, the chain
+    python3 - "$TRACING/trace" "${PATCHERS[@]}" <<'EOF_PY' >&2
+import re, sys
+path, patchers = sys.argv[1], set(sys.argv[2:])
+chains, first, current = {}, {}, None
+for line in open(path):
+    m = re.match(r"\s*(\S+)\s+\[\d+\]\s+\S+\s+([\d.]+): (\w+) <-", line)
+    if m:
+        current = [m[1], m[2]] if m[3] in patchers else None
+        continue
+    f = re.match(r"\s*=> (\S+)", line)
+    if f and current is not None and not f[1].startswith("[") and len(current) < 10:
+        current.append(f[1])
+        if len(current) == 10 or f[1].startswith("entry_SYSCALL") or f[1] == "ret_from_fork":
+            key = " < ".join(current[4:])
+            chains[key] = chains.get(key, 0) + 1
+            first.setdefault(key, f"{current[0]} at {current[1]} s")
+            current = None
+for key, count in sorted(chains.items(), key=lambda kv: -kv[1]):
+    print(f"[lab-guest]   {count} x ({first[key]}): {key}")
+EOF_PY
   fi
 }
 

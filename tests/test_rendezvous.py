@@ -68,6 +68,32 @@ def test_a_rank_that_never_joins_is_named() -> None:
                                f"(waiting at 127.0.0.1:{port})")
 
 
+def test_a_rank_that_gives_up_first_is_not_blamed_for_the_missing_one() -> None:
+    """Rank 1 stops waiting for rank 2 (and leaves) before rank 0 does: rank 0 still names
+    rank 2, not rank 1 (CI saw "rank 1 ... finalized and left" on rank 0 instead)."""
+    port = free_port()
+    out: dict[int, Any] = {}
+
+    def rank(r: int, timeout: float) -> None:
+        rdzv = Rendezvous(config(r, 3, port, timeout))
+        try:
+            rdzv.join()
+            rdzv.all_gather("endpoint", r)
+        except Exception as exc:          # noqa: BLE001 - the test inspects it
+            out[r] = exc
+        finally:
+            rdzv.close(timeout=0.2)
+    threads = [threading.Thread(target=rank, args=(0, 2.0)),
+               threading.Thread(target=rank, args=(1, 0.5))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for r, t in ((0, "2"), (1, "0.5")):
+        assert isinstance(out[r], RendezvousTimeout), out[r]
+        assert str(out[r]).startswith(f"rendezvous: rank 2 never joined within {t}s"), out[r]
+
+
 def test_several_missing_ranks_are_all_named() -> None:
     port = free_port()
     out = run_ranks([0], 4, port, lambda r: r.all_gather("endpoint", 0), timeout=0.5)
