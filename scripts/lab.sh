@@ -158,7 +158,7 @@ ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 # the supervisor stops the switch, starts KIND on the same ports with the same controller
 # address and token (fresh state) and, once it is ready, answers "ID ok KIND PID" in
 # $LABDIR/switch.reply, or "ID error WHY" (both files are replaced by a rename).
-SWITCH_START_TIMEOUT=120    # s; the first bmv2 start compiles switch/p4
+SWITCH_START_TIMEOUT=300    # s; the first bmv2 start compiles switch/p4 (p4c: ~165 s here)
 # Every host's MAC is configured: the software switch maps ring ports statically, BMv2 learns none.
 for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done
 switch_error=""
