@@ -13,12 +13,13 @@
 # global keys on and off (the fault tests' netem through an ifb), (d) the UDP encapsulation
 # keys, which the first rxe device's tunnel sockets turn on and the last one's removal
 # turns off (`rdma link delete`, as test_setup_rxe_is_idempotent does: 46 patches in a CI
-# boot before this was held).
+# boot before this was held), (e) receive timestamps (netstamp_needed_key: SO_TIMESTAMP of
+# every ping, switched from a worker; 22 patches in the next CI boot).
 #
 # settle: makes all of that happen now, while nothing else runs, and holds the tc keys on
 #   for the whole boot (a dummy device nrkeys with clsact, a matchall/mirred filter and
-#   netem, never removed) and the UDP encapsulation keys (a process holding a v4 and a v6
-#   UDP socket with UDP_ENCAP set), then waits for the deferred key workers; and starts an
+#   netem, never removed) and the socket keys (a process holding a v4 and a v6 UDP socket
+#   with UDP_ENCAP and SO_TIMESTAMP set), then waits for the deferred key workers; and starts an
 #   ftrace watch on the code patchers (no cost unless they run).
 # report: prints how many code patches ran since `settle` and, per distinct call chain,
 #   how many and from where (0 is the goal: every patch during the command is a chance of
@@ -94,14 +95,17 @@ except OSError as e:
 EOF_PY
 }
 
-hold_encap_keys() {  # a process for the whole boot holding UDP sockets with encap enabled
+hold_socket_keys() {  # a process for the whole boot holding sockets that keep keys on:
+  # UDP encapsulation (rxe's tunnel sockets) and receive timestamps (netstamp_needed_key,
+  # which every ping's SO_TIMESTAMP turned on and off from a worker: 22 patches in a CI boot)
   setsid python3 - >/dev/null 2>&1 </dev/null <<'EOF_PY' &
 import signal, socket
-SOL_UDP, UDP_ENCAP, UDP_ENCAP_ESPINUDP = 17, 100, 2
+SOL_UDP, UDP_ENCAP, UDP_ENCAP_ESPINUDP, SO_TIMESTAMP = 17, 100, 2, 29   # linux/udp.h, asm-generic/socket.h
 held = []
 for fam in (socket.AF_INET, socket.AF_INET6):
     s = socket.socket(fam, socket.SOCK_DGRAM)
     s.setsockopt(SOL_UDP, UDP_ENCAP, UDP_ENCAP_ESPINUDP)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
     held.append(s)
 signal.pause()
 EOF_PY
@@ -110,7 +114,7 @@ EOF_PY
 settle() {
   warm_sockets
   hold_tc_keys
-  hold_encap_keys
+  hold_socket_keys
   sleep 2     # the DO_ONCE keys flip from a worker after the first use
   mountpoint -q "$TRACING" || mount -t tracefs nodev "$TRACING" 2>/dev/null || {
     say "no tracefs: code patches during the command are not counted"; return 0; }
