@@ -28,9 +28,11 @@ def log_to_stderr(level: int = logging.INFO) -> None:
     """Show the library's log (the "netreduce" logger: rank 0's registration line, warnings)
     on stderr, one message per line as it is, at `level` and above. The library itself only
     logs (a program that configures logging its own way need not call this); its tools
-    (demo, bench, launcher's workers) call it. Idempotent."""
+    (demo, bench, launcher's workers) call it; from then on the "netreduce" records go to this
+    handler only, not also to the root logger's. Idempotent."""
     root = logging.getLogger("netreduce")
     root.setLevel(level)
+    root.propagate = False      # once: a root handler someone else installed would repeat it
     if not any(getattr(h, "_netreduce_stderr", False) for h in root.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
