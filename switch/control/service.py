@@ -262,13 +262,12 @@ class ControllerService:
             else:
                 self._check_room(spec, reg.slots, limits)
             hosts = self._check_hosts(spec, principal)
+            memory = slot_memory(spec.world_size, reg.slots, spec.mtu)
             if old is not None:
                 old.busy = True
             else:
-                self.leases[spec.ring_id] = Lease(principal, reg.lease_ms, math.inf,
-                                                  slot_memory(spec.world_size, reg.slots,
-                                                              spec.mtu), busy=True,
-                                                  hosts=hosts)
+                self.leases[spec.ring_id] = Lease(principal, reg.lease_ms, math.inf, memory,
+                                                  busy=True, hosts=hosts)
         try:
             with self._target_lock:
                 if isinstance(self.target, FabricSwitchTarget) and reg.racks:
@@ -290,8 +289,7 @@ class ControllerService:
         with self._lock:
             self._lost_why.pop(spec.ring_id, None)
             self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
-                                              self.clock() + reg.lease_ms / 1000,
-                                              slot_memory(spec.world_size, reg.slots, spec.mtu),
+                                              self.clock() + reg.lease_ms / 1000, memory,
                                               hosts=hosts)
         log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms",
                  spec.ring_id, principal, spec.world_size, reg.slots, reg.lease_ms)
