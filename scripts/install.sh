@@ -41,7 +41,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 DEB_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-providers ibverbs-utils
           python3-pyverbs python3-venv perftest iproute2 ethtool kmod iputils-ping tcpdump
-          procps)
+          procps openssl)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -101,8 +101,10 @@ LOCK=/run/lock/netreduce-lab.lock
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
-rm -f "$LABDIR"/fabric-* "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token}
+rm -f "$LABDIR"/fabric-* "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token,ca.pem,controller.pem,controller.key}
 (umask 077; echo "lab $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" > "$LABDIR/controller.token")  # this run's controller secret
+# ... which travels only over TLS: the controller's certificate from a CA made for this run
+"$ROOT/scripts/lab_tls.sh" "$LABDIR" "$CTL_IP" 127.0.0.1 || die "scripts/lab_tls.sh: cannot make the lab's TLS certificate (openssl)"
 
 supervisor_pid=""
 cleanup() {
@@ -183,6 +185,7 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   setsid ip netns exec "$SWNS" env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
     "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
     --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
+    --tls-cert "$LABDIR/controller.pem" --tls-key "$LABDIR/controller.key" \
     --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
     >>"$LABDIR/switch.log" 2>&1 &
   pid=$!
@@ -252,8 +255,8 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
 # --- the command ---------------------------------------------------------------------------
 {
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-  printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q\n' \
-    "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token"
+  printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q NR_CONTROLLER_CA=%q\n' \
+    "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
   printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q\n' "$switch_kinds" "$racks"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"

@@ -26,6 +26,8 @@ from switch.control.service import (MAX_MESSAGE, SERVICE, ControllerConfig, Cont
 from switch.control.target import SoftwareTarget, resolve_ports
 from switch.dataplane.pipeline import AggregationPipeline
 
+ROOT = Path(__file__).resolve().parents[1]
+
 PORT_COUNTERS = {1: {"ifname": "p1", "rx_packets": 3, "tx_packets": 4}}
 ALICE = "alice-secret-0123456789"
 BOB = "bob-secret-0123456789abc"
@@ -340,19 +342,26 @@ def test_token_file_from_the_environment(start: Start, tokens: dict[str, Path],
         assert c.register_ring(make_ring(2))["ring_id"] == "ring"
 
 
-def test_tls_with_a_self_signed_certificate(start: Start, tmp_path: Path,
-                                            tokens: dict[str, Path]) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    addr, _ = start(tls=TlsFiles(cert, key), tokens={ALICE: "alice"})
-    with ControllerClient(addr, timeout=5, token_file=tokens["alice"], ca_file=cert) as c:
+def test_tls_with_the_labs_certificates(start: Start, tmp_path: Path,
+                                       tokens: dict[str, Path]) -> None:
+    """scripts/lab_tls.sh's CA and certificate (what every lab run serves): a client that
+    trusts the CA talks; a clear-text one gets nowhere; the CA's key is gone."""
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    subprocess.run([str(ROOT / "scripts/lab_tls.sh"), str(lab), "10.77.0.254", "127.0.0.1"],
+                   check=True, capture_output=True)
+    assert sorted(p.name for p in lab.iterdir()) == ["ca.pem", "controller.key",
+                                                     "controller.pem"]
+    assert (lab / "controller.key").stat().st_mode & 0o777 == 0o600
+    addr, _ = start(tls=TlsFiles(lab / "controller.pem", lab / "controller.key"),
+                    tokens={ALICE: "alice"})
+    with ControllerClient(addr, timeout=5, token_file=tokens["alice"],
+                          ca_file=lab / "ca.pem") as c:
         assert c.ping()["auth_required"] is True
         assert c.register_ring(make_ring(2))["ring_id"] == "ring"
     with ControllerClient(addr, timeout=1, token_file=tokens["alice"]) as clear:
-        code, _ = refused(clear.ping)                  # a clear-text client gets nowhere
-        assert code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+        code, message = refused(clear.ping)            # a clear-text client gets nowhere
+        assert code == "DEADLINE_EXCEEDED" and "NR_CONTROLLER_CA" in message, message
 
 
 # -- leases and limits ---------------------------------------------------------------------

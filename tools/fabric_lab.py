@@ -2,14 +2,15 @@
 --racks R, or a restart as kind "racks:R[:LOSS]" through tests/lab/labswitch.py).
 
 Takes the single switch's command line (`--port`, `--mac`, `--controller`, `--token-file`,
-`--ready-file`, `--stats-file`) plus `--racks R`, `--spine-port N` (the controller's leg:
+`--tls-cert`, `--tls-key`, `--ready-file`, `--stats-file`) plus `--racks R`, `--spine-port N` (the controller's leg:
 cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its own:
 - ToR j (`python -m switch --role tor`) on the host ports of rack j (hosts spread as evenly
   as possible, in port order: `rack_sizes`) keeping their lab port numbers, uplink port
   UPLINK on a veth `nrkt{j}` whose peer `nrks{j}` is spine port j+1;
 - the spine (`--role spine`) on those peers and the spine ports;
 - the fabric's controller (`--role fabric`) on the job's controller address, programming
-  the switches through their control APIs on 127.0.0.1 (the lab's token for all).
+  the switches through their control APIs on 127.0.0.1 (the lab's token for all; TLS only
+  on the job's address: the switch namespace's loopback carries the rest).
 `--link-loss` % of the frames sent on every ToR–spine link is lost, both directions (the
 switches' `--tx-loss`: this machine's kernel, where the switches run, has no netem; the
 hosts' links are inside the lab VM, whose kernel has). Ready when all are.
@@ -91,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the fabric's pace: rings use a QP local ACK timeout of at least "
                          f"4.096 us x 2^EXP (default {FABRIC_ACK_TIMEOUT}: 268 ms)")
     ap.add_argument("--token-file", type=Path)
+    ap.add_argument("--tls-cert", type=Path, metavar="PEM",
+                    help="the fabric's controller serves TLS with this certificate (the "
+                         "switches' own control APIs listen on 127.0.0.1 of the switch "
+                         "namespace only)")
+    ap.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
     ap.add_argument("--ready-file", type=Path)
     ap.add_argument("--stats-file", type=Path)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp"),
@@ -157,7 +163,8 @@ class Fabric:
                              *[f"--mac={m}={p}" for m, p in spine_macs.items()],
                              *[f"--tx-loss={j + 1}={a.link_loss}" for j in range(len(racks))],
                              "--controller", SPINE_CONTROL])
-        self.spawn("fabric", ["--role", "fabric", "--controller", a.controller,
+        tls = [f"--tls-cert={a.tls_cert}", f"--tls-key={a.tls_key}"] if a.tls_cert else []
+        self.spawn("fabric", ["--role", "fabric", "--controller", a.controller, *tls,
                               "--ack-timeout", str(a.ack_timeout),
                               "--spine-controller", SPINE_CONTROL,
                               *[f"--tor-controller={j}=127.0.0.1:{TOR_CONTROL_PORT + j}"

@@ -109,6 +109,7 @@ class ControllerClient:
         if token_file is not None:
             _, secret = read_token_file(token_file)[0]
             self._metadata = (("authorization", f"Bearer {secret}"),)
+        self._tls = ca_file is not None
         if ca_file is not None:
             creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
             self._channel = grpc.secure_channel(addr, creds)
@@ -130,6 +131,9 @@ class ControllerClient:
             code, detail = e.code(), e.details()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 detail = f"controller at {self.addr} did not answer {method} in {self.timeout} s"
+                if not self._tls:
+                    detail += (f" (over clear text: a controller serving TLS never answers "
+                               f"that; give ca_file or ${CA_ENV})")
             raise ControllerError(code.name, detail) from None
 
     def ping(self) -> dict[str, Any]:

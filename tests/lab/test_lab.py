@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +88,31 @@ def test_tcp_crosses_the_switch() -> None:
         server.kill()
     data = bytes(range(256)) * 4096 * 4
     assert out == [str(len(data)), hashlib.sha256(data).hexdigest()]
+
+
+TLS_CHECK = """
+import json, os
+from switch.api.client import ControllerClient, ControllerError
+with ControllerClient(timeout=3) as tls:
+    answer = tls.ping()["auth_required"]
+os.environ.pop("NR_CONTROLLER_CA")
+try:
+    with ControllerClient(timeout=3) as clear:
+        clear.ping()
+    refusal = None
+except ControllerError as e:
+    refusal = str(e)
+print(json.dumps([answer, refusal]))
+"""
+
+
+def test_the_controller_takes_the_token_only_over_tls() -> None:
+    """The lab's controller serves TLS (scripts/lab_tls.sh): a host trusting this run's CA
+    ($NR_CONTROLLER_CA) is answered; a clear-text client, token and all, is not."""
+    assert Path(os.environ["NR_CONTROLLER_CA"]).is_file()
+    answer, refusal = json.loads(run_in_host(0, sys.executable, "-c", TLS_CHECK).stdout)
+    assert answer is True
+    assert refusal.startswith("DEADLINE_EXCEEDED") and "NR_CONTROLLER_CA" in refusal, refusal
 
 
 def test_setup_rxe_is_idempotent_and_reports_status() -> None:
