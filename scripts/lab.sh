@@ -101,8 +101,19 @@ LOCK=/run/lock/netreduce-lab.lock
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
-rm -f "$LABDIR"/fabric-* "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token,ca.pem,controller.pem,controller.key}
-(umask 077; echo "lab $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" > "$LABDIR/controller.token")  # this run's controller secret
+rm -f "$LABDIR"/fabric-* "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token,tenant*.token,ca.pem,controller.pem,controller.key}
+# This run's controller secrets: the lab's own principal ("lab", the first entry: what the
+# hosts' clients send) and TENANTS more, each also in a file of its own that a job can use
+# as its token ($NR_LAB_TENANT_TOKENS: `netreduce bench --tenants` runs jobs as them).
+TENANTS=3
+secret() { echo "$1 $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"; }
+tenant_tokens=""
+(umask 077
+ secret lab > "$LABDIR/controller.token"
+ for ((t = 0; t < TENANTS; t++)); do
+   secret "tenant$t" | tee "$LABDIR/tenant$t.token" >> "$LABDIR/controller.token"
+ done)
+for ((t = 0; t < TENANTS; t++)); do tenant_tokens+="${tenant_tokens:+:}$LABDIR/tenant$t.token"; done
 # ... which travels only over TLS: the controller's certificate from a CA made for this run
 "$ROOT/scripts/lab_tls.sh" "$LABDIR" "$CTL_IP" 127.0.0.1 || die "scripts/lab_tls.sh: cannot make the lab's TLS certificate (openssl)"
 
@@ -257,7 +268,7 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
   printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q NR_CONTROLLER_CA=%q\n' \
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
-  printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q\n' "$switch_kinds" "$racks"
+  printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$racks" "$tenant_tokens"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done

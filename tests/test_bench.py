@@ -3,6 +3,7 @@ the SwitchML-style lines, the JSON schema, the figure, the parent's output on sy
 worker lines, and the worker's jobs on the in-process fabric (tests/fakefabric.py)."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from netreduce.tools import cli
-from netreduce.tools.bench import runner
+from netreduce.tools.bench import runner, tenants
 from netreduce.tools.bench.plan import BenchPlan, format_size, parse_algos, parse_size, parse_sizes
 from netreduce.tools.bench.progress import Progress
 from netreduce.tools.bench.report import (Collector, Record, Result, Summary, document, gbps,
@@ -251,6 +252,73 @@ def test_bad_options_exit_2_before_anything_starts(capsys: pytest.CaptureFixture
         with pytest.raises(SystemExit) as exit_:
             cli.main(["bench", option])
         assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_tenants_split_the_hosts_get_their_tokens_and_are_judged_fair(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tenants.split_hosts(4, 2) == [(0, 2), (2, 2)]
+    assert tenants.split_hosts(5, 2) == [(0, 3), (3, 2)]
+    assert tenants.split_hosts(6, 3) == [(0, 2), (2, 2), (4, 2)]
+    with pytest.raises(ValueError, match="every tenant needs 2 or more hosts"):
+        tenants.split_hosts(3, 2)
+    monkeypatch.setenv(tenants.TENANT_TOKENS_ENV, "/lab/t0.token:/lab/t1.token:/lab/t2.token")
+    assert tenants.tenant_tokens(None, 2) == ["/lab/t0.token", "/lab/t1.token"]
+    assert tenants.tenant_tokens("a,b", 2) == ["a", "b"]
+    with pytest.raises(ValueError, match="3 tenants but 2 token file"):
+        tenants.tenant_tokens("a,b", 3)
+    monkeypatch.delenv(tenants.TENANT_TOKENS_ENV)
+    assert tenants.tenant_tokens(None, 2) == [None, None]
+    assert tenants.jain([1.0, 1.0]) == 1.0 and tenants.jain([1.0, 0.0]) == 0.5
+
+
+def _fake_tenant_launch(seen: list[dict[str, Any]], fail: int | None = None) -> Any:
+    """Each tenant's launch: checks its placement, then answers like _worker_lines with
+    tenant t's durations scaled by t + 1 (tenant 0 is the faster)."""
+    def fake(cmd: list[str], hosts: int, *, out: io.TextIOBase, port: int, first_host: int,
+             env: dict[str, str], **_: Any) -> LaunchResult:
+        t = first_host // 2
+        seen.append({"tenant": t, "hosts": hosts, "port": port,
+                     "token": env.get("NR_CONTROLLER_TOKEN")})
+        assert BenchPlan.from_json(cmd[cmd.index("--plan") + 1]).workers == hosts == 2
+        for line in _worker_lines():
+            prefix, _, text = line.partition("] ")
+            rec = Record.parse(text)
+            if rec is not None:
+                line = f"{prefix}] " + dataclasses.replace(rec, ns=rec.ns * (t + 1)).line()
+            out.write(line + "\n")
+        return LaunchResult([RankResult(r, 5 if t == fail else 0) for r in range(hosts)])
+    return fake
+
+
+def test_the_parent_runs_tenants_at_once_and_reports_their_shares(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(tenants, "launch", _fake_tenant_launch(seen))
+    args = ["bench", "--workers", "4", "--tenants", "2", "--tenant-tokens", "ta,tb",
+            "--sizes", "1M", "--algos", "ring", "--jobs", "2", "--port", "29700"]
+    code = cli.main([*args, "--json", str(tmp_path / "t.json")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert sorted(s["tenant"] for s in seen) == [0, 1]
+    assert {(s["tenant"], s["port"], s["token"]) for s in seen} == {(0, 29700, "ta"),
+                                                                   (1, 29701, "tb")}
+    assert "== tenant 0: 2 ranks on h0..h1" in out and "== tenant 1: 2 ranks on h2..h3" in out
+    doc = json.loads((tmp_path / "t.json").read_text())
+    for t, tenant_doc in enumerate(doc["tenants"]):
+        validate(tenant_doc)
+        assert tenant_doc["meta"]["tenant"] == t and tenant_doc["meta"]["workers"] == 2
+    ring = next(r for r in doc["sharing"] if r["algo"] == "ring")
+    assert ring["shares"] == pytest.approx([2 / 3, 1 / 3])       # tenant 1 took twice as long
+    assert ring["aggregate_gbps"] == pytest.approx(sum(ring["algbw_gbps"]))
+    assert ring["jain"] == pytest.approx(0.9)
+    assert "Tenants side by side" in out and "66.7%" in out
+    monkeypatch.setattr(tenants, "launch", _fake_tenant_launch([], fail=1))
+    assert cli.main(args) == 5
+    out, err = capsys.readouterr()
+    assert "tenant 1 (h2..h3): its workers failed (exit 5)" in err
+    assert "== tenant 0" in out                                  # the other ran to its end
+    assert cli.main([*args[:3], "--tenants", "2", "--sizes", "1M", "--plot", "x.png"]) == 2
 
 
 def test_the_reference_catches_a_wrong_sum() -> None:

@@ -82,6 +82,9 @@ def test_lab_mode_needs_the_namespaces(monkeypatch: pytest.MonkeyPatch, tmp_path
     (tmp_path / "h0").touch()
     with pytest.raises(ValueError, match="namespace.s. h1, h2 do not exist"):
         L.launch(["true"], 3)
+    (tmp_path / "h2").touch()                 # ranks 0, 1 on h2, h3: a tenant's share
+    with pytest.raises(ValueError, match=r"namespace.s. h3 do not exist.*--hosts 4 "):
+        L.launch(["true"], 2, first_host=2)
 
 
 def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:

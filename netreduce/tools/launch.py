@@ -2,9 +2,10 @@
 
     netreduce launch --hosts N [options] -- CMD [ARGS...]   (= python -m netreduce.tools.launch)
 
-Rank I runs `CMD` in network namespace hI (`ip netns exec hI ...`; `--local` runs every
-rank here instead) with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
-(default: rank 0's lab address 10.77.0.1, or 127.0.0.1 with --local), MASTER_PORT and
+Rank I runs `CMD` in network namespace h(F+I), F = `--first-host` (default 0)
+(`ip netns exec h(F+I) ...`; `--local` runs every rank here instead) with RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (default: rank 0's lab address 10.77.0.(F+1), or
+127.0.0.1 with --local), MASTER_PORT and
 NR_JOB_SECRET (a fresh random secret per run, unless already set) set.
 In the lab's namespaces it also points torch's socket transports at the lab interface
 (GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME = nr0) unless they are set: gloo otherwise advertises
@@ -28,7 +29,7 @@ from typing import Mapping, TextIO
 
 from ring_setup.rendezvous import DEFAULT_PORT, SECRET_ENV, new_secret
 
-LAB_MASTER_ADDR = "10.77.0.1"
+LAB_NET = "10.77.0."               # host hI is LAB_NET + (I + 1) (scripts/setup_rxe.sh)
 LOCAL_MASTER_ADDR = "127.0.0.1"
 LAB_IFNAME = "nr0"                 # every lab host's interface (scripts/setup_rxe.sh)
 TORCH_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
@@ -99,21 +100,25 @@ def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
 def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
            port: int = DEFAULT_PORT, local: bool = False, timeout: float = 3600.0,
            grace: float = 10.0, out: TextIO | None = None,
-           env: Mapping[str, str] | None = None) -> LaunchResult:
-    """Run `cmd` as ranks 0..hosts-1 and wait for all of them (see the module doc); their
-    prefixed output goes to `out` (default: sys.stdout)."""
+           env: Mapping[str, str] | None = None, first_host: int = 0) -> LaunchResult:
+    """Run `cmd` as ranks 0..hosts-1 (on lab hosts first_host, first_host + 1, ...) and wait
+    for all of them (see the module doc); their prefixed output goes to `out` (default:
+    sys.stdout)."""
     out = sys.stdout if out is None else out
     if hosts < 1:
         raise ValueError(f"launch: --hosts {hosts} must be >= 1")
     if not cmd:
         raise ValueError("launch: no command given")
+    if first_host < 0:
+        raise ValueError(f"launch: --first-host {first_host} must be >= 0")
+    names = [f"h{first_host + i}" for i in range(hosts)]
     if not local:
-        missing = [f"h{i}" for i in range(hosts) if not (NETNS_DIR / f"h{i}").exists()]
+        missing = [n for n in names if not (NETNS_DIR / n).exists()]
         if missing:
             raise ValueError(f"launch: network namespace(s) {', '.join(missing)} do not exist: "
-                             f"run inside the lab (scripts/lab.sh --hosts {hosts} -- ...) or "
-                             f"use --local")
-    master = master_addr or (LOCAL_MASTER_ADDR if local else LAB_MASTER_ADDR)
+                             f"run inside the lab (scripts/lab.sh --hosts "
+                             f"{first_host + hosts} -- ...) or use --local")
+    master = master_addr or (LOCAL_MASTER_ADDR if local else f"{LAB_NET}{first_host + 1}")
     # the job's secret, which the rendezvous store asks of every connection: fresh per run
     base = {SECRET_ENV: new_secret(), **(os.environ if env is None else env)}
     lock = threading.Lock()
@@ -122,7 +127,7 @@ def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
     pumps = []
     try:
         for i in range(hosts):
-            argv = cmd if local else ["ip", "netns", "exec", f"h{i}", *cmd]
+            argv = cmd if local else ["ip", "netns", "exec", names[i], *cmd]
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  env=rank_env(i, hosts, master, port, local, base))
@@ -189,6 +194,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hosts", type=int, required=True, help="number of ranks")
     parser.add_argument("--local", action="store_true",
                         help="run every rank in this namespace (no lab)")
+    parser.add_argument("--first-host", type=int, default=0, metavar="F",
+                        help="rank I runs on lab host h(F+I) (default 0)")
     parser.add_argument("--master-addr", help="rendezvous address (default: rank 0's)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="MASTER_PORT")
     parser.add_argument("--timeout", type=float, default=3600.0, help="whole run, seconds")
@@ -201,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
         result = launch(cmd, args.hosts, master_addr=args.master_addr, port=args.port,
-                        local=args.local, timeout=args.timeout, grace=args.grace)
+                        local=args.local, timeout=args.timeout, grace=args.grace,
+                        first_host=args.first_host)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

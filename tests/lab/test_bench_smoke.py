@@ -44,3 +44,28 @@ def test_bench_prints_switchml_lines_and_writes_its_json(tmp_path: Path) -> None
             assert len(r["per_round"]["switch_over_link"]) == 2, r
         assert "Round by round (each round ran its jobs back to back): median [quartiles]" \
             in lines, lines
+
+
+def test_two_tenants_at_once_each_exact_under_its_own_principal(tmp_path: Path) -> None:
+    """`--tenants 2`: jobs of 2 ranks on h0-h1 and h2-h3 at once through the switch, each
+    registered by its own principal (the lab's tenant token files), each result exact."""
+    if HOSTS < 4:
+        pytest.fail(f"the lab has {HOSTS} hosts, the test needs 4")
+    path = tmp_path / "tenants.json"
+    p = subprocess.run([sys.executable, "-m", "netreduce.tools.bench", "--workers", "4",
+                        "--tenants", "2", "--sizes", "64K", "--algos", "switch", "--jobs", "1",
+                        "--warmup", "0", "--port", "29694", "--json", str(path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(path.read_text())
+    tokens = [t["meta"]["token_file"] for t in doc["tenants"]]
+    assert [Path(f).name for f in tokens] == ["tenant0.token", "tenant1.token"], tokens
+    for t, tenant in enumerate(doc["tenants"]):
+        validate(tenant)
+        assert tenant["meta"]["first_host"] == 2 * t and tenant["meta"]["workers"] == 2
+        assert [(r["algo"], r["verified"]) for r in tenant["results"]] == [
+            ("link", True), ("switch", True)]
+    [switch] = [r for r in doc["sharing"] if r["algo"] == "switch"]
+    assert switch["aggregate_gbps"] == pytest.approx(sum(switch["algbw_gbps"]))
+    assert sum(switch["shares"]) == pytest.approx(1.0) and 0.5 <= switch["jain"] <= 1.0
+    assert doc["overlap"] > 0, "the tenants did not run at the same time"

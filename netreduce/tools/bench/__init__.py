@@ -14,6 +14,8 @@ slowest rank, and verified against numpy. Output: one "Job(s) #i# finished. Dura
 ns Goodput: #x# Gbps." line per job, Min/Max/Median/Mean/Std dev per size and algorithm,
 then a table of algbw = M/median time, busbw = algbw * 2(n-1)/n, and the ratios
 switch/ring and switch/link; --json and --plot write them (netreduce.tools.bench.report says the
-JSON schema). Exit code: 0, 1 if a result did not match numpy, 2 on bad options, else the
+JSON schema). `--tenants T` runs T such jobs at once on disjoint shares of the hosts, each
+under its own principal, and adds each one's share of the aggregate (netreduce.tools.bench.tenants).
+Exit code: 0, 1 if a result did not match numpy, 2 on bad options, else the
 failing worker's.
 """

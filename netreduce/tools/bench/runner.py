@@ -4,29 +4,25 @@ and ratios, and writes the JSON document and the figure."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import platform
-import re
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from netreduce.registration import SWITCH_ENV
-from netreduce.tools.bench.plan import (ALGOS, DTYPES, BenchPlan, format_size, parse_algos,
+from netreduce.tools.bench.gather import RankLines, meta
+from netreduce.tools.bench.plan import (ALGOS, DTYPES, BenchPlan, parse_algos,
                                         parse_size, parse_sizes)
 from netreduce.tools.bench.progress import Progress
-from netreduce.tools.bench.report import Collector, Record, Result, document, table
+from netreduce.tools.bench.report import document, table
+from netreduce.tools.bench.tenants import TENANT_TOKENS_ENV, run_tenants
 from netreduce.tools.launch import launch
 from ring_setup.rendezvous import DEFAULT_PORT
 
-ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SIZES = "256K,1M,4M,16M"
 T = TypeVar("T")
-_RANK_LINE = re.compile(r"\[rank (\d+)\] (.*)")
 
 
 def default_algos() -> list[str]:
@@ -70,68 +66,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", type=Path, metavar="PATH", help="write algbw vs size as PNG")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="MASTER_PORT of the ranks")
     p.add_argument("--timeout", type=float, default=3600.0, help="whole run, seconds")
-
-
-class RankLines(io.TextIOBase):
-    """What netreduce.tools.launch writes ("[rank I] line"): records are joined into jobs, shown
-    and collected; anything else goes to stderr as it came."""
-
-    def __init__(self, plan: BenchPlan, progress: Progress) -> None:
-        self.plan, self.progress = plan, progress
-        self.collector = Collector(plan.workers)
-        self.results = {(algo, size): Result(algo, size, plan.workers)
-                        for size in plan.sizes for algo in plan.columns}
-        self._partial = ""
-
-    def write(self, text: str) -> int:
-        lines = (self._partial + text).split("\n")
-        self._partial = lines.pop()
-        for line in lines:
-            self._line(line)
-        return len(text)
-
-    def _line(self, line: str) -> None:
-        m = _RANK_LINE.fullmatch(line)
-        record = Record.parse(m.group(2)) if m else None
-        if m is None or record is None:
-            self.progress.print(line, err=True)
-            return
-        job = self.collector.add(int(m.group(1)), record)
-        if job is None:
-            return
-        result = self.results[(job.algo, job.size)]
-        result.add(job)
-        self.progress.advance(f"{format_size(job.size)} round {job.job}")
-        if len(result.jobs) == self.plan.jobs:
-            self.progress.print(f"== {job.algo}, {format_size(job.size)} {self.plan.dtype}, "
-                                f"{self.plan.workers} workers ==")
-            for line in result.job_lines() + result.summary_lines():
-                self.progress.print(line)
-
-    def measured(self) -> list[Result]:
-        return [r for r in self.results.values() if r.jobs]
-
-
-def _git(*args: str) -> str | None:
-    """`git args` in this checkout, its stdout; None if git is missing or fails."""
-    try:
-        p = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                           timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def meta(plan: BenchPlan, started_at: datetime) -> dict[str, Any]:
-    return {"workers": plan.workers, "dtype": plan.dtype, "mtu": plan.mtu,
-            "window": plan.window, "msg_size": plan.msg_size,
-            "ack_timeout": plan.ack_timeout, "kernel": platform.release(),
-            "git_commit": _git("rev-parse", "HEAD"),
-            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-            "started_at": started_at.isoformat(timespec="seconds"),
-            "sizes": list(plan.sizes), "algos": list(plan.algos), "jobs": plan.jobs,
-            "warmup": plan.warmup, "seed": plan.seed,
-            "lab": {k: v for k, v in os.environ.items() if k.startswith("NR_")}}
+    p.add_argument("--tenants", type=int, default=1, metavar="T",
+                   help="run T independent jobs at once, each on its own share of the "
+                        "--workers hosts, with its own ring and principal; report each "
+                        "one's results, the aggregate and each one's share "
+                        "(netreduce.tools.bench.tenants)")
+    p.add_argument("--tenant-tokens", metavar="F1,F2,...",
+                   help=f"with --tenants: each tenant's controller token file (default "
+                        f"${TENANT_TOKENS_ENV}, set by the lab)")
 
 
 def plan_of(args: argparse.Namespace) -> BenchPlan:
@@ -149,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"netreduce bench: {exc}", file=sys.stderr)
         return 2
+    if args.tenants != 1:
+        if args.plot:
+            print("netreduce bench: --plot draws one job: not with --tenants", file=sys.stderr)
+            return 2
+        return run_tenants(args, plan)
     started = datetime.now(timezone.utc)
     progress = Progress(plan.units)
     sink = RankLines(plan, progress)
