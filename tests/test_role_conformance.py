@@ -28,21 +28,6 @@ from switch.dataplane import interswitch
 
 VECTORS = all_role_vectors()
 
-# vectors on which tor.py / spine.py disagree with docs/multirack.md: name -> why
-KNOWN_BUGS = {
-    "tor_skip_lands_on_ready_slot":
-        "tor.py RackPool._skip_acknowledged stops once next_emit > k - 2W without emitting "
-        "the slot it lands on, although its total is here: slot 1's results wait for a "
-        "retransmission (rule 4) or a later rule-7 pass",
-}
-
-
-def params() -> list[Any]:
-    return [pytest.param(v, id=v.name, marks=[pytest.mark.xfail(reason=KNOWN_BUGS[v.name],
-                                                                strict=True)]
-                         if v.name in KNOWN_BUGS else []) for v in VECTORS]
-
-
 @pytest.fixture(scope="module", params=["software"])
 def target(request: pytest.FixtureRequest) -> Iterator[Harness]:
     harness = {"software": RoleHarness}[request.param]()
@@ -52,7 +37,7 @@ def target(request: pytest.FixtureRequest) -> Iterator[Harness]:
         harness.close()
 
 
-@pytest.mark.parametrize("vector", params())
+@pytest.mark.parametrize("vector", VECTORS, ids=[v.name for v in VECTORS])
 def test_vector(target: Harness, vector: Vector) -> None:
     check_vector(target, vector)      # the single switch's check, step by step, then counters
 

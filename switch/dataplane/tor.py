@@ -89,10 +89,15 @@ class RackPool(AggregatorPool):
         sent k - W, so every rank had k - 2W acknowledged: no host needs a result at or
         before k - 2W any more. This ToR can lag that far only when its total went missing
         while its ranks' results came from other ToRs (docs/multirack.md, "Lost totals");
-        those slots are emptied (a late duplicate is then stale), the ready ones emitted.
-        Returns whether k now fits the window.
+        those slots are emptied (a late duplicate is then stale), the ready ones emitted,
+        and so are the ready slots that follow without a gap once next_emit is past k - 2W.
+        Visits at most N slots whatever the gap: a k that far ahead costs no more than
+        one pass over the ring's slots. Returns whether k now fits the window.
         """
-        while (k - 2 * self._window - self.next_emit) & PSN_MASK < PSN_HALF:
+        last = (k - 2 * self._window) & PSN_MASK          # the last k every host is past
+        for _ in range(self.slots):
+            if (last - self.next_emit) & PSN_MASK >= PSN_HALF:
+                break
             i = self.next_emit & self._mask
             if self.tag[i] == self.next_emit and self.ready[i]:
                 self._emit_in_order(emit)
@@ -100,13 +105,21 @@ class RackPool(AggregatorPool):
             self.tag[i] = EMPTY
             self.next_emit = (self.next_emit + 1) & PSN_MASK
             self.counts["slots_skipped"] += 1
+        else:
+            # Every slot was visited and emptied or emitted: what lies between next_emit and
+            # `last` was never in the window, so no slot holds it.
+            behind = (last - self.next_emit + 1) & PSN_MASK
+            if behind < PSN_HALF:
+                self.counts["slots_skipped"] += behind
+                self.next_emit = (last + 1) & PSN_MASK
+        self._emit_in_order(emit)
         return (k - self.next_emit) & PSN_MASK < self.slots
 
     def recover(self, k: int, emit: Emit) -> None:
         """The total for next_emit or k may have been lost on its way here: for each of them
         that is locally complete without one, send its partial again (the spine answers a
         totalled slot's repeat with the total, to this ToR only)."""
-        for slot_k in {self.next_emit, k}:
+        for slot_k in (self.next_emit,) if k == self.next_emit else (self.next_emit, k):
             i = slot_k & self._mask
             if self.tag[i] == slot_k and self.bitmap[i] == self._full and not self.ready[i]:
                 self._send_partial(slot_k, i, emit)

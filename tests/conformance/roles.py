@@ -58,6 +58,7 @@ MANY_CARRIED = "many_carried"     # a partial or total carries more than one RoC
 UPLINK = 100                      # every ToR's uplink port (the lab's)
 SPINE = Endpoint("02:4e:53:00:00:fe", "10.78.0.254")
 PSN_HALF = 1 << 23
+FAR_AHEAD = 1 << 22
 HALF_AHEAD = 0x800000             # a relative PSN this far from next_emit is behind it
 TOR_INTERSWITCH = ("drop_corrupt", "drop_unknown_ring")
 SPINE_INTERSWITCH = ("drop_corrupt", "drop_unknown_ring", "drop_unknown_tor",
@@ -770,6 +771,17 @@ def tor_stale_and_no_overrun(s: TorModel) -> None:
     s.write(0, 5)
     s.write(1, 5)
     s.total(5)
+
+
+@role(TorModel, "rule 7 far ahead: a local packet 2^22 past next_emit (a host's valid "
+            "PSN, or a hostile one) skips every k up to k - 2W but visits each slot once: "
+            "the ToR's cost is bounded by N, not by the gap",
+            tor=0, racks=RACKS_2X2, slots=4)
+def tor_skip_far_ahead(s: TorModel) -> None:
+    s.complete(0, 1, total=True)
+    s.write(0, FAR_AHEAD, expect="aggregated", note="k=2^22: skips 1 .. 2^22 - 4, taken")
+    s.write(1, FAR_AHEAD)
+    s.total(FAR_AHEAD - 1, expect="drop_total_unexpected", note="skipped: never partialled")
 
 
 @role(TorModel, "pipeline.md's host-facing checks apply at the ToR: a corrupted payload, "
