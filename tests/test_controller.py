@@ -404,6 +404,25 @@ def test_slot_memory_limit_is_resource_exhausted(start: Start) -> None:
             "memory, 196608 of the switch's limit of 197608 bytes (--max-slot-memory) in use")
 
 
+def test_a_tenant_without_room_is_refused_and_the_others_ring_lives_on(
+        start: Start, tokens: dict[str, Path]) -> None:
+    """The static quota (docs/security.md, "Many jobs at once"): bob's ring that would not
+    fit is refused by name; alice's ring keeps its slots, its renewals and its counters."""
+    addr, pipeline = start(tokens={ALICE: "alice", BOB: "bob"},
+                           max_slot_memory=256 * 3 * 256 + 1000)
+    with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
+            ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
+        alice.register_ring(make_ring(2, ring_id="a"))
+        before = pipeline.counters()
+        code, message = refused(lambda: bob.register_ring(make_ring(2, ring_id="b",
+                                                                    qpn_base=100)))
+        assert code == "RESOURCE_EXHAUSTED" and "--max-slot-memory" in message, message
+        assert pipeline.counters() == before and list(before) == ["a"]
+        assert alice.renew_lease("a")["ring_id"] == "a"
+        assert list(alice.counters()["rings"]) == ["a"] and bob.counters()["rings"] == {}
+        assert bob.counters()["switch"]["refused_limit"] == 1
+
+
 def test_counters_stay_under_the_message_limit_at_max_rings() -> None:
     """1024 rings (the ceiling of --max-rings) of 32 ranks, 128-character ids, 64-character
     owner: the totals fit in a quarter of the limit; per-connection detail of every ring
