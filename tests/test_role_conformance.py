@@ -29,6 +29,7 @@ from switch.contract import RingSpec
 from switch.control.fabric import SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineSwitch, TorSwitch
 from switch.dataplane import interswitch
+from switch.dataplane.interswitch import Endpoint
 
 VECTORS = all_role_vectors()
 
@@ -177,3 +178,36 @@ def test_untagged_vectors_keep_the_p4_limits() -> None:
             pkt = Ether(step.frame)
             if ANY_PAYLOAD_LENGTH not in v.requires and BTH in pkt and Raw in pkt:
                 assert len(pkt[Raw].load) == 256, (v.name, step.note)
+
+
+def test_bmv2_spine_drops_what_it_cannot_hold(target: Harness) -> None:
+    """spine.p4 (switch/p4/README.md, spine deviation 2): a partial with two carried headers
+    or a 260 B payload checks out as far as it is parsed and is drop_mismatch; one cut short
+    is drop_corrupt; neither disturbs the slot, whose total then goes down as usual."""
+    if getattr(target, "roles", None) != frozenset({"spine"}):
+        pytest.skip("the BMv2 spine's own limits")
+    vector = next(v for v in VECTORS if v.name == "spine_partials_and_totals")
+    target.setup(vector.setup)
+    ring = vector.setup["rings"][0]
+    tag, me = interswitch.ring_tag(ring["ring_id"]), Endpoint(**vector.setup["config"]["me"])
+    tors = {t["tor_id"]: Endpoint(t["mac"], t["ip"]) for t in vector.setup["config"]["tors"]}
+
+    def partial(tor: int, payload: bytes, carried: list[tuple[int, bytes]]) -> bytes:
+        return interswitch.encode(tors[tor], me, interswitch.Kind.PARTIAL, tor, tag, 0,
+                                  payload, carried)
+
+    head = bytes(range(54))
+    for frame in (partial(0, bytes(256), [(1, head), (3, head)]),
+                  partial(0, bytes(260), [(1, head)]),
+                  partial(0, bytes(256), [(1, head)])[:-6]):
+        assert target.send(1, frame) == []
+    assert target.send(1, partial(0, bytes(256), [(1, head)])) == []
+    out = target.send(2, partial(1, bytes(256), [(3, head)]))
+    assert sorted(p for p, _ in out) == [1, 2]
+    for _, frame in out:
+        check_interswitch(frame)
+    counters = target.counters()
+    assert counters["interswitch"]["drop_corrupt"] == 1
+    lanes = counters["rings"][ring["ring_id"]]["per_tor"]
+    assert (lanes["0"]["drop_mismatch"], lanes["0"]["partials"], lanes["1"]["partials"]) == \
+        (2, 1, 1)
