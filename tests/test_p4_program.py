@@ -11,7 +11,9 @@ BMv2 by tests/test_conformance.py (every opcode and payload length, byte for byt
 """
 from __future__ import annotations
 
+import random
 import re
+import zlib
 from functools import cache
 from pathlib import Path
 
@@ -22,10 +24,13 @@ from scapy.layers.l2 import Ether
 from p4tools import require_tools
 from roce_layers import IMM_OPS, RETH_OPS, WRITE_ONLY, make_ring, write_frame
 from switch.p4 import program as p4program
-from switch.p4.program import (P4_DIR, contract, generated_sources, icrc_words_source,
-                              parse_contract, pl_valid_source, unaccepted_warnings)
-from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, MAX_SLOTS, PATH_MTUS,
-                             RING_COUNTERS)
+from switch.p4.program import (ISCRC_PRE_WORDS, P4_DIR, contract, generated_sources,
+                              icrc_words_source, iscrc_words_source, parse_contract,
+                              pl_valid_source, unaccepted_warnings)
+from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, LANE_OUTCOMES, MAX_RACKS, MAX_RANKS,
+                             MAX_SLOTS, PATH_MTUS, RING_COUNTERS)
+from switch.dataplane.spine import SpineConfig, SpinePipeline
+from switch.dataplane.interswitch import Endpoint
 
 C = contract()
 Layout = dict[str, list[tuple[str, int]]]          # header type -> [(field, width)]
@@ -98,6 +103,19 @@ def test_limits_agree_with_the_software_target() -> None:
     assert C.ring_group_base > C.flood_group and C.cont_rid >= C.max_ranks
 
 
+def test_spine_limits_agree_with_the_software_spine() -> None:
+    """spine.p4's lanes fit the software spine's bitmap (MAX_RACKS) and its counters are the
+    software spine's, each id once within its stride."""
+    assert 2 <= C.max_lanes <= MAX_RACKS
+    assert set(C.lane_counter_ids) == set(LANE_OUTCOMES)
+    spine = SpinePipeline(SpineConfig(Endpoint("02:00:00:00:00:01", "10.0.0.1"), {}))
+    assert set(C.is_counter_ids) == set(spine.interswitch)
+    assert set(C.spine_counter_ids) == {"completed", "totals_sent"}
+    for ids, stride in ((C.lane_counter_ids, C.lctrs), (C.spine_counter_ids, C.sctrs),
+                        (C.is_counter_ids, len(C.is_counter_ids))):
+        assert sorted(ids.values()) == list(range(len(ids))) and len(ids) <= stride
+
+
 def test_parse_contract_names_a_missing_constant() -> None:
     with pytest.raises(KeyError, match="max_rings"):
         parse_contract("#define NR_SLOTS 4\n")
@@ -108,7 +126,7 @@ def test_readme_states_the_limits() -> None:
     rows = dict(re.findall(r"^\|\s*`NR_(\w+)`\s*\|\s*(\d+)\s*\|", readme, re.M))
     assert {k.lower(): int(v) for k, v in rows.items()} == {
         "max_rings": C.max_rings, "slots": C.slots, "max_ranks": C.max_ranks,
-        "max_elems": C.max_elems, "max_macs": C.max_macs}
+        "max_elems": C.max_elems, "max_macs": C.max_macs, "max_lanes": C.max_lanes}
 
 
 def test_the_element_macro_lists_every_element_once() -> None:
@@ -144,6 +162,51 @@ def test_each_icrc_action_right_aligns_the_header_part_and_its_payload() -> None
     assert re.findall(r"bit<32> (\w+);", struct) == ["ones"] + [f"b{j}" for j in range(size)]
 
 
+def test_each_iscrc_action_right_aligns_the_header_and_its_payload() -> None:
+    """iscrc_words.p4: as icrc_words.p4 with the inter-switch header's 4 words; iscrc.p4
+    hashes the whole buffer (ones, b0..b67) once, then the carried part per hlen."""
+    text = iscrc_words_source(C)
+    size = ISCRC_PRE_WORDS + C.max_elems
+    for n in range(C.max_elems + 1):
+        body = must(rf"action words_{n}\(\) \{{(.*?)\n    \}}", text, re.S).group(1)
+        sets = re.findall(r"buf\.b(\d+) = ([^;]+);", body)
+        assert [int(j) for j, _ in sets] == list(range(size)), n
+        assert [v for _, v in sets] == (["0"] * (C.max_elems - n) + ["w0", "w1", "w2", "w3"]
+                                        + [f"hdr.pl[{i}].v" for i in range(n)]), n
+    iscrc = source("iscrc.p4")
+    assert iscrc.count("hash(crc, HashAlgorithm.crc32, 32w0, buf, 64w0x100000000);") == 1
+    struct = must(r"struct iscrc_buf_t \{(.*?)\}", iscrc, re.S).group(1)
+    assert re.findall(r"bit<32> (\w+);", struct) == ["ones"] + [f"b{j}" for j in range(size)]
+    for hlen in (54, 58, 70, 74):
+        assert f"hash(crc, HashAlgorithm.crc32, 32w0, c{hlen}, 64w0x100000000);" in iscrc
+
+
+def bmv2_crc32(data: bytes) -> int:
+    """v1model's hash(HashAlgorithm.crc32) of fields packed back to back: zlib's."""
+    return zlib.crc32(data)
+
+
+@pytest.mark.parametrize("words,hlen", [(0, None), (1, 54), (17, 58), (64, 70), (64, 74),
+                                        (64, None), (3, 74)])
+def test_the_inter_switch_crc32_as_iscrc_p4_computes_it(words: int, hlen: int | None) -> None:
+    """iscrc.p4's two facts, with zlib as BMv2's crc32: the header (its first word XOR
+    ones) and payload right-aligned behind 4 bytes of ones and zero words give
+    zlib.crc32(header | payload); the carried part chained through ~h1 gives the whole."""
+    rng = random.Random(words * 100 + (hlen or 0))
+    head = bytes(rng.randrange(256) for _ in range(16))
+    payload = bytes(rng.randrange(256) for _ in range(4 * words))
+    carried = b"" if hlen is None else bytes(rng.randrange(256) for _ in range(4 + hlen))
+    w0 = int.from_bytes(head[:4], "big") ^ 0xFFFFFFFF
+    buf = (bytes(4 * (C.max_elems - words)) + w0.to_bytes(4, "big") + head[4:] + payload)
+    crc = bmv2_crc32(b"\xff" * 4 + buf)
+    assert crc == zlib.crc32(head + payload)
+    if carried:
+        r = ~crc & 0xFFFFFFFF
+        c0 = int.from_bytes(carried[:4], "big") ^ int.from_bytes(r.to_bytes(4, "little"), "big")
+        crc = bmv2_crc32(b"\xff" * 4 + c0.to_bytes(4, "big") + carried[4:])
+    assert crc == zlib.crc32(head + payload + carried)
+
+
 def test_each_emission_validity_action_keeps_exactly_its_words() -> None:
     text = pl_valid_source(C)
     for n in range(C.max_elems + 1):
@@ -177,6 +240,14 @@ def test_p4c_compiles_without_unreviewed_warnings() -> None:
     switch.p4.program.ACCEPTED_WARNINGS lists."""
     require_tools(p4program.P4C)
     build = p4program.compile_program()
+    assert unaccepted_warnings(build.log.read_text()) == []
+
+
+def test_p4c_compiles_the_spine_without_unreviewed_warnings() -> None:
+    """The same for the spine program (build/p4-spine)."""
+    require_tools(p4program.P4C)
+    build = p4program.compile_program(p4program.DEFAULT_SPINE_BUILD, p4program.SPINE_MAIN)
+    assert build.json.name == "spine.json"
     assert unaccepted_warnings(build.log.read_text()) == []
 
 
@@ -252,12 +323,15 @@ def test_deparser_emits_the_headers_in_wire_order() -> None:
     emitted = re.findall(r"pkt\.emit\(hdr\.(\w+)\);", source("deparser.p4"))
     assert emitted == list(instances())
     extracted = re.findall(r"pkt\.extract\(hdr\.(\w+)", source("parser.p4"))
-    assert sorted(extracted) == sorted(instances())
+    assert sorted(set(extracted)) == sorted(instances())     # icrc: the ICRC or the CRC32
 
 
 def test_every_source_is_included() -> None:
     main = source("netreduce.p4")
     included = set(re.findall(r'#include "(\w+\.p4)"', "".join(
         p.read_text() for p in P4_DIR.glob("*.p4"))))
-    assert included | {"netreduce.p4"} == {p.name for p in Path(P4_DIR).glob("*.p4")}
+    assert included | {"netreduce.p4", "spine.p4"} == {p.name for p in Path(P4_DIR).glob("*.p4")}
     assert "V1Switch(NrParser(), NrVerifyChecksum(), NrIngress(), NrEgress()" in main
+    spine = source("spine.p4")
+    assert spine.index("#define NR_ROLE_SPINE") < spine.index("#include")
+    assert "V1Switch(NrParser(), NrVerifyChecksum(), NrSpineIngress(), NrSpineEgress()" in spine

@@ -22,8 +22,10 @@ from typing import Optional, Sequence
 
 from switch.cli import build_parser, controller_options
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
+from switch.control.bmv2_spine import Bmv2SpineTarget
 from switch.control.service import serve
-from switch.p4.program import DEFAULT_BUILD, compile_program
+from switch.dataplane.spine import SpineConfig
+from switch.p4.program import DEFAULT_BUILD, DEFAULT_SPINE_BUILD, SPINE_MAIN, compile_program
 from switch.report import report
 
 SIMPLE_SWITCH = "simple_switch_grpc"
@@ -62,19 +64,27 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIM
 
 
 class Bmv2Switch:
-    """A simple_switch_grpc process on `ports` with switch/p4 pushed, and its Bmv2Target.
+    """A simple_switch_grpc process on `ports` with switch/p4 pushed, and its Bmv2Target;
+    with `spine`, the spine program (spine.p4, built into build/p4-spine by default) and a
+    Bmv2SpineTarget.
 
     Invariant: while the object is open the process runs and `target` is connected;
     `close()` stops what it started (by pid) and is idempotent.
     """
 
+    target: Bmv2Target | Bmv2SpineTarget
+
     def __init__(self, ports: dict[int, str], macs: dict[str, int],
-                 build_dir: Path = DEFAULT_BUILD, grpc_port: int = 9559,
-                 thrift_port: int = 9090, log: Optional[Path] = None):
+                 build_dir: Optional[Path] = None, grpc_port: int = 9559,
+                 thrift_port: int = 9090, log: Optional[Path] = None,
+                 spine: Optional[SpineConfig] = None):
         if shutil.which(SIMPLE_SWITCH) is None:
             raise RuntimeError(f"{SIMPLE_SWITCH} is not on PATH: it comes with "
                                "p4lang/behavioral-model (see switch/p4/README.md)")
-        build = compile_program(build_dir)
+        if spine is None:
+            build = compile_program(build_dir or DEFAULT_BUILD)
+        else:
+            build = compile_program(build_dir or DEFAULT_SPINE_BUILD, SPINE_MAIN)
         grpc_addr = f"127.0.0.1:{grpc_port}"
         cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port),
                *LOG_OFF]
@@ -85,8 +95,12 @@ class Bmv2Switch:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_listening(self.proc, grpc_port)
-            self.target = Bmv2Target(ShellSession(grpc_addr, build), ports, macs,
-                                     ThriftRegisters(thrift_port))
+            session = ShellSession(grpc_addr, build)
+            if spine is None:
+                self.target = Bmv2Target(session, ports, macs, ThriftRegisters(thrift_port))
+            else:
+                self.target = Bmv2SpineTarget(session, spine, ports, macs,
+                                              ThriftRegisters(thrift_port))
         except BaseException:
             self._stop_process()
             raise

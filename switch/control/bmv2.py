@@ -101,9 +101,10 @@ def plan_ring(spec: RingSpec, ports: dict[str, int], slots: int, index: int, epo
     return RingPlan(group, ring, replicas, conn_entries)
 
 
-def l2_entry(mac: str, port: int) -> TableEntry:
-    return TableEntry("NrIngress.l2", (("dst_mac", normalize_mac(mac)),), "NrIngress.l2_forward",
-                      (("port", port),))
+def l2_entry(mac: str, port: int, ingress: str = "NrIngress") -> TableEntry:
+    """The static L2 entry of `mac` in the program whose ingress control is `ingress`."""
+    return TableEntry(f"{ingress}.l2", (("dst_mac", normalize_mac(mac)),),
+                      f"{ingress}.l2_forward", (("port", port),))
 
 
 def flood_group(ports: list[int], c: Contract) -> McGroup:
@@ -135,24 +136,26 @@ class _Ring:
     baseline: dict[str, Any]      # counter values at registration (see _ring_counts)
 
 
-class Bmv2Target(Target):
-    """The controller's Target for a BMv2 simple_switch_grpc running switch/p4.
+class Bmv2Device:
+    """What every program's target shares on one simple_switch_grpc: the P4Runtime session,
+    the static MAC table and flood group (installed at once), ring indices with their
+    epochs, writes that roll back, the port counters.
 
     `ports`: switch port -> interface name; `macs`: the static MAC table (MAC -> port),
-    the only one the program has (it does not learn addresses; unknown ones are flooded).
+    the only one the programs have (they do not learn addresses; unknown ones are flooded);
+    `ingress`: the name of the program's ingress control (its `l2` table).
+    Invariant: ring indices 0 .. NR_MAX_RINGS-1 are handed out lowest free first, each
+    registration of an index with a new epoch (1..65535).
     """
-
-    name = "bmv2"
 
     def __init__(self, session: Session, ports: dict[int, str], macs: dict[str, int],
                  read_register: Optional[RegisterReader] = None,
-                 c: Optional[Contract] = None):
+                 c: Optional[Contract] = None, ingress: str = "NrIngress"):
         self.session = session
         self.c = c or contract()
         self._ports = dict(sorted(ports.items()))
         self._macs = {normalize_mac(m): p for m, p in macs.items()}
         self._read_register = read_register
-        self._rings: dict[str, _Ring] = {}
         self._epochs = [0] * self.c.max_rings
         self._lock = threading.Lock()
         unknown = sorted(set(self._macs.values()) - set(self._ports))
@@ -160,7 +163,7 @@ class Bmv2Target(Target):
             raise ValueError(f"static MACs on unknown ports {unknown}")
         session.insert_group(flood_group(list(self._ports), self.c))
         for mac, port in self._macs.items():
-            session.insert(l2_entry(mac, port))
+            session.insert(l2_entry(mac, port, ingress))
 
     def port_of_mac(self, mac: str) -> Optional[int]:
         return self._macs.get(normalize_mac(mac))
@@ -168,6 +171,80 @@ class Bmv2Target(Target):
     def macs(self) -> dict[str, int]:
         """The static MAC table (MAC -> port)."""
         return dict(self._macs)
+
+    def _new_index(self, used: set[int], ring_id: str) -> tuple[int, int]:
+        """The lowest free ring index and its new epoch; ValueError when none is free."""
+        free = [i for i in range(self.c.max_rings) if i not in used]
+        if not free:
+            raise ValueError(f"ring {ring_id}: the BMv2 program holds "
+                             f"{self.c.max_rings} rings and all are registered")
+        index = free[0]
+        self._epochs[index] = self._epochs[index] % EPOCHS + 1
+        return index, self._epochs[index]
+
+    def _write(self, group: McGroup, entries: tuple[TableEntry, ...]) -> None:
+        """Insert the group, then the entries in order; on a failure remove what was
+        written, then re-raise."""
+        self.session.insert_group(group)
+        done: list[TableEntry] = []
+        try:
+            for entry in entries:
+                self.session.insert(entry)
+                done.append(entry)
+        except Exception:
+            for entry in reversed(done):
+                self.session.delete(entry)
+            self.session.delete_group(group.group_id)
+            raise
+
+    def _remove(self, group: McGroup, entries: tuple[TableEntry, ...]) -> None:
+        """Undo `_write(group, entries)`: the entries in reverse order, then the group."""
+        for entry in reversed(entries):
+            self.session.delete(entry)
+        self.session.delete_group(group.group_id)
+
+    def _unregister(self, rings: dict[str, Any], ring_id: str, where: str) -> None:
+        """Remove ring `ring_id` of `rings` (whose `plan` has `group`, `install_order`);
+        KeyError (saying `where`) when it is not there."""
+        with self._lock:
+            ring = rings.pop(ring_id, None)
+            if ring is None:
+                raise KeyError(f"ring {ring_id} is not registered{where}")
+            self._remove(ring.plan.group, ring.plan.install_order)
+
+    def _counts(self, name: str, index: dict[str, int]) -> dict[str, int]:
+        """Packets of counter `name` at each named index (0 where never counted)."""
+        values = self.session.read_counter(name)
+        return {n: values.get(i, (0, 0))[0] for n, i in index.items()}
+
+    def _port_view(self) -> dict[str, dict[str, Any]]:
+        rx, tx = self.session.read_counter("port_rx"), self.session.read_counter("port_tx")
+        roce, flooded = (self.session.read_counter("port_roce"),
+                         self.session.read_counter("port_flooded"))
+        out: dict[str, dict[str, Any]] = {}
+        for port, ifname in self._ports.items():
+            (rxp, rxb), (txp, txb) = rx.get(port, (0, 0)), tx.get(port, (0, 0))
+            out[str(port)] = {"ifname": ifname, "rx_packets": rxp, "rx_bytes": rxb,
+                              "tx_packets": txp, "tx_bytes": txb,
+                              "roce_packets": roce.get(port, (0, 0))[0],
+                              "flooded": flooded.get(port, (0, 0))[0], "tx_errors": 0}
+        return out
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class Bmv2Target(Bmv2Device, Target):
+    """The controller's Target for a BMv2 simple_switch_grpc running switch/p4
+    (netreduce.p4); the arguments are Bmv2Device's."""
+
+    name = "bmv2"
+
+    def __init__(self, session: Session, ports: dict[int, str], macs: dict[str, int],
+                 read_register: Optional[RegisterReader] = None,
+                 c: Optional[Contract] = None):
+        super().__init__(session, ports, macs, read_register, c)
+        self._rings: dict[str, _Ring] = {}
 
     def limits(self) -> dict[str, Any]:
         """limits.p4's: path MTU 256 only (64 int32 per packet), its slots, ranks, rings."""
@@ -186,16 +263,11 @@ class Bmv2Target(Target):
                     return result
                 raise ValueError(f"ring {spec.ring_id} is already registered differently")
             self._check_free_connections(spec)
-            used = {r.index for r in self._rings.values()}
-            free = [i for i in range(self.c.max_rings) if i not in used]
-            if not free:
-                raise ValueError(f"ring {spec.ring_id}: the BMv2 program holds "
-                                 f"{self.c.max_rings} rings and all are registered")
-            index = free[0]
-            self._epochs[index] = self._epochs[index] % EPOCHS + 1
-            plan = plan_ring(spec, ports, slots, index, self._epochs[index], self.c)
+            index, epoch = self._new_index({r.index for r in self._rings.values()},
+                                           spec.ring_id)
+            plan = plan_ring(spec, ports, slots, index, epoch, self.c)
             baseline = self._ring_counts(index, spec.world_size)
-            self._install(plan)
+            self._write(plan.group, plan.install_order)
             self._rings[spec.ring_id] = _Ring(spec, dict(ports), slots, index, plan, baseline)
         return result
 
@@ -207,36 +279,15 @@ class Bmv2Target(Target):
                     raise ValueError(f"connection {x.src_ip} -> {x.dst_ip} DestQP {x.dst_qpn} "
                                      f"is already registered by ring {ring.spec.ring_id}")
 
-    def _install(self, plan: RingPlan) -> None:
-        """Write the plan; on a failure remove what was written, then re-raise."""
-        self.session.insert_group(plan.group)
-        done: list[TableEntry] = []
-        try:
-            for entry in plan.install_order:
-                self.session.insert(entry)
-                done.append(entry)
-        except Exception:
-            for entry in reversed(done):
-                self.session.delete(entry)
-            self.session.delete_group(plan.group.group_id)
-            raise
-
     def unregister_ring(self, ring_id: str) -> None:
-        with self._lock:
-            ring = self._rings.pop(ring_id, None)
-            if ring is None:
-                raise KeyError(f"ring {ring_id} is not registered")
-            for entry in reversed(ring.plan.install_order):
-                self.session.delete(entry)
-            self.session.delete_group(ring.plan.group.group_id)
+        self._unregister(self._rings, ring_id, "")
 
     def _ring_counts(self, index: int, world_size: int) -> dict[str, Any]:
         """Raw counter values of ring `index`: {"ring": {name: n}, "conns": [{name: n}]}."""
-        ring_ctr = self.session.read_counter("ring_ctr")
-        conn_ctr = self.session.read_counter("conn_ctr")
         c = self.c
-        return {"ring": {n: ring_ctr.get(c.ring_counter_index(index, n), (0, 0))[0]
-                         for n in RING_COUNTERS},
+        conn_ctr = self.session.read_counter("conn_ctr")
+        return {"ring": self._counts("ring_ctr", {n: c.ring_counter_index(index, n)
+                                                  for n in RING_COUNTERS}),
                 "conns": [{n: conn_ctr.get(c.conn_counter_index(index, r, n), (0, 0))[0]
                            for n in CONN_COUNTERS} for r in range(world_size)]}
 
@@ -269,21 +320,6 @@ class Bmv2Target(Target):
                 "next_emit": counts["completed"] & PSN_MASK, "counters": counts,
                 "connections": conns}
 
-    def _port_view(self) -> dict[str, dict[str, Any]]:
-        rx, tx = self.session.read_counter("port_rx"), self.session.read_counter("port_tx")
-        roce, flooded = (self.session.read_counter("port_roce"),
-                         self.session.read_counter("port_flooded"))
-        out: dict[str, dict[str, Any]] = {}
-        for port, ifname in self._ports.items():
-            (rxp, rxb), (txp, txb) = rx.get(port, (0, 0)), tx.get(port, (0, 0))
-            out[str(port)] = {"ifname": ifname, "rx_packets": rxp, "rx_bytes": rxb,
-                              "tx_packets": txp, "tx_bytes": txb,
-                              "roce_packets": roce.get(port, (0, 0))[0],
-                              "flooded": flooded.get(port, (0, 0))[0], "tx_errors": 0}
-        return out
-
-    def close(self) -> None:
-        self.session.close()
 
 
 class ShellSession:

@@ -142,6 +142,27 @@ class SpinePool:
             self.totals_sent += 1
 
 
+def check_spine_ring(config: SpineConfig, ring_id: str, tor_ids: Sequence[int], slots: int,
+                     mtu: int, routes: dict[int, int], transit: dict[int, int] | None
+                     ) -> tuple[tuple[int, ...], dict[int, int]]:
+    """(ToR ids, transit) of a registration every spine target can take; ValueError says
+    why not (a target may refuse more: switch/control/bmv2_spine.py)."""
+    transit = dict(transit or {})
+    if set(transit.values()) - set(tor_ids):
+        raise ValueError(f"ring {ring_id}: transit from outside ToRs {list(tor_ids)}")
+    tors = tuple(tor_ids)
+    if set(routes.values()) - set(tors):
+        raise ValueError(f"ring {ring_id}: routes {routes} lead outside ToRs {list(tors)}")
+    unknown = sorted(set(tors) - set(config.tors))
+    if unknown:
+        raise ValueError(f"ring {ring_id}: ToR(s) {unknown} not cabled to this spine")
+    if not 2 <= len(set(tors)) == len(tors) <= 32:
+        raise ValueError(f"ring {ring_id}: ToRs {list(tors)}: need 2..32 distinct")
+    if slots & (slots - 1) or not 0 < slots <= MAX_SLOTS or mtu not in PATH_MTUS:
+        raise ValueError(f"ring {ring_id}: {slots} slots / path MTU {mtu}")
+    return tors, transit
+
+
 @dataclass(frozen=True)
 class _SpineRing:
     ring_id: str
@@ -176,19 +197,8 @@ class SpinePipeline:
         `packets.conn_key` of each connection between racks -> its requester's ToR, the only
         one whose port its frames may come from.
         """
-        transit = dict(transit or {})
-        if set(transit.values()) - set(tor_ids):
-            raise ValueError(f"ring {ring_id}: transit from outside ToRs {list(tor_ids)}")
-        tors = tuple(tor_ids)
-        if set(routes.values()) - set(tors):
-            raise ValueError(f"ring {ring_id}: routes {routes} lead outside ToRs {list(tors)}")
-        unknown = sorted(set(tors) - set(self.config.tors))
-        if unknown:
-            raise ValueError(f"ring {ring_id}: ToR(s) {unknown} not cabled to this spine")
-        if not 2 <= len(set(tors)) == len(tors) <= 32:
-            raise ValueError(f"ring {ring_id}: ToRs {list(tors)}: need 2..32 distinct")
-        if slots & (slots - 1) or not 0 < slots <= MAX_SLOTS or mtu not in PATH_MTUS:
-            raise ValueError(f"ring {ring_id}: {slots} slots / path MTU {mtu}")
+        tors, transit = check_spine_ring(self.config, ring_id, tor_ids, slots, mtu, routes,
+                                         transit)
         tag = ring_tag(ring_id)
         with self._lock:
             old = self._rings.get(tag)

@@ -13,6 +13,7 @@
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<8>  IPPROTO_UDP    = 17;
 const bit<16> ROCE_UDP_PORT  = 4791;
+const bit<16> IS_UDP_PORT    = 4792;   // inter-switch messages (switch/dataplane/interswitch.py)
 
 const bit<16> IPV4_LEN  = 20;
 const bit<16> UDP_LEN   = 8;
@@ -114,6 +115,39 @@ header icrc_t {
     bit<32> v;   // the CRC-32 byte-reversed: it is stored little-endian on the wire
 }
 
+#ifdef NR_ROLE_SPINE
+/* The inter-switch message (switch/dataplane/interswitch.py), spine build only:
+ *   nr_is | length/4 payload words (hdr.pl) | [nr_carried | RoCE header] | CRC32 (hdr.icrc)
+ * A carried RoCE header (hlen bytes: Ethernet up to the payload of a WRITE) is opaque to the
+ * spine; it is parsed as fixed chunks by hlen: 54 = base, 58 = base | ext4 (ImmDt),
+ * 70 = base | ext16 (RETH), 74 = base | ext16 | ext4. */
+const bit<8> IS_VERSION = 1;
+const bit<8> IS_PARTIAL = 1;
+const bit<8> IS_TOTAL   = 2;
+const bit<16> IS_HEADER_LEN  = 16;
+const bit<16> IS_CARRIED_LEN = 4;
+
+header nr_is_t {
+    bit<8>  version;
+    bit<8>  kind;
+    bit<8>  tor;
+    bit<8>  carried;
+    bit<32> ring;
+    bit<32> k;
+    bit<16> length;
+    bit<16> reserved;
+}
+
+header nr_carried_t {
+    bit<16> rank;
+    bit<16> hlen;
+}
+
+header nr_rh_base_t { bit<432> b; }     // Ethernet | IPv4 | UDP | BTH: 54 bytes
+header nr_rh_e16_t  { bit<128> b; }     // RETH
+header nr_rh_e4_t   { bit<32> b; }      // ImmDt
+#endif
+
 struct headers_t {
     ethernet_t          eth;
     ipv4_t              ipv4;
@@ -122,8 +156,17 @@ struct headers_t {
     reth_t              reth;
     immdt_t             immdt;
     aeth_t              aeth;
+#ifdef NR_ROLE_SPINE
+    nr_is_t             nr_is;
+#endif
     word_t[NR_MAX_ELEMS] pl;
-    icrc_t              icrc;
+#ifdef NR_ROLE_SPINE
+    nr_carried_t        nr_carried;
+    nr_rh_base_t        rh_base;
+    nr_rh_e16_t         rh_e16;
+    nr_rh_e4_t          rh_e4;
+#endif
+    icrc_t              icrc;         // the ICRC, or the CRC32 of an inter-switch message
 }
 
 struct meta_t {
@@ -159,6 +202,13 @@ struct meta_t {
     bit<1>  flood;
     bit<1>  fix_icrc;
     bit<1>  fix_ipv4;
+#ifdef NR_ROLE_SPINE
+    /* spine (spine_ingress.p4, spine_egress.p4) */
+    bit<1>  is_parsed;     // the message was parsed to its CRC32 (0: too long, > 1 carried, ...)
+    bit<8>  lane;          // the sending ToR's lane; egress: the lane a resent total goes to
+    bit<1>  total;         // this packet carries slot emit_gslot's total (multicast or resend)
+    bit<1>  resend;        // ... to meta.lane only (a repeated partial of a totalled slot)
+#endif
 }
 
 #endif  /* NR_HEADERS_P4 */

@@ -16,6 +16,7 @@
 #define NR_MAX_ELEMS        64      // int32 payload elements per packet: 256 B, RoCE path MTU 256
 #define NR_MAX_MACS         1024    // static L2 (MAC -> port) entries
 #define NR_PORTS            512     // port counters (ports are bit<9>)
+#define NR_MAX_LANES        8       // spine: ToRs per ring (a slot's bitmap has one bit per ToR)
 
 /* ---- contract with switch/control/bmv2.py --------------------------------------------------- */
 #define NR_FLOOD_GROUP      1       // multicast group with every port: unknown/group destinations
@@ -45,11 +46,34 @@
 #define NR_CTR_DROP_FRAGMENT        14
 #define NR_CTR_DROP_BAD_ICRC        15
 
+/* Spine counter ids (spine.p4; the software spine's names, switch/contract.py
+ * LANE_OUTCOMES and SpinePipeline's): spine_lane_ctr index = (ring * NR_MAX_LANES + lane)
+ * * NR_LCTRS + NR_LCTR_<NAME>; spine_ring_ctr index = ring * NR_SCTRS + NR_SCTR_<NAME>;
+ * spine_is_ctr index = NR_ISCTR_<NAME> (the inter-switch drops, of no ring). */
+#define NR_LCTRS                    8
+#define NR_LCTR_PARTIALS            0
+#define NR_LCTR_TOTALS_RESENT       1
+#define NR_LCTR_DROP_DUPLICATE      2
+#define NR_LCTR_DROP_MISMATCH       3
+#define NR_LCTR_DROP_OVERRUN        4
+#define NR_LCTR_DROP_STALE          5
+#define NR_LCTR_DROP_WRONG_PORT     6
+#define NR_SCTRS                    2
+#define NR_SCTR_COMPLETED           0
+#define NR_SCTR_TOTALS_SENT         1
+#define NR_ISCTRS                   4
+#define NR_ISCTR_DROP_CORRUPT       0
+#define NR_ISCTR_DROP_UNKNOWN_RING  1
+#define NR_ISCTR_DROP_UNKNOWN_TOR   2
+#define NR_ISCTR_DROP_SPOOFED_TRANSIT 3
+#define NR_MAX_TRANSIT      256     // spine: connections between racks (transit entries)
+
 /* ---- derived sizes ------------------------------------------------------------------ */
 #define NR_RING_SLOTS       (NR_MAX_RINGS * NR_SLOTS)       // slots of all rings
 #define NR_CONNS            (NR_MAX_RINGS * NR_MAX_RANKS)   // connections of all rings
 #define NR_CONTRIBS         (NR_RING_SLOTS * NR_MAX_RANKS)  // (slot, rank) pairs
 #define NR_SUM_WORDS        (NR_RING_SLOTS * NR_MAX_ELEMS)  // int32 sums of all slots
 #define NR_MAX_PL_BYTES     (NR_MAX_ELEMS * 4)              // a power of two (parser mask)
+#define NR_LANE_SLOTS       (NR_RING_SLOTS * NR_MAX_LANES)  // spine: (slot, lane) pairs
 
 #endif  /* NR_LIMITS_P4 */

@@ -1,4 +1,6 @@
 /* Parser: Ethernet / IPv4 (IHL 5) / UDP 4791 / BTH / RETH, ImmDt or AETH / payload / ICRC.
+ * The spine build (NR_ROLE_SPINE, spine.p4): UDP 4791 / BTH only, and UDP 4792 / inter-switch
+ * header / payload / carried header / CRC32.
  *
  * Invariants: only RC RDMA WRITEs get their payload parsed, and only when it is pad-free,
  * a multiple of 4 and at most NR_MAX_ELEMS words (meta.len_ok = 1); anything not parsed
@@ -33,12 +35,19 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
         pkt.extract(hdr.udp);
         transition select(hdr.udp.dport) {
             ROCE_UDP_PORT: parse_bth;
+#ifdef NR_ROLE_SPINE
+            IS_UDP_PORT: parse_is;
+#endif
             default: accept;
         }
     }
 
     state parse_bth {
         pkt.extract(hdr.bth);
+#ifdef NR_ROLE_SPINE
+        transition accept;     // the spine looks up transit by the BTH's DestQP, no more
+    }
+#else
         meta.pl_bytes = hdr.udp.len - (UDP_LEN + BTH_LEN + ICRC_LEN);
         transition select(hdr.bth.opcode) {
             OP_WRITE_FIRST: parse_reth;
@@ -81,6 +90,63 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
         }
     }
 
+#endif  /* NR_ROLE_SPINE */
+
+#ifdef NR_ROLE_SPINE
+    /* An inter-switch message: its payload words (same loop as a WRITE's), at most one
+     * carried header of a RoCE WRITE's lengths, the CRC32 (into hdr.icrc). Anything else
+     * (a length not a multiple of 4 or above NR_MAX_PL_BYTES, more than one carried header,
+     * another hlen) stops with meta.is_parsed = 0: spine ingress counts and drops it. */
+    state parse_is {
+        pkt.extract(hdr.nr_is);
+        meta.pl_bytes = hdr.nr_is.length;
+        transition select(hdr.nr_is.length) {
+            MAX_PL_BYTES: parse_words_start;
+            0 &&& PL_SHORT_MASK: parse_words_start;
+            default: accept;
+        }
+    }
+
+    state parse_is_tail {
+        transition select(hdr.nr_is.carried) {
+            0: parse_is_crc;
+            1: parse_carried;
+            default: accept;
+        }
+    }
+
+    state parse_carried {
+        pkt.extract(hdr.nr_carried);
+        pkt.extract(hdr.rh_base);
+        transition select(hdr.nr_carried.hlen) {
+            54: parse_is_crc;
+            58: parse_rh_e4;
+            70: parse_rh_e16;
+            74: parse_rh_e16;
+            default: accept;
+        }
+    }
+
+    state parse_rh_e16 {
+        pkt.extract(hdr.rh_e16);
+        transition select(hdr.nr_carried.hlen) {
+            74: parse_rh_e4;
+            default: parse_is_crc;
+        }
+    }
+
+    state parse_rh_e4 {
+        pkt.extract(hdr.rh_e4);
+        transition parse_is_crc;
+    }
+
+    state parse_is_crc {
+        pkt.extract(hdr.icrc);
+        meta.is_parsed = 1;
+        transition accept;
+    }
+#endif  /* NR_ROLE_SPINE */
+
     state parse_words_start {
         meta.len_ok = 1;
         meta.words = (bit<8>)(meta.pl_bytes >> 2);
@@ -90,7 +156,11 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
 
     state parse_words {
         transition select(meta.words_left) {
+#ifdef NR_ROLE_SPINE
+            0: parse_is_tail;  // the spine parses the payload words of messages only
+#else
             0: parse_icrc;
+#endif
             default: parse_word;
         }
     }
@@ -101,10 +171,12 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
         transition parse_words;
     }
 
+#ifndef NR_ROLE_SPINE
     state parse_icrc {
         pkt.extract(hdr.icrc);
         transition accept;
     }
+#endif
 }
 
 #endif  /* NR_PARSER_P4 */

@@ -1,14 +1,18 @@
 """The v1model program in switch/p4: where it is, its limits and controller contract, its build.
 
-`contract()` reads switch/p4/limits.p4, the one place the program's limits and the ids
+Two programs share the sources: `netreduce.p4`, the single switch (SWITCH, built into
+build/p4), and `spine.p4`, the spine role of a two-tier fabric (SPINE, build/p4-spine: the
+same files compiled with NR_ROLE_SPINE plus the spine_*.p4 and iscrc.p4 controls).
+`contract()` reads switch/p4/limits.p4, the one place the programs' limits and the ids
 the controller must agree on (multicast groups, counter ids) are stated, so the Python
 side never restates them. `generated_sources` writes the per-payload-length actions P4
-cannot loop over: switch/p4/icrc_words.p4 (the ICRC's hashed buffer, see icrc.p4) and
-switch/p4/pl_valid.p4 (an emission's valid payload words, see emit.p4). `compile_program`
-runs p4c's BMv2 backend.
+cannot loop over: switch/p4/icrc_words.p4 (the ICRC's hashed buffer, see icrc.p4),
+switch/p4/iscrc_words.p4 (the inter-switch CRC32's, see iscrc.p4) and switch/p4/pl_valid.p4
+(an emission's valid payload words, see emit.p4). `compile_program` runs p4c's BMv2
+backend.
 
-    python -m switch.p4.program [--out DIR]    # compile; prints the two output paths
-    python -m switch.p4.program --generate     # rewrite the generated switch/p4 files
+    python -m switch.p4.program [--spine] [--out DIR]   # compile; prints the output paths
+    python -m switch.p4.program --generate              # rewrite the generated switch/p4 files
 """
 from __future__ import annotations
 
@@ -25,10 +29,13 @@ from typing import Optional, Sequence
 
 P4_DIR = Path(__file__).resolve().parent
 MAIN = P4_DIR / "netreduce.p4"
+SPINE_MAIN = P4_DIR / "spine.p4"
 LIMITS = P4_DIR / "limits.p4"
 ICRC_WORDS = P4_DIR / "icrc_words.p4"
+ISCRC_WORDS = P4_DIR / "iscrc_words.p4"
 PL_VALID = P4_DIR / "pl_valid.p4"
 DEFAULT_BUILD = P4_DIR.parents[1] / "build" / "p4"
+DEFAULT_SPINE_BUILD = P4_DIR.parents[1] / "build" / "p4-spine"
 P4C = "p4c"
 
 _DEFINE = re.compile(r"^#define\s+NR_(\w+)\s+(0x[0-9A-Fa-f]+|\d+)\b", re.M)
@@ -49,6 +56,13 @@ class Contract:
     cont_rid: int
     ctrs: int
     counter_ids: dict[str, int]     # lower-case counter name -> id (NR_CTR_<NAME>)
+    max_lanes: int                  # the spine's: ToRs per ring
+    max_transit: int
+    lctrs: int
+    sctrs: int
+    lane_counter_ids: dict[str, int]    # spine, per (ring, lane): NR_LCTR_<NAME>
+    spine_counter_ids: dict[str, int]   # spine, per ring: NR_SCTR_<NAME>
+    is_counter_ids: dict[str, int]      # spine, inter-switch drops: NR_ISCTR_<NAME>
 
     @property
     def max_payload(self) -> int:
@@ -61,15 +75,26 @@ class Contract:
     def conn_counter_index(self, ring: int, rank: int, name: str) -> int:
         return (ring * self.max_ranks + rank) * self.ctrs + self.counter_ids[name]
 
+    def lane_counter_index(self, ring: int, lane: int, name: str) -> int:
+        return (ring * self.max_lanes + lane) * self.lctrs + self.lane_counter_ids[name]
+
+    def spine_counter_index(self, ring: int, name: str) -> int:
+        return ring * self.sctrs + self.spine_counter_ids[name]
+
 
 def parse_contract(text: str) -> Contract:
     """A Contract from the text of limits.p4; KeyError names a missing constant."""
     values = {name.lower(): int(v, 0) for name, v in _DEFINE.findall(text)}
-    ctrs = {name[4:]: v for name, v in values.items() if name.startswith("ctr_")}
+
+    def ids(prefix: str) -> dict[str, int]:
+        return {name[len(prefix):]: v for name, v in values.items() if name.startswith(prefix)}
+
     plain = {f: values[f] for f in ("max_rings", "slots", "max_ranks", "max_elems", "max_macs",
                                     "ports", "flood_group", "ring_group_base", "cont_rid",
-                                    "ctrs")}
-    return Contract(**plain, counter_ids=ctrs)
+                                    "ctrs", "max_lanes", "max_transit", "lctrs",
+                                    "sctrs")}
+    return Contract(**plain, counter_ids=ids("ctr_"), lane_counter_ids=ids("lctr_"),
+                    spine_counter_ids=ids("sctr_"), is_counter_ids=ids("isctr_"))
 
 
 @cache
@@ -78,13 +103,15 @@ def contract() -> Contract:
 
 
 ICRC_PRE_WORDS = 16     # header-part words of icrc.p4 (w0 .. w15)
+ISCRC_PRE_WORDS = 4     # header words of an inter-switch message in iscrc.p4 (w0 .. w3)
 
 
-def icrc_buffer_words(c: Contract, n: int) -> list[str]:
-    """What action `words_<n>` of icrc_words.p4 puts in the hashed buffer buf.b0 ..
-    buf.b<ICRC_PRE_WORDS + max_elems - 1>, in order: zeros, then the header part w0 .. w15,
-    then payload words 0 .. n-1 (the header part and the payload right-aligned)."""
-    return (["0"] * (c.max_elems - n) + [f"w{i}" for i in range(ICRC_PRE_WORDS)]
+def icrc_buffer_words(c: Contract, n: int, pre: int = ICRC_PRE_WORDS) -> list[str]:
+    """What action `words_<n>` of icrc_words.p4 (iscrc_words.p4: pre = ISCRC_PRE_WORDS) puts
+    in the hashed buffer buf.b0 .. buf.b<pre + max_elems - 1>, in order: zeros, then the
+    header part w0 .. w<pre - 1>, then payload words 0 .. n-1 (the header part and the
+    payload right-aligned)."""
+    return (["0"] * (c.max_elems - n) + [f"w{i}" for i in range(pre)]
             + [f"hdr.pl[{i}].v" for i in range(n)])
 
 
@@ -114,23 +141,32 @@ _GENERATED = ("/* GENERATED by `python -m switch.p4.program --generate` (switch/
               " * {function}): do not edit. Included inside control {control} ({includer}):\n")
 
 
+def _words_source(c: Contract, pre: int, function: str, control: str, includer: str) -> str:
+    n_max = c.max_elems
+    lines = [_GENERATED.format(function=function, control=control, includer=includer)
+             + " * action words_<n> right-aligns the header part and n payload words in the\n"
+             f" * hashed buffer buf.b0 .. b{pre + n_max - 1}, zeros before them,"
+             f" n = 0 .. {n_max}. */"]
+    for n in range(n_max + 1):
+        lines += _action(f"words_{n}",
+                         [f"buf.b{j} = {v};" for j, v in enumerate(icrc_buffer_words(c, n, pre))])
+    lines += _by_length_table("by_words", "words", "words", n_max)
+    return "\n".join(lines) + "\n"
+
+
 def icrc_words_source(c: Contract) -> str:
     """The text of icrc_words.p4: inside control NrIcrc (icrc.p4), action `words_<n>`
     fills the hashed buffer for a payload of n words (icrc_buffer_words), for
     n = 0 .. c.max_elems; the const table `by_words` runs the one for the packet's
     `words`. icrc.p4 hashes the buffer (a struct: p4c copies no field of it) once, after
     the table: one hash() in the program."""
-    n_max = c.max_elems
-    lines = [_GENERATED.format(function="icrc_words_source", control="NrIcrc",
-                               includer="icrc.p4")
-             + " * action words_<n> right-aligns the header part and n payload words in the\n"
-             f" * hashed buffer buf.b0 .. b{ICRC_PRE_WORDS + n_max - 1}, zeros before them,"
-             f" n = 0 .. {n_max}. */"]
-    for n in range(n_max + 1):
-        lines += _action(f"words_{n}",
-                         [f"buf.b{j} = {v};" for j, v in enumerate(icrc_buffer_words(c, n))])
-    lines += _by_length_table("by_words", "words", "words", n_max)
-    return "\n".join(lines) + "\n"
+    return _words_source(c, ICRC_PRE_WORDS, "icrc_words_source", "NrIcrc", "icrc.p4")
+
+
+def iscrc_words_source(c: Contract) -> str:
+    """The text of iscrc_words.p4: as icrc_words.p4, for the CRC32 of an inter-switch
+    message (control NrIsCrc, iscrc.p4): its 4 header words and n payload words."""
+    return _words_source(c, ISCRC_PRE_WORDS, "iscrc_words_source", "NrIsCrc", "iscrc.p4")
 
 
 def pl_valid_source(c: Contract) -> str:
@@ -152,7 +188,8 @@ def pl_valid_source(c: Contract) -> str:
 
 def generated_sources(c: Contract) -> dict[Path, str]:
     """Each generated file of switch/p4 -> its text."""
-    return {ICRC_WORDS: icrc_words_source(c), PL_VALID: pl_valid_source(c)}
+    return {ICRC_WORDS: icrc_words_source(c), ISCRC_WORDS: iscrc_words_source(c),
+            PL_VALID: pl_valid_source(c)}
 
 
 #: p4c warnings accepted after review, as (kind, start of the message) — kind is the name
@@ -184,27 +221,30 @@ class Build:
     log: Path
 
 
-def build_paths(out_dir: Path) -> Build:
-    return Build(out_dir / "netreduce.json", out_dir / "netreduce.p4info.txtpb",
+def build_paths(out_dir: Path, main: Path = MAIN) -> Build:
+    """What p4c writes for the program `main` (netreduce.p4 or spine.p4) into out_dir."""
+    return Build(out_dir / f"{main.stem}.json", out_dir / f"{main.stem}.p4info.txtpb",
                  out_dir / "p4c.log")
 
 
-def compile_command(out_dir: Path) -> list[str]:
-    b = build_paths(out_dir)
+def compile_command(out_dir: Path, main: Path = MAIN) -> list[str]:
+    b = build_paths(out_dir, main)
     return [P4C, "--target", "bmv2", "--arch", "v1model", "--p4runtime-files", str(b.p4info),
-            "-o", str(out_dir), str(MAIN)]
+            "-o", str(out_dir), str(main)]
 
 
-def compile_program(out_dir: Path = DEFAULT_BUILD) -> Build:
-    """Compile switch/p4 with p4c into out_dir (skipped when the outputs are newer than
-    every source); p4c's messages go to `log`; RuntimeError carries them on a failure.
+def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN) -> Build:
+    """Compile the program `main` (switch/p4/netreduce.p4, or spine.p4 into its own
+    out_dir, e.g. DEFAULT_SPINE_BUILD) with p4c into out_dir (skipped when the outputs are
+    newer than every source); p4c's messages go to `log`; RuntimeError carries them on a
+    failure.
     One compile at a time per out_dir (a lock file in it): a caller that comes while another
     process compiles waits for it and then finds the build fresh, so a test run may start
     p4c in the background and let the tests that need the build wait for it."""
     if shutil.which(P4C) is None:
         raise RuntimeError(f"{P4C} is not on PATH: it comes with p4lang/p4c (not packaged "
                            "for Debian or PyPI); see switch/p4/README.md")
-    b = build_paths(out_dir)
+    b = build_paths(out_dir, main)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".compile.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -212,7 +252,7 @@ def compile_program(out_dir: Path = DEFAULT_BUILD) -> Build:
         if all(p.exists() and p.stat().st_mtime > newest_source
                for p in (b.json, b.p4info, b.log)):
             return b
-        run = subprocess.run(compile_command(out_dir), capture_output=True, text=True)
+        run = subprocess.run(compile_command(out_dir, main), capture_output=True, text=True)
         b.log.write_text(run.stdout + run.stderr)
     if run.returncode != 0:
         raise RuntimeError(f"p4c failed ({run.returncode}):\n{run.stdout}{run.stderr}")
@@ -221,11 +261,15 @@ def compile_program(out_dir: Path = DEFAULT_BUILD) -> Build:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m switch.p4.program",
-                                 description="compile switch/p4/netreduce.p4 for BMv2")
-    ap.add_argument("--out", type=Path, default=DEFAULT_BUILD, help=f"default {DEFAULT_BUILD}")
+                                 description="compile switch/p4/netreduce.p4 (or spine.p4) "
+                                             "for BMv2")
+    ap.add_argument("--spine", action="store_true",
+                    help=f"the spine program, {SPINE_MAIN.name} (default build "
+                         f"{DEFAULT_SPINE_BUILD})")
+    ap.add_argument("--out", type=Path, help=f"default {DEFAULT_BUILD}")
     ap.add_argument("--generate", action="store_true",
-                    help=f"rewrite {ICRC_WORDS.name} and {PL_VALID.name} from limits.p4 "
-                         "instead of compiling")
+                    help=f"rewrite {ICRC_WORDS.name}, {ISCRC_WORDS.name} and {PL_VALID.name} "
+                         "from limits.p4 instead of compiling")
     args = ap.parse_args(argv)
     if args.generate:
         for path, text in generated_sources(contract()).items():
@@ -233,7 +277,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(path)
         return 0
     try:
-        b = compile_program(args.out)
+        if args.spine:
+            b = compile_program(args.out or DEFAULT_SPINE_BUILD, SPINE_MAIN)
+        else:
+            b = compile_program(args.out or DEFAULT_BUILD)
     except RuntimeError as e:
         print(f"p4program: {e}", file=sys.stderr)
         return 1

@@ -18,12 +18,14 @@
 #include "headers.p4"
 
 /* epoch(16) | state(8) | opcode(8) | words(8) | tag k(24) */
-register<bit<64>>(NR_RING_SLOTS) slot_head;
+register<bit<64>>(NR_RING_SLOTS) slot_head;      // the spine's: epoch | state | words | k too
 register<bit<32>>(NR_RING_SLOTS) slot_bitmap;
 register<bit<32>>(NR_SUM_WORDS) slot_sum;      // int32 sums, wrapping
-/* epoch(16) | next_emit(24): the first relative PSN of the ring not emitted yet */
+/* epoch(16) | next_emit(24): the first relative PSN of the ring not emitted yet (the
+ * spine's: next_total, the first not totalled) */
 register<bit<40>>(NR_MAX_RINGS) ring_next;
 
+#ifndef NR_ROLE_SPINE
 /* What differs per packet and per connection in a contribution, kept to rebuild that
  * rank's result in egress (everything else comes from the replica table or is constant). */
 register<bit<96>>(NR_CONTRIBS)  contrib_eth;   // dst MAC | src MAC
@@ -38,6 +40,7 @@ register<bit<128>>(NR_CONNS) conn_reth;
 
 counter(NR_MAX_RINGS * NR_CTRS, CounterType.packets) ring_ctr;
 counter(NR_CONNS * NR_CTRS, CounterType.packets) conn_ctr;
+#endif  /* the spine (spine_state.p4) keeps its own per (slot, ToR) state and counters */
 counter(NR_PORTS, CounterType.packets_and_bytes) port_rx;
 counter(NR_PORTS, CounterType.packets_and_bytes) port_tx;
 counter(NR_PORTS, CounterType.packets) port_roce;

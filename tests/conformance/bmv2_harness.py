@@ -1,8 +1,9 @@
 """The Harness for the BMv2 target: switch/p4 run by simple_switch_grpc, driven over veths.
 
 Every `setup` starts a fresh simple_switch_grpc (tools.bmv2_lab.Bmv2Switch: p4c output,
-P4Runtime via p4runtime-shell) whose port N is the veth `nrbsN`; the harness sends and
-captures on the peer `nrbhN`. `send` (`send_burst`) returns every frame captured until the ports stay
+P4Runtime via p4runtime-shell) whose port N is the veth `nr<pid>sN`; the harness sends and
+captures on the peer `nr<pid>hN` (the test process's pid: two suites running at once do
+not collide; at most 15 characters). `send` (`send_burst`) returns every frame captured until the ports stay
 quiet for QUIET seconds (a result emitted by a recirculated continuation arrives within
 that too). Needs root (veth pairs in the current namespace, IPv6 off on them so the
 kernel adds no frames of its own), p4c, simple_switch_grpc and p4runtime-shell.
@@ -17,9 +18,11 @@ import subprocess
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from switch.contract import RingSpec
+from switch.control.bmv2 import Bmv2Target
+from switch.dataplane.spine import SpineConfig
 from tools.bmv2_lab import Bmv2Switch
 from switch.dataplane.ports import Port, open_port
 from switch.p4.program import DEFAULT_BUILD
@@ -43,9 +46,14 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
+def veth_names(num: int) -> tuple[str, str]:
+    """(switch side, host side) names of port `num`'s veth pair, unique to this process."""
+    return f"nr{os.getpid()}s{num}", f"nr{os.getpid()}h{num}"
+
+
 def _veth_pair(num: int) -> tuple[str, str]:
     """(switch side, host side) of port `num`, created up, IPv6 off, offloads off."""
-    sw, host = f"nrbs{num}", f"nrbh{num}"
+    sw, host = veth_names(num)
     subprocess.run(["ip", "link", "del", sw], capture_output=True)     # left by a crash
     _ip("link", "add", sw, "type", "veth", "peer", "name", host)
     for dev in (sw, host):
@@ -66,15 +74,23 @@ class Bmv2Harness:
         self.ports: dict[int, Port] = {}
 
     def setup(self, vectors_setup: dict[str, Any]) -> None:
+        self.switch = self.start(vectors_setup)
+        target = self.switch.target
+        assert isinstance(target, Bmv2Target)
+        for ring in vectors_setup["rings"]:
+            target.register_ring(RingSpec.from_dict(ring["spec"]), ring["slots"])
+
+    def start(self, vectors_setup: dict[str, Any], spine: Optional[SpineConfig] = None,
+              log: Path = LOG) -> Bmv2Switch:
+        """Forget the last setup; a fresh switch (the spine program with `spine`) cabled to
+        this harness's ports."""
         self.close()
         links = {num: _veth_pair(num) for num in vectors_setup["ports"]}
         self.ports = {num: open_port(num, host) for num, (_, host) in links.items()}
-        LOG.parent.mkdir(parents=True, exist_ok=True)
-        self.switch = Bmv2Switch({num: sw for num, (sw, _) in links.items()},
-                                 dict(vectors_setup["macs"]), grpc_port=_free_port(),
-                                 thrift_port=_free_port(), log=LOG)
-        for ring in vectors_setup["rings"]:
-            self.switch.target.register_ring(RingSpec.from_dict(ring["spec"]), ring["slots"])
+        log.parent.mkdir(parents=True, exist_ok=True)
+        return Bmv2Switch({num: sw for num, (sw, _) in links.items()},
+                          dict(vectors_setup["macs"]), grpc_port=_free_port(),
+                          thrift_port=_free_port(), log=log, spine=spine)
 
     def _drain(self) -> None:
         for port in self.ports.values():
@@ -105,7 +121,7 @@ class Bmv2Harness:
         return out
 
     def counters(self) -> dict[str, Any]:
-        assert self.switch is not None
+        assert self.switch is not None and isinstance(self.switch.target, Bmv2Target)
         rings = self.switch.target.counters()["rings"]
         return {rid: {"counters": r["counters"],
                       "connections": [c["counters"] for c in r["connections"]]}
@@ -118,7 +134,7 @@ class Bmv2Harness:
             self.switch.close()
             self.switch = None
         for num in self.ports:
-            subprocess.run(["ip", "link", "del", f"nrbs{num}"], capture_output=True)
+            subprocess.run(["ip", "link", "del", veth_names(num)[0]], capture_output=True)
         self.ports = {}
 
 

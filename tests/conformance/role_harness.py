@@ -70,7 +70,9 @@ def _tor_counters(pipeline: TorPipeline) -> dict[str, Any]:
     return {"interswitch": dict(pipeline.interswitch), "rings": rings}
 
 
-def _spine_counters(pipeline: SpinePipeline) -> dict[str, Any]:
+def spine_counters(pipeline: Any) -> dict[str, Any]:
+    """The harness's counters of a spine with SpinePipeline's interface (`interswitch`,
+    `counters()`): the software one or switch/control/bmv2_spine.py's."""
     return {"interswitch": dict(pipeline.interswitch),
             "rings": {rid: {"next_total": ring["next_total"],
                             "completed": ring["counters"]["completed"],
@@ -83,6 +85,7 @@ class RoleHarness:
     """Either role of the software target, as the setup says."""
 
     supports = frozenset({ANY_PAYLOAD_LENGTH, MANY_CARRIED})
+    roles = frozenset({"tor", "spine"})
 
     def __init__(self) -> None:
         self.pipeline: TorPipeline | SpinePipeline | None = None
@@ -129,7 +132,7 @@ class RoleHarness:
         if isinstance(self.pipeline, TorPipeline):
             return _tor_counters(self.pipeline)
         if isinstance(self.pipeline, SpinePipeline):
-            return _spine_counters(self.pipeline)
+            return spine_counters(self.pipeline)
         return {}
 
     def close(self) -> None:
