@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
-# switch/p4 compiled by p4c and the conformance vectors run on BMv2, none skipped; then all
+# switch/p4 compiled by p4c (the switch and the spine program) and the conformance vectors
+# (the switch's, the spine role's) run on BMv2, none skipped; then all
 # lab tests inside ONE lab boot (scripts/lab.sh: 4 Soft-RoCE hosts behind the software switch;
 # tests/lab/test_bmv2_allreduce.py restarts it as BMv2 and back), and a second boot of 6
 # hosts in 2 racks for the multi-rack tests that need more than 4 ranks (2 x 3, uneven
@@ -24,8 +25,10 @@ if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } 
   # Fresh, into build/p4, in the background: the unit tests overlap it, and those that need
   # the build run last and wait for it (switch/p4/program.py locks the build directory;
   # tests/conftest.py orders them); the lab's BMv2 reuses it (p4c takes 2-3 min here).
-  rm -rf "$ROOT/build/p4"
-  stage "test: p4c compiles switch/p4 (beside the unit tests)" "$PY" -m switch.p4.program >/dev/null &
+  # Both programs (the switch, then the fabric's spine, one after the other on one core).
+  rm -rf "$ROOT/build/p4" "$ROOT/build/p4-spine"
+  stage "test: p4c compiles switch/p4, switch and spine (beside the unit tests)" \
+    bash -c '"$0" -m switch.p4.program && "$0" -m switch.p4.program --spine' "$PY" >/dev/null &
   p4c_pid=$!
 fi
 
@@ -34,7 +37,7 @@ fi
 # without them: tests/p4tools.py). Skips are listed (-rs).
 stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -m "not lab" tests "$@"
 if [ -n "$p4c_pid" ]; then
-  wait "$p4c_pid" || { echo "test.sh: p4c failed to compile switch/p4 (build/p4/p4c.log)" >&2; exit 1; }
+  wait "$p4c_pid" || { echo "test.sh: p4c failed to compile switch/p4 (build/p4*/p4c.log)" >&2; exit 1; }
 fi
 $with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and the BMv2 conformance vectors did not run (scripts/install.sh --p4 ...; CI never passes without them)"
 

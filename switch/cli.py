@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from switch.api.client import ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
@@ -203,14 +203,20 @@ def role_pipeline(args: argparse.Namespace, dp: DataPlane) -> tuple[Any, Target]
         tor = TorPipeline(TorConfig(args.tor_id, args.uplink, args.me, args.spine))
         return tor, TorSwitch(TorTarget(tor, dp.static_port_of_mac, dp.port_counters),
                               dict(args.mac), dp.switch_counters)
+    spine = SpinePipeline(spine_config(args, dp.ports))
+    return spine, SpineSwitch(SpineTarget(spine, dp.port_counters), dp.switch_counters)
+
+
+def spine_config(args: argparse.Namespace, ports: Collection[int]) -> SpineConfig:
+    """--role spine's --me and --tor (on `ports`) as a SpineConfig; ValueError names what is
+    missing or wrong."""
     if args.me is None or not args.tor:
         raise ValueError("--role spine needs --me and a --tor per ToR")
     tors = dict(args.tor)
-    bad = sorted(j for j, (port, _) in tors.items() if port not in dp.ports)
+    bad = sorted(j for j, (port, _) in tors.items() if port not in ports)
     if len(tors) != len(args.tor) or bad:
         raise ValueError(f"--tor: a ToR given twice, or ToR(s) {bad} on no port of this switch")
-    spine = SpinePipeline(SpineConfig(args.me, tors))
-    return spine, SpineSwitch(SpineTarget(spine, dp.port_counters), dp.switch_counters)
+    return SpineConfig(args.me, tors)
 
 
 def run_fabric(args: argparse.Namespace, options: dict[str, Any]) -> int:

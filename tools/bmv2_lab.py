@@ -3,9 +3,12 @@
 Compiles switch/p4 (p4c), starts `simple_switch_grpc` on the given ports (port N is
 BMv2 port N: host hI on I+1, the controller's port last, as for `python -m switch`),
 pushes the program, installs the static MAC table and the flood group, and with
---controller serves the controller's gRPC API with a Bmv2Target. BMv2 does not learn
-MAC addresses: give every host's --mac (unknown destinations are flooded). Runs until
-SIGTERM/SIGINT; SIGUSR1 prints the port counters and writes --stats-file.
+--controller serves the controller's gRPC API with a Bmv2Target; with `--role spine --me
+MAC,IP --tor J=PORT,MAC,IP ...` (as `python -m switch --role spine`) it runs the fabric's
+spine program (spine.p4) instead, served as the software spine is (rings only from a
+fabric's controller). BMv2 does not learn MAC addresses: give every host's --mac (unknown
+destinations are flooded). Runs until SIGTERM/SIGINT; SIGUSR1 prints the port counters and
+writes --stats-file.
 """
 from __future__ import annotations
 
@@ -20,9 +23,11 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from switch.cli import build_parser, controller_options
+from switch.cli import build_parser, controller_options, spine_config
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
+from switch.control.fabric import SpineTarget
+from switch.control.fabric_rpc import SpineSwitch
 from switch.control.service import serve
 from switch.dataplane.spine import SpineConfig
 from switch.p4.program import DEFAULT_BUILD, DEFAULT_SPINE_BUILD, SPINE_MAIN, compile_program
@@ -126,8 +131,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = build_parser()
     ap.prog = "python -m tools.bmv2_lab"
     ap.description = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
-    ap.add_argument("--build", type=Path, default=DEFAULT_BUILD,
-                    help=f"where p4c's output goes (default {DEFAULT_BUILD})")
+    ap.add_argument("--build", type=Path, default=None,
+                    help=f"where p4c's output goes (default {DEFAULT_BUILD}, with --role "
+                         f"spine {DEFAULT_SPINE_BUILD})")
     ap.add_argument("--grpc-port", type=int, default=9559, help="BMv2's P4Runtime port")
     ap.add_argument("--thrift-port", type=int, default=9090, help="BMv2's Thrift port")
     ap.add_argument("--bmv2-log", type=Path, help="simple_switch_grpc's output goes here")
@@ -137,24 +143,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if len(ports) != len(args.port):
         print("bmv2_lab: a port number is given twice", file=sys.stderr)
         return 2
+    if args.role not in ("switch", "spine"):
+        print(f"bmv2_lab: --role {args.role}: BMv2 runs the switch or the spine (the ToR "
+              "role is not in switch/p4 yet)", file=sys.stderr)
+        return 2
+    if args.tx_loss:
+        print("bmv2_lab: --tx-loss: BMv2 has no such thing (lose frames on the peers' side)",
+              file=sys.stderr)
+        return 2
     try:
+        spine = spine_config(args, ports) if args.role == "spine" else None
         sw = Bmv2Switch(ports, dict(args.mac), args.build, args.grpc_port, args.thrift_port,
-                        args.bmv2_log)
+                        args.bmv2_log, spine)
     except (RuntimeError, ValueError) as e:
         print(f"bmv2_lab: {e}", file=sys.stderr)
         return 1
     stop = threading.Event()
     server = None
+    target = sw.target if spine is None else SpineSwitch(
+        SpineTarget(sw.target, sw.target.port_counters),   # type: ignore[arg-type]
+        limits=sw.target.limits())
     try:
         if args.controller:
             try:
-                server, _ = serve(sw.target, args.controller, **controller_options(args))
+                server, _ = serve(target, args.controller, **controller_options(args))
             except (OSError, ValueError) as e:
                 print(f"bmv2_lab: controller: {e}", file=sys.stderr)
                 return 1
 
         def dump(*_: object) -> None:
-            c = sw.target.counters()
+            c = target.counters()
             report({"ports": c["ports"], "mac_table": sw.target.macs(), "rings": c["rings"]},
                    args.stats_file)
 

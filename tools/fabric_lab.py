@@ -7,7 +7,9 @@ cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its o
 - ToR j (`python -m switch --role tor`) on the host ports of rack j (hosts spread as evenly
   as possible, in port order: `rack_sizes`) keeping their lab port numbers, uplink port
   UPLINK on a veth `nrkt{j}` whose peer `nrks{j}` is spine port j+1;
-- the spine (`--role spine`) on those peers and the spine ports;
+- the spine (`--role spine`) on those peers and the spine ports; with `--spine-target bmv2`
+  spine.p4 on BMv2 (`python -m tools.bmv2_lab --role spine`) instead, the fabric then
+  publishing BMv2's pace;
 - the fabric's controller (`--role fabric`) on the job's controller address, programming
   the switches through their control APIs on 127.0.0.1 (the lab's token for all; TLS only
   on the job's address: the switch namespace's loopback carries the rest).
@@ -29,11 +31,14 @@ import time
 from pathlib import Path
 
 from switch.cli import _mac_arg, _port_arg
+from tools.bmv2_lab import BMV2_ACK_TIMEOUT, BMV2_MAX_IN_FLIGHT
 
 UPLINK = 100
 TOR_CONTROL_PORT = 50100           # ToR j: 127.0.0.1:50100+j; the spine: 127.0.0.1:50199
 SPINE_CONTROL = "127.0.0.1:50199"
+SPINE_GRPC_PORT, SPINE_THRIFT_PORT = 9659, 9190   # a BMv2 spine's (not the lab BMv2's)
 START_TIMEOUT = 60.0
+BMV2_START_TIMEOUT = 280.0    # a stale build/p4-spine compiles first (lab.sh waits 300 s)
 
 
 def rack_sizes(hosts: int, racks: int) -> list[int]:
@@ -92,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the fabric's pace: rings use a QP local ACK timeout of at least "
                          f"4.096 us x 2^EXP (default {FABRIC_ACK_TIMEOUT}: 268 ms)")
     ap.add_argument("--token-file", type=Path)
+    ap.add_argument("--spine-target", choices=("soft", "bmv2"), default="soft",
+                    help="the spine: the software role, or spine.p4 on BMv2 (python -m "
+                         "tools.bmv2_lab --role spine; the ToRs stay software: the ToR role "
+                         "is not in switch/p4 yet)")
     ap.add_argument("--tls-cert", type=Path, metavar="PEM",
                     help="the fabric's controller serves TLS with this certificate (the "
                          "switches' own control APIs listen on 127.0.0.1 of the switch "
@@ -112,14 +121,15 @@ class Fabric:
         self.children: dict[str, subprocess.Popen] = {}
         self.cables: list[str] = []
 
-    def spawn(self, name: str, argv: list[str]) -> None:
+    def spawn(self, name: str, argv: list[str], module: str = "switch",
+              timeout: float = START_TIMEOUT) -> None:
         ready = self.args.workdir / f"fabric-{name}.ready"
         ready.unlink(missing_ok=True)
         token = ["--token-file", str(self.args.token_file)] if self.args.token_file else []
         self.children[name] = subprocess.Popen(
-            [sys.executable, "-m", "switch", *argv, *token, "--ready-file", str(ready),
+            [sys.executable, "-m", module, *argv, *token, "--ready-file", str(ready),
              "--stats-file", str(self.args.workdir / f"fabric-{name}.json")])
-        end = time.monotonic() + START_TIMEOUT
+        end = time.monotonic() + timeout
         while not ready.exists():
             if self.children[name].poll() is not None or time.monotonic() > end:
                 raise RuntimeError(f"{name} did not start (exit {self.children[name].poll()})")
@@ -156,23 +166,35 @@ class Fabric:
                              "--controller", f"127.0.0.1:{TOR_CONTROL_PORT + j}"])
         for j, argv in enumerate(tor_args):
             self.spawn(f"tor{j}", argv)
-        self.spawn("spine", ["--role", "spine", "--me", f"{SPINE_MAC},{SPINE_IP}",
-                             *[f"--tor={j}={j + 1},{tor_mac(j)},{tor_ip(j)}"
-                               for j in range(len(racks))],
-                             *[f"--port={p}={i}" for p, i in sorted(spine_ports.items())],
-                             *[f"--mac={m}={p}" for m, p in spine_macs.items()],
-                             *[f"--tx-loss={j + 1}={a.link_loss}" for j in range(len(racks))],
-                             "--controller", SPINE_CONTROL])
+        spine = ["--role", "spine", "--me", f"{SPINE_MAC},{SPINE_IP}",
+                 *[f"--tor={j}={j + 1},{tor_mac(j)},{tor_ip(j)}" for j in range(len(racks))],
+                 *[f"--port={p}={i}" for p, i in sorted(spine_ports.items())],
+                 *[f"--mac={m}={p}" for m, p in spine_macs.items()],
+                 "--controller", SPINE_CONTROL]
+        pace = ["--ack-timeout", str(a.ack_timeout)]
+        if a.spine_target == "bmv2":
+            # spine.p4 on BMv2 (its first start compiles it: minutes); it cannot lose frames
+            # on purpose, so --link-loss acts on the ToRs' side of the links only. The
+            # fabric publishes BMv2's pace (docs/benchmarks.md: its per-packet cost).
+            self.spawn("spine", [*spine, "--grpc-port", str(SPINE_GRPC_PORT),
+                                 "--thrift-port", str(SPINE_THRIFT_PORT),
+                                 "--bmv2-log", str(a.workdir / "fabric-spine-bmv2.log")],
+                       module="tools.bmv2_lab", timeout=BMV2_START_TIMEOUT)
+            pace = ["--ack-timeout", str(max(a.ack_timeout, BMV2_ACK_TIMEOUT)),
+                    "--max-in-flight", str(BMV2_MAX_IN_FLIGHT)]
+        else:
+            self.spawn("spine", [*spine, *[f"--tx-loss={j + 1}={a.link_loss}"
+                                           for j in range(len(racks))]])
         tls = [f"--tls-cert={a.tls_cert}", f"--tls-key={a.tls_key}"] if a.tls_cert else []
-        self.spawn("fabric", ["--role", "fabric", "--controller", a.controller, *tls,
-                              "--ack-timeout", str(a.ack_timeout),
+        self.spawn("fabric", ["--role", "fabric", "--controller", a.controller, *tls, *pace,
                               "--spine-controller", SPINE_CONTROL,
                               *[f"--tor-controller={j}=127.0.0.1:{TOR_CONTROL_PORT + j}"
                                 for j in range(len(racks))]])
         print(f"fabric_lab: {len(racks)} racks: "
               + "; ".join(f"tor{j} ports {rack} uplink {UPLINK}={self.cables[j]}"
                           for j, rack in enumerate(racks))
-              + f"; spine ports {sorted(spine_ports)}; link loss {a.link_loss}%",
+              + f"; spine ({a.spine_target}) ports {sorted(spine_ports)}; link loss "
+              + f"{a.link_loss}%" + (" (ToRs' side)" if a.spine_target == "bmv2" else ""),
               file=sys.stderr, flush=True)
 
     def stop(self) -> None:

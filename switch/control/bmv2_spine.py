@@ -166,6 +166,10 @@ class Bmv2SpineTarget(Bmv2Device):
     def unregister_ring(self, ring_id: str) -> None:
         self._unregister(self._rings, ring_id, " at the spine")
 
+    def limits(self) -> dict[str, Any]:
+        """spine.p4's: path MTU 256 only (64 int32 per partial and total), its slots."""
+        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots}
+
     def _ring_raw(self, index: int, lanes: int) -> dict[str, Any]:
         """Raw counter values of ring `index`: {"ring": {name: n}, "lanes": [{name: n}]}."""
         c = self.c

@@ -65,6 +65,9 @@ class TorControl(Protocol):
     def port_of_mac(self, mac: str) -> Optional[int]:
         """The host port of `mac` on this ToR (None: not on a host port here)."""
         ...
+    def limits(self) -> dict[str, Any]:
+        """What this switch can aggregate (control.proto TargetLimits' fields it sets)."""
+        ...
 
 
 class SpineControl(Protocol):
@@ -76,6 +79,12 @@ class SpineControl(Protocol):
     def unregister_ring(self, ring_id: str) -> None: ...
     def counters(self) -> dict[str, Any]: ...
     def on_lost(self, callback: LostCallback) -> None: ...
+    def limits(self) -> dict[str, Any]: ...
+
+
+def software_limits() -> dict[str, Any]:
+    """What the software roles aggregate: every path MTU, MAX_SLOTS slots."""
+    return {"path_mtus": list(PATH_MTUS), "max_slots": MAX_SLOTS}
 
 
 class TorTarget:
@@ -108,6 +117,9 @@ class TorTarget:
     def on_lost(self, callback: LostCallback) -> None:
         """In process, the ToR lives and dies with the fabric: nothing to report."""
 
+    def limits(self) -> dict[str, Any]:
+        return software_limits()
+
 
 class SpineTarget:
     """An in-process spine: a SpinePipeline and its port counters."""
@@ -134,6 +146,9 @@ class SpineTarget:
 
     def on_lost(self, callback: LostCallback) -> None:
         """In process, the spine lives and dies with the fabric: nothing to report."""
+
+    def limits(self) -> dict[str, Any]:
+        return software_limits()
 
 
 class FabricTarget(Target):
@@ -285,6 +300,13 @@ class FabricTarget(Target):
         return None
 
     def limits(self) -> dict[str, Any]:
-        """What the fabric can aggregate (the fields of control.proto's TargetLimits it sets)."""
-        return {"path_mtus": list(PATH_MTUS), "max_slots": MAX_SLOTS,
+        """What the fabric can aggregate (the fields of control.proto's TargetLimits it
+        sets): what every one of its switches takes (e.g. path MTU 256 only with a BMv2
+        spine), ranks up to MAX_RANKS per ToR."""
+        mtus, slots = set(PATH_MTUS), MAX_SLOTS
+        for switch in [*self.tors.values(), self.spine]:
+            theirs = switch.limits()
+            mtus &= set(theirs.get("path_mtus", PATH_MTUS))
+            slots = min(slots, theirs.get("max_slots", MAX_SLOTS))
+        return {"path_mtus": sorted(mtus), "max_slots": slots,
                 "max_ranks": MAX_RANKS * len(self.tors)}

@@ -25,8 +25,8 @@ import time
 from typing import Any, Callable, Optional
 
 from switch.api.client import ControllerClient, ControllerError
-from switch.contract import MAX_RACKS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, RingSpec
-from switch.control.fabric import Placement, SpineTarget, TorTarget
+from switch.contract import MAX_RACKS, MAX_RANKS, RingSpec
+from switch.control.fabric import Placement, SpineTarget, TorTarget, software_limits
 from switch.control.target import FabricSwitchTarget, normalize_mac
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,7 @@ def _unfold(prefix: str, counts: dict[str, int]) -> dict[str, int]:
 
 
 def _limits() -> dict[str, Any]:
-    return {"path_mtus": list(PATH_MTUS), "max_slots": MAX_SLOTS,
-            "max_ranks": MAX_RANKS * MAX_RACKS}
+    return {**software_limits(), "max_ranks": MAX_RANKS * MAX_RACKS}
 
 
 # -- process side ------------------------------------------------------------------------------
@@ -106,10 +105,12 @@ class TorSwitch(FabricSwitchTarget):
 class SpineSwitch(FabricSwitchTarget):
     """What the spine process serves: its SpineTarget, driven by racks from the fabric."""
 
-    def __init__(self, spine: SpineTarget, switch_counters: Callable[[], dict[str, int]] = dict):
+    def __init__(self, spine: SpineTarget, switch_counters: Callable[[], dict[str, int]] = dict,
+                 limits: Optional[dict[str, Any]] = None):
         self.spine = spine
         self.name = spine.name
         self._switch_counters = switch_counters
+        self._limits = limits or _limits()     # a BMv2 spine's are its program's
         self._world: dict[str, int] = {}
 
     def register_in_fabric(self, spec: RingSpec, slots: int, racks: tuple[int, ...]
@@ -138,7 +139,7 @@ class SpineSwitch(FabricSwitchTarget):
         return None
 
     def limits(self) -> dict[str, Any]:
-        return _limits()
+        return dict(self._limits)
 
 
 # -- client side -------------------------------------------------------------------------------
@@ -197,9 +198,10 @@ class _SwitchClient:
                  timeout: float = 10.0):
         self.name = name
         self.client = ControllerClient(addr, timeout, token_file=token_file)
-        target = self.client.ping()["target"]
-        if target != name:
-            raise ValueError(f"the switch at {addr} is {target!r}, not {name!r}")
+        answer = self.client.ping()
+        if answer["target"] != name:
+            raise ValueError(f"the switch at {addr} is {answer['target']!r}, not {name!r}")
+        self._limits: dict[str, Any] = answer["limits"]
         self.leases = LeaseKeeper(self.client, name)
 
     def register_ring(self, spec: RingSpec, slots: int, placement: Placement) -> None:
@@ -225,6 +227,10 @@ class _SwitchClient:
 
     def _snapshot(self) -> dict[str, Any]:
         return self.client.counters(connections=True)
+
+    def limits(self) -> dict[str, Any]:
+        """What the switch published when the fabric connected (its Ping)."""
+        return dict(self._limits)
 
     def close(self) -> None:
         self.leases.stop()
