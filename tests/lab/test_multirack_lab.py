@@ -155,7 +155,7 @@ def test_fabric_with_a_bmv2_spine(fabric: None, capsys: pytest.CaptureFixture[st
         if UNDER_CI:
             pytest.fail(why)
         pytest.skip(why)
-    n = max(WORLDS)
+    n = min(WORLDS)          # 2 + 2 in the CI boot, the uneven 3 + 2 in a boot of 6 hosts
     restart_switch(f"racks:{RACKS}:0:bmv2")
     try:
         limits = json.loads(run_in_host(0, sys.executable, "-m", "switch.ctl", "ping").stdout
