@@ -135,3 +135,7 @@ def test_spine_switch_serves_it_like_the_software_spine(spine: Bmv2SpineTarget) 
     assert set(snap["rings"][ring["ring_id"]]["counters"]) >= {"completed", "totals_sent",
                                                                "per_tor.0.partials"}
     assert set(snap["ports"]) == {"1", "2"}
+    served = SpineSwitch(SpineTarget(target, target.port_counters),   # type: ignore[arg-type]
+                         limits=target.limits())
+    assert served.limits()["path_mtus"] == [256] and served.limits()["max_slots"] == 256
+    assert served.limits()["max_ranks"] == switch.limits()["max_ranks"]   # what Ping needs

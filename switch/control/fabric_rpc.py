@@ -110,7 +110,7 @@ class SpineSwitch(FabricSwitchTarget):
         self.spine = spine
         self.name = spine.name
         self._switch_counters = switch_counters
-        self._limits = limits or _limits()     # a BMv2 spine's are its program's
+        self._limits = {**_limits(), **(limits or {})}   # a BMv2 spine's: its program's
         self._world: dict[str, int] = {}
 
     def register_in_fabric(self, spec: RingSpec, slots: int, racks: tuple[int, ...]
