@@ -19,6 +19,7 @@ import pytest
 
 from conftest import IN_LAB, UNDER_CI
 from flowctl.plan import FlowConfig
+from netreduce.tools.launch import LaunchResult
 from tests.lab.labhosts import run_in_host, switch_counters
 from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, restart_switch,
                                  use_switch)
@@ -83,6 +84,16 @@ def test_allreduce_through_bmv2_with_init_defaults(bmv2: LabSwitch, loss: str,
     run_through_bmv2(capsys, loss, SIZES[loss], ("int32", "float32"))
 
 
+def inc_config(result: LaunchResult) -> FlowConfig:
+    """The "inc" ring's knobs as init() fitted them to the switch (rank 0's "joined" line)."""
+    (joined,) = lines(result, 0, "joined ")
+    knobs = re.search(r"inc mtu=(\d+), msg_size=(\d+), window=(\d+), ack_timeout=(\d+)",
+                      joined)
+    assert knobs, joined
+    return FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]),
+                      ack_timeout=int(knobs[4]))
+
+
 def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[int],
                      dtypes: tuple[str, ...]) -> None:
     t0 = time.monotonic()
@@ -91,15 +102,10 @@ def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[
                             "--dtypes", ",".join(dtypes), "--timed", str(sizes[-1]),
                             timeout=1500)
     seconds = time.monotonic() - t0
-    (joined,) = lines(result, 0, "joined ")
-    knobs = re.search(r"inc mtu=(\d+), msg_size=(\d+), window=(\d+), ack_timeout=(\d+)",
-                      joined)
-    assert knobs, joined
-    inc = FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]),
-                     ack_timeout=int(knobs[4]))
+    inc = inc_config(result)
     # BMv2's pace (tools/bmv2_lab.py): 32 packets in flight per connection, a 537 ms timer
     assert inc == FlowConfig(mtu=BMV2_PATH_MTU, msg_size=16 * BMV2_PATH_MTU,
-                             ack_timeout=17), joined
+                             ack_timeout=17), inc
     registered = [line for line in result.ranks[0].output if "registered with the switch" in line]
     assert registered and "bmv2 target: path MTU 256 (the largest it aggregates; 4096 by " \
         "default), message 4096 B (it takes 32 packets in flight per connection; 262144 by " \

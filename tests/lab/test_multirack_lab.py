@@ -18,12 +18,15 @@ from typing import Iterator
 
 import pytest
 
+from conftest import UNDER_CI
+from flowctl.plan import FlowConfig
 from netreduce.tools.launch import LaunchResult
 from tests.lab.labhosts import HOSTS, run_in_host, switch_counters
-from conftest import UNDER_CI
 from tests.lab.labswitch import available_switches, current_switch, restart_switch
 from tests.lab.test_allreduce import lines, run_worker
-from tests.lab.test_switch_allreduce import STRUCTURAL_DROPS, expected_packets, host_loss
+from tests.lab.test_bmv2_allreduce import inc_config
+from tests.lab.test_switch_allreduce import (CONFIG, STRUCTURAL_DROPS, expected_packets,
+                                             host_loss)
 from tools.fabric_lab import FABRIC_ACK_TIMEOUT
 
 pytestmark = pytest.mark.lab
@@ -68,7 +71,8 @@ def spine_link_packets() -> dict[str, dict[str, int]]:
 
 
 def check_fabric_run(result: LaunchResult, n: int, sizes: list[int],
-                     before: dict[str, dict[str, int]], lossy: bool) -> dict[str, int]:
+                     before: dict[str, dict[str, int]], lossy: bool,
+                     config: FlowConfig = CONFIG) -> dict[str, int]:
     """Every rank passed (exact sums); the fabric's ring counters: every contribution at
     least once, every connection's result sent, no structural drop; every ToR received
     at least one total per slot of every call and sent its partials up."""
@@ -77,7 +81,7 @@ def check_fabric_run(result: LaunchResult, n: int, sizes: list[int],
         assert lines(result, r, "OK switch"), result.ranks[r].output
     (raw,) = lines(result, 0, "SWITCH_RING ")
     counters = json.loads(raw)
-    p = expected_packets(sizes, n)
+    p = expected_packets(sizes, n, config)
     assert counters["aggregated"] >= n * p, (counters, p)
     assert counters["results_sent"] >= n * p, (counters, p)
     if not lossy:
@@ -167,12 +171,14 @@ def test_fabric_with_a_bmv2_spine(fabric: None, capsys: pytest.CaptureFixture[st
         before = spine_link_packets()
         result = run_worker(n, "switch", "--sizes", ",".join(map(str, sizes)), "--timed", "0",
                             timeout=900)
-        clean = check_fabric_run(result, n, sizes, before, lossy=False)
+        inc = inc_config(result)          # fitted to the BMv2 spine: path MTU 256, its pace
+        assert (inc.mtu, inc.ack_timeout) == (256, 17), inc
+        clean = check_fabric_run(result, n, sizes, before, lossy=False, config=inc)
         before = spine_link_packets()
         with host_loss("1%"):
             result = run_worker(n, "switch", "--sizes", str(2**14 + 3), "--timed", "0",
                                 timeout=900)
-        lossy = check_fabric_run(result, n, [2**14 + 3], before, lossy=True)
+        lossy = check_fabric_run(result, n, [2**14 + 3], before, lossy=True, config=inc)
     finally:
         restart_switch(f"racks:{RACKS}")
     with capsys.disabled():
