@@ -127,3 +127,9 @@ def test_no_import_circle_between_modules() -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_the_readme_stays_a_manual_of_at_most_12_kb() -> None:
+    """Measurements and narratives live in docs/ (issue 25): the README is the user's manual."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 12_000, f"README.md is {size} bytes: move detail to docs/"
