@@ -278,6 +278,7 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
   printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q NR_CONTROLLER_CA=%q\n' \
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
   printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$racks" "$tenant_tokens"
+  printf 'export NR_FORKSERVERS=/run/netreduce-forkservers\n'
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
@@ -305,7 +306,8 @@ console_tail() {  # ... and its last lines (for a boot that gave no exit code)
 }
 rc=0
 if [ $mode = native ]; then
-  (set +u; . "$LABDIR/env"; cd "$ROOT"; exec bash "$LABDIR/cmd.sh") || rc=$?
+  (set +u; . "$LABDIR/env"; cd "$ROOT"; scripts/lab_forkservers.sh start "$hosts"
+   trap 'scripts/lab_forkservers.sh stop' EXIT; bash "$LABDIR/cmd.sh") || rc=$?
 else
   # Every boot keeps its guest kernel log in .lab/boots/ (the last BOOT_LOGS): a second
   # kernel console, hvc0 on a virtio console of its own, at loglevel 7, written by qemu on

@@ -28,6 +28,9 @@ set +u
 set -u
 cd "$ROOT"
 : > "$LABDIR/started"
+# ranks fork from these (netreduce launch): their imports are paid here, once per host
+scripts/lab_forkservers.sh start "$hosts" || exit
 bash "$LABDIR/cmd.sh"
 rc=$?
+scripts/lab_forkservers.sh stop
 "$ROOT/scripts/guest_patching.sh" report

@@ -10,6 +10,12 @@ NR_JOB_SECRET (a fresh random secret per run, unless already set) set.
 In the lab's namespaces it also points torch's socket transports at the lab interface
 (GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME = nr0) unless they are set: gloo otherwise advertises
 an address of the namespace's hostname ([::1]) that no other rank can reach.
+Warm starts: with `--forkservers DIR` (default $NR_FORKSERVERS, which scripts/lab.sh sets)
+rank I is forked by the fork server listening on DIR/h(F+I).sock (DIR/local.sock with
+--local; netreduce.tools.forkserver), which has numpy, pyverbs and grpc imported already:
+under the lab's emulated CPUs that saves ~12 s per rank. A rank the server cannot run warm
+(a command that is not `PYTHON SCRIPT ...` or `PYTHON -m MODULE ...` with its interpreter, a
+missing socket) starts cold; the launcher logs why and the summary line counts cold ranks.
 Every output line comes out prefixed "[rank I] ". When a rank fails, the others get
 `--grace` seconds to finish before they are stopped; `--timeout` bounds the whole run.
 Exit code: 0 if every rank exited 0, else the first failing rank's code (124 on timeout).
@@ -17,6 +23,7 @@ Exit code: 0 if every rank exited 0, else the first failing rank's code (124 on 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -25,9 +32,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, TextIO
+from typing import IO, Mapping, Protocol, TextIO
 
+from netreduce.tools.forkserver import Refused, WarmProcess
 from ring_setup.rendezvous import DEFAULT_PORT, SECRET_ENV, new_secret
+
+log = logging.getLogger(__name__)
 
 LAB_NET = "10.77.0."               # host hI is LAB_NET + (I + 1) (scripts/setup_rxe.sh)
 LOCAL_MASTER_ADDR = "127.0.0.1"
@@ -35,7 +45,20 @@ LAB_IFNAME = "nr0"                 # every lab host's interface (scripts/setup_r
 TORCH_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 NETNS_DIR = Path("/run/netns")
 TIMEOUT_EXIT = 124
+FORKSERVERS_ENV = "NR_FORKSERVERS"
 _STOP_WAIT = 5.0
+
+
+class RankProcess(Protocol):
+    """What the launcher needs of a rank's process (subprocess.Popen or a WarmProcess):
+    `pid` leads the rank's own process group."""
+    pid: int
+    returncode: int | None
+    stdout: "IO[bytes] | None"
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 @dataclass
@@ -50,6 +73,7 @@ class RankResult:
 class LaunchResult:
     ranks: list[RankResult]
     timed_out: bool = False
+    cold: int = 0                  # ranks started cold although fork servers were given
 
     @property
     def exit_code(self) -> int:
@@ -79,7 +103,7 @@ def rank_env(rank: int, world_size: int, master_addr: str, port: int, local: boo
             "PYTHONFAULTHANDLER": "1"}     # a crash in a C extension prints its Python stack
 
 
-def _pump(proc: subprocess.Popen[bytes], result: RankResult, out: TextIO,
+def _pump(proc: RankProcess, result: RankResult, out: TextIO,
           lock: threading.Lock) -> None:
     assert proc.stdout is not None
     for raw in proc.stdout:
@@ -90,7 +114,7 @@ def _pump(proc: subprocess.Popen[bytes], result: RankResult, out: TextIO,
             out.flush()
 
 
-def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+def _signal(proc: RankProcess, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)       # the rank's own process group (start_new_session)
     except ProcessLookupError:
@@ -100,10 +124,12 @@ def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
 def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
            port: int = DEFAULT_PORT, local: bool = False, timeout: float = 3600.0,
            grace: float = 10.0, out: TextIO | None = None,
-           env: Mapping[str, str] | None = None, first_host: int = 0) -> LaunchResult:
+           env: Mapping[str, str] | None = None, first_host: int = 0,
+           forkservers: str | None = None) -> LaunchResult:
     """Run `cmd` as ranks 0..hosts-1 (on lab hosts first_host, first_host + 1, ...) and wait
     for all of them (see the module doc); their prefixed output goes to `out` (default:
-    sys.stdout)."""
+    sys.stdout). `forkservers`: the fork servers' directory (default $NR_FORKSERVERS; ""
+    starts every rank cold)."""
     out = sys.stdout if out is None else out
     if hosts < 1:
         raise ValueError(f"launch: --hosts {hosts} must be >= 1")
@@ -121,16 +147,22 @@ def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
     master = master_addr or (LOCAL_MASTER_ADDR if local else f"{LAB_NET}{first_host + 1}")
     # the job's secret, which the rendezvous store asks of every connection: fresh per run
     base = {SECRET_ENV: new_secret(), **(os.environ if env is None else env)}
+    servers = os.environ.get(FORKSERVERS_ENV, "") if forkservers is None else forkservers
     lock = threading.Lock()
     results = [RankResult(i) for i in range(hosts)]
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[RankProcess] = []
     pumps = []
+    cold = 0
     try:
         for i in range(hosts):
-            argv = cmd if local else ["ip", "netns", "exec", names[i], *cmd]
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                 env=rank_env(i, hosts, master, port, local, base))
+            rank_vars = rank_env(i, hosts, master, port, local, base)
+            p = _warm(servers, "local" if local else names[i], cmd, rank_vars, i)
+            if p is None:
+                cold += bool(servers)
+                argv = cmd if local else ["ip", "netns", "exec", names[i], *cmd]
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=rank_vars)
             procs.append(p)
             t = threading.Thread(target=_pump, args=(p, results[i], out, lock), daemon=True)
             t.start()
@@ -142,16 +174,35 @@ def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
             t.join(timeout=_STOP_WAIT)
     for p, r in zip(procs, results):
         r.returncode = p.returncode
-    result = LaunchResult(results, timed_out)
+    result = LaunchResult(results, timed_out, cold)
     with lock:
         out.write("[launch] " + "; ".join(
             f"rank {r.rank}: exit {r.returncode}{' (stopped)' if r.stopped else ''}"
-            for r in results) + (" - timed out" if timed_out else "") + "\n")
+            for r in results) + (" - timed out" if timed_out else "")
+            + (f" - {cold} rank(s) started cold, not by the fork servers" if cold else "")
+            + "\n")
         out.flush()
     return result
 
 
-def _supervise(procs: list[subprocess.Popen[bytes]], results: list[RankResult],
+def _warm(servers: str, host: str, cmd: list[str], env: Mapping[str, str],
+          rank: int) -> WarmProcess | None:
+    """Rank `rank` forked by `host`'s fork server in directory `servers`, or None (no
+    servers given, or this one cannot: logged) to start it cold."""
+    if not servers:
+        return None
+    path = os.path.join(servers, f"{host}.sock")
+    try:
+        return WarmProcess(path, cmd, env)
+    except Refused as exc:
+        log.warning("launch: rank %d starts cold: the fork server %s refused: %s",
+                    rank, path, exc)
+    except OSError as exc:
+        log.warning("launch: rank %d starts cold: no fork server at %s (%s)", rank, path, exc)
+    return None
+
+
+def _supervise(procs: list[RankProcess], results: list[RankResult],
                timeout: float, grace: float, out: TextIO, lock: threading.Lock) -> bool:
     """Wait for every rank; returns whether the global timeout struck."""
     start = time.monotonic()
@@ -175,7 +226,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]], results: list[RankResult],
     return False
 
 
-def _stop(procs: list[subprocess.Popen[bytes]], results: list[RankResult]) -> None:
+def _stop(procs: list[RankProcess], results: list[RankResult]) -> None:
     """SIGTERM every rank still running, SIGKILL what is left after a few seconds."""
     running = [(p, r) for p, r in zip(procs, results) if p.poll() is None]
     for p, r in running:
@@ -199,6 +250,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master-addr", help="rendezvous address (default: rank 0's)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="MASTER_PORT")
     parser.add_argument("--timeout", type=float, default=3600.0, help="whole run, seconds")
+    parser.add_argument("--forkservers", metavar="DIR",
+                        help="fork servers' directory: rank I forked by DIR/h(F+I).sock "
+                             f"(default ${FORKSERVERS_ENV}; \"\" for cold starts)")
     parser.add_argument("--grace", type=float, default=10.0,
                         help="seconds the others get after a rank fails")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -209,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = launch(cmd, args.hosts, master_addr=args.master_addr, port=args.port,
                         local=args.local, timeout=args.timeout, grace=args.grace,
-                        first_host=args.first_host)
+                        first_host=args.first_host, forkservers=args.forkservers)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

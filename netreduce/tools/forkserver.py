@@ -1,0 +1,366 @@
+"""Warm starts for launched ranks: one fork server per lab host, rank processes forked from it.
+
+    python -m netreduce.tools.forkserver SOCKET [--preload MOD,MOD,...]
+
+Under the lab's emulated CPUs a rank spends ~12 s importing numpy, pyverbs and grpc before
+its first line runs (docs/lab.md); a launch of 4 ranks ~45 s. A fork server imports those
+modules once, in the host's network namespace, then serves requests on a Unix socket: each
+request names a command (`PYTHON SCRIPT ARGS...` or `PYTHON -m MODULE ARGS...` with the
+server's own interpreter, or a script whose `#!` names it, as console scripts do), its environment, working directory and the three standard file
+descriptors (passed over the socket). The server forks; the child becomes the leader of a
+new session (so `killpg(pid)` stops it and what it started, as with
+`subprocess.Popen(start_new_session=True)`), takes those descriptors, environment,
+directory and `sys.argv`, and runs the script or module as `__main__` the way `python` does
+(normal interpreter exit: atexit handlers, non-daemon threads joined, SystemExit codes).
+The server answers the child's pid at once and its exit status when it ends.
+
+Invariants:
+- A forked rank differs from a cold-started one only in what was imported before its
+  environment was set: modules that read the environment at import time see the server's
+  (the preloaded ones do not). The `random` module and numpy's global generator are
+  reseeded in every child, so no two ranks share a random stream.
+- Only the server's own user may use it: the socket is created mode 0600 and every
+  connection's peer credentials (SO_PEERCRED) are checked; a request is at most
+  `MAX_REQUEST` bytes and must arrive within `REQUEST_TIMEOUT` s, else it is refused.
+- A command the server cannot run warm (another interpreter, interpreter options) is
+  refused with the reason; the caller (netreduce.tools.launch) then starts it cold, logs
+  why, and counts it. Nothing falls back silently.
+"""
+from __future__ import annotations
+
+import argparse
+import array
+import importlib
+import json
+import logging
+import os
+import runpy
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO, Mapping
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST = 1 << 20          # bytes of one request's JSON
+REQUEST_TIMEOUT = 5.0          # s for a client to send its whole request
+DEFAULT_PRELOAD = ("numpy", "netreduce", "netreduce.tools.reference", "ring_setup.verbs.host",
+                   "switch.api.client", "switch.ctl")
+_HEADER = struct.Struct("!I")
+_FDS = 3                       # stdin, stdout, stderr
+
+
+class Refused(Exception):
+    """The server will not run this request warm (the reason is the message)."""
+
+
+def warm_target(argv: list[str], python: str) -> tuple[str, str, list[str]]:
+    """("path" | "module", target, args) for `argv` run by the interpreter `python`, or
+    `Refused`: argv[0] must resolve to that interpreter and be followed by a script path
+    or `-m MODULE` (no other interpreter option)."""
+    if not argv:
+        raise Refused("no command")
+    exe = shutil.which(argv[0]) or argv[0]
+    if _interpreter(exe) != _interpreter(python):
+        if _shebang(exe) and _interpreter(_shebang(exe)) == _interpreter(python):
+            return "path", os.path.abspath(exe), argv[1:]      # e.g. a console script
+        raise Refused(f"{argv[0]} is not the fork server's interpreter {python} "
+                      "nor a script of it")
+    if len(argv) >= 3 and argv[1] == "-m":
+        return "module", argv[2], argv[3:]
+    if len(argv) >= 2 and not argv[1].startswith("-"):
+        return "path", argv[1], argv[2:]
+    raise Refused(f"interpreter options {argv[1:2]} are not run warm (only SCRIPT or -m MODULE)")
+
+
+def _shebang(path: str) -> str:
+    """The interpreter a `#!/path/to/python` script names ("" for anything else)."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(256)
+    except OSError:
+        return ""
+    words = line[2:].split() if line.startswith(b"#!") else []
+    return words[0].decode(errors="replace") if len(words) == 1 else ""
+
+
+def _interpreter(exe: str) -> tuple[str, str | None]:
+    """An interpreter's identity: its binary and its virtual environment (a venv's python
+    is a symlink to the system's, with other site-packages)."""
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(exe)))
+    return (os.path.realpath(exe),
+            venv if os.path.exists(os.path.join(venv, "pyvenv.cfg")) else None)
+
+
+@dataclass
+class Job:
+    """What a forked child runs as `__main__` once it has its descriptors and environment."""
+    kind: str                  # "path" or "module"
+    target: str
+    args: list[str]
+
+    def run(self) -> None:
+        if self.kind == "module":
+            sys.argv = [self.target, *self.args]       # runpy puts the module's path in [0]
+            sys.path[0] = os.getcwd()
+            sys.modules.pop(self.target, None)         # preloaded: runs afresh, as cold
+            runpy.run_module(self.target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [self.target, *self.args]
+            sys.path[0] = os.path.dirname(os.path.abspath(self.target))
+            runpy.run_path(self.target, run_name="__main__")
+
+
+# ---- the server -------------------------------------------------------------------------
+
+def _send(conn: socket.socket, message: Mapping[str, object]) -> None:
+    data = json.dumps(message).encode()
+    try:
+        conn.sendall(_HEADER.pack(len(data)) + data)
+    except OSError:            # the client went away: its child runs on, reaped by us
+        pass
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """The request's JSON and its descriptors; `Refused` on anything malformed."""
+    conn.settimeout(REQUEST_TIMEOUT)
+    fds = array.array("i")
+    msg, anc, _flags, _addr = conn.recvmsg(_HEADER.size, socket.CMSG_LEN(_FDS * fds.itemsize))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    try:
+        if len(msg) != _HEADER.size or len(fds) != _FDS:
+            raise Refused(f"a request is a {_HEADER.size}-byte length and {_FDS} descriptors")
+        (size,) = _HEADER.unpack(msg)
+        if size > MAX_REQUEST:
+            raise Refused(f"request of {size} bytes (at most {MAX_REQUEST})")
+        data = b""
+        while len(data) < size:
+            chunk = conn.recv(size - len(data))
+            if not chunk:
+                raise Refused("the request ended early")
+            data += chunk
+        request = json.loads(data)
+        if not (isinstance(request, dict)
+                and isinstance(request.get("argv"), list)
+                and all(isinstance(a, str) for a in request["argv"])
+                and isinstance(request.get("env"), dict)
+                and all(isinstance(k, str) and isinstance(v, str) and "=" not in k and k
+                        for k, v in request["env"].items())
+                and isinstance(request.get("cwd"), str)):
+            raise Refused("a request is {argv: [str], env: {str: str}, cwd: str}")
+    except (Refused, ValueError, OSError) as exc:
+        for fd in fds:
+            os.close(fd)
+        raise Refused(str(exc)) from None
+    return request, list(fds)
+
+
+def _child(job: Job, request: dict, fds: list[int]) -> Job:
+    """In the forked child: become the command's process, then return `job` to run."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)
+    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False,
+                                       encoding="utf-8", errors="backslashreplace")
+    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False,
+                                       encoding="utf-8", errors="backslashreplace")
+    if unbuffered:
+        sys.stdout.reconfigure(write_through=True)
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+        faulthandler.enable()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()         # `random` reseeds itself at fork
+    logging.getLogger().handlers.clear()          # the server's own log lines stay its own
+    return job
+
+
+def _exit_code(status: int) -> int:
+    """subprocess's convention: the exit code, or -N for a death by signal N."""
+    return os.waitstatus_to_exitcode(status)
+
+
+def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
+          ready: IO[str] | None = None) -> Job:
+    """Import `preload`, listen on `path` and serve until SIGTERM (then exit). Returns only
+    in a forked child, with the job that child must run."""
+    for name in preload:
+        importlib.import_module(name)
+    if os.path.exists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    uid = os.getuid()
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    children: dict[int, tuple[int, socket.socket]] = {}     # pidfd -> (pid, connection)
+    stop = False
+
+    def on_term(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+    signal.signal(signal.SIGTERM, on_term)
+    log.info("fork server on %s: preloaded %s", path, ", ".join(preload))
+    if ready is not None:
+        ready.write(f"{path}\n")
+        ready.flush()
+    served = 0
+    while not stop:
+        for key, _ in sel.select(timeout=1.0):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))
+                _pid, peer_uid, _gid = struct.unpack("3i", creds)
+                try:
+                    if peer_uid != uid:
+                        raise Refused(f"uid {peer_uid} may not use this fork server")
+                    request, fds = _recv_request(conn)
+                    kind, target, args = warm_target(request["argv"], sys.executable)
+                except Refused as exc:
+                    log.warning("fork server: refused a request: %s", exc)
+                    _send(conn, {"refused": str(exc)})
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    listener.close()
+                    for pidfd, (_p, c) in children.items():
+                        os.close(pidfd)
+                        c.close()
+                    conn.close()
+                    return _child(Job(kind, target, args), request, fds)
+                for fd in fds:
+                    os.close(fd)
+                served += 1
+                _send(conn, {"pid": pid})
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = (pid, conn)
+                sel.register(pidfd, selectors.EVENT_READ)
+            else:
+                pidfd = key.fd
+                pid, conn = children.pop(pidfd)
+                sel.unregister(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                _send(conn, {"exit": _exit_code(status)})
+                conn.close()
+    log.info("fork server on %s: stopped after %d children", path, served)
+    listener.close()
+    os.unlink(path)
+    sys.exit(0)
+
+
+# ---- the client -------------------------------------------------------------------------
+
+class WarmProcess:
+    """A command forked by a fork server, with `subprocess.Popen`'s surface that
+    netreduce.tools.launch uses: pid (its session and process group), stdout (a pipe
+    carrying its stdout and stderr), poll(), wait(), returncode."""
+
+    def __init__(self, socket_path: str, argv: list[str], env: Mapping[str, str],
+                 cwd: str | None = None, connect_timeout: float = 10.0) -> None:
+        self.returncode: int | None = None
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.settimeout(connect_timeout)
+        r, w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            self._conn.connect(socket_path)
+            data = json.dumps({"argv": list(argv), "env": dict(env),
+                               "cwd": cwd or os.getcwd()}).encode()
+            self._conn.sendmsg([_HEADER.pack(len(data))],
+                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                 array.array("i", [devnull, w, w]))])
+            self._conn.sendall(data)
+            answer = self._read()
+        except BaseException:
+            os.close(r)
+            self._conn.close()
+            raise
+        finally:
+            os.close(w)
+            os.close(devnull)
+        if "refused" in answer:
+            os.close(r)
+            self._conn.close()
+            raise Refused(str(answer["refused"]))
+        self.pid = int(answer["pid"])
+        self.stdout = os.fdopen(r, "rb")
+
+    def _read(self) -> dict:
+        head = self._conn.recv(_HEADER.size, socket.MSG_WAITALL)
+        if len(head) != _HEADER.size:
+            raise ConnectionError("the fork server closed the connection")
+        (size,) = _HEADER.unpack(head)
+        return json.loads(self._conn.recv(size, socket.MSG_WAITALL))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._conn.setblocking(False)
+            try:
+                self.returncode = int(self._read()["exit"])
+            except BlockingIOError:
+                return None
+            except (ConnectionError, ValueError, KeyError):   # the server died: the child too?
+                self.returncode = _FORK_SERVER_LOST
+            finally:
+                self._conn.setblocking(True)
+            self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+
+_FORK_SERVER_LOST = 125        # exit code reported when the fork server vanished mid-run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m netreduce.tools.forkserver",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("socket", help="Unix socket path to serve on (created mode 0600)")
+    parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD),
+                        help="modules imported once, before serving (comma-separated; "
+                             "default: %(default)s)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    job = serve(args.socket, tuple(m for m in args.preload.split(",") if m), ready=sys.stdout)
+    job.run()                  # in a forked child: the command, as __main__
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

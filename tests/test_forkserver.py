@@ -1,0 +1,145 @@
+"""Warm starts (netreduce.tools.forkserver) through the launcher, with --local ranks: what a
+forked rank sees must be what a cold one sees; a hostile or malformed request is refused
+and the server serves on; a command it cannot run warm starts cold, logged and counted."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from netreduce.tools import forkserver as F
+from netreduce.tools import launch as L
+
+PY = sys.executable
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Path]:
+    """A fork server for --local ranks in tmp_path (local.sock), numpy preloaded."""
+    proc = subprocess.Popen([PY, "-m", "netreduce.tools.forkserver", str(tmp_path / "local.sock"),
+                             "--preload", "numpy"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == str(tmp_path / "local.sock")
+    yield tmp_path
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert not (tmp_path / "local.sock").exists()
+
+
+def warm(tmp: Path, cmd: list[str], hosts: int, **kw: object) -> tuple[L.LaunchResult, str]:
+    out = io.StringIO()
+    result = L.launch(cmd, hosts, local=True, out=out, port=29997, forkservers=str(tmp),
+                      **kw)  # type: ignore[arg-type]
+    return result, out.getvalue()
+
+
+WORKER = """\
+import os, random, sys
+import numpy as np
+print(os.environ["RANK"], os.environ["WORLD_SIZE"], sys.argv[1:], os.getcwd(),
+      sys.path[0] == os.path.dirname(os.path.abspath(__file__)),
+      os.getpgid(0) == os.getpid() == os.getsid(0), __name__)
+print("streams", random.getrandbits(64), int(np.random.randint(1 << 62)))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ["RANK"]) + 3)
+"""
+
+
+def test_a_forked_rank_sees_what_a_cold_one_sees(servers: Path, tmp_path: Path) -> None:
+    """argv, environment, directory, sys.path[0], its own session, __main__, stderr merged,
+    exit codes; no two ranks share a random stream (random and numpy reseeded)."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    result, text = warm(servers, [PY, str(script), "a", "b"], 3, grace=5.0)
+    assert result.cold == 0 and "started cold" not in text
+    assert [r.returncode for r in result.ranks] == [3, 4, 5]
+    streams = set()
+    for r in result.ranks:
+        assert r.output[0] == f"{r.rank} 3 ['a', 'b'] {os.getcwd()} True True __main__"
+        assert r.output[2] == "to stderr"
+        streams.add(tuple(r.output[1].split()[1:]))
+    assert len(streams) == 3
+
+
+def test_modules_run_as_main_and_stop_with_their_process_group(servers: Path) -> None:
+    """`-m MODULE` runs the module afresh as __main__ (even a preloaded one); the launcher
+    stops a warm rank and everything it started through its process group."""
+    result, text = warm(servers, [PY, "-m", "json.tool", "--help"], 1)
+    assert result.ok and result.cold == 0 and "usage: python -m json.tool" in text
+    assert "RuntimeWarning" not in text
+    code = ("import subprocess, sys, time; subprocess.Popen(['sleep', '60']); "
+            "print('started', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    result, text = warm(servers, [PY, "-c", code], 1, timeout=1.0)
+    assert result.cold == 1                # -c is not run warm: counted, and still stopped
+    assert result.timed_out and time.monotonic() - t0 < 15
+    sleeper = (servers / "sleeper.py")
+    sleeper.write_text(code)
+    result, _ = warm(servers, [PY, str(sleeper)], 1, timeout=3.0)
+    assert result.timed_out and result.cold == 0 and result.ranks[0].returncode == -signal.SIGTERM
+    time.sleep(0.5)
+    leftovers = subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True, text=True)
+    assert leftovers.stdout == ""          # the grandchild went with the group
+
+
+def test_what_cannot_run_warm_starts_cold_logged_and_counted(
+        servers: Path, caplog: pytest.LogCaptureFixture) -> None:
+    result, text = warm(servers, ["/bin/echo", "hi"], 2)
+    assert result.ok and result.cold == 2 and "[rank 1] hi" in text
+    assert "2 rank(s) started cold, not by the fork servers" in text
+    assert "is not the fork server's interpreter" in caplog.text
+    result, text = warm(servers.parent, [PY, "-c", "print(7)"], 1)     # no server there
+    assert result.ok and result.cold == 1 and "no fork server at" in caplog.text
+    with pytest.raises(F.Refused, match="interpreter options"):
+        F.warm_target([PY, "-X", "dev", "x.py"], PY)
+
+
+def _raw(path: Path, payload: bytes, fds: list[int]) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(path))
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
+        s.sendmsg([payload[:4]], anc)
+        s.sendall(payload[4:])
+        head = s.recv(4, socket.MSG_WAITALL)
+        return json.loads(s.recv(struct.unpack("!I", head)[0], socket.MSG_WAITALL))
+
+
+def test_malformed_requests_are_refused_and_the_server_serves_on(servers: Path) -> None:
+    sock = servers / "local.sock"
+    assert oct(sock.stat().st_mode & 0o777) == "0o600"
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        body = json.dumps({"argv": [PY, "x.py"], "env": {}, "cwd": "/"}).encode()
+        assert "descriptors" in _raw(sock, struct.pack("!I", len(body)) + body, [fd])["refused"]
+        assert "at most" in _raw(sock, struct.pack("!I", F.MAX_REQUEST + 1), [fd] * 3)["refused"]
+        bad = json.dumps({"argv": "rm -rf /", "env": {}, "cwd": "/"}).encode()
+        assert "argv: [str]" in _raw(sock, struct.pack("!I", len(bad)) + bad, [fd] * 3)["refused"]
+        junk = b"\xff" * 10
+        assert "refused" in _raw(sock, struct.pack("!I", len(junk)) + junk, [fd] * 3)
+    finally:
+        os.close(fd)
+    result, text = warm(servers, [PY, "-m", "json.tool", "--help"], 1)
+    assert result.ok and result.cold == 0
+
+
+def test_only_the_servers_own_interpreter_and_environment_runs_warm() -> None:
+    assert F.warm_target([PY, "-m", "mod", "x"], PY) == ("module", "mod", ["x"])
+    console = os.path.join(os.path.dirname(PY), "netreduce")     # pip's console script
+    assert F.warm_target([console, "demo"], PY) == ("path", console, ["demo"])
+    system = os.path.realpath(PY)        # the venv's python links to it: another site-packages
+    if system != PY and os.path.exists(os.path.join(sys.prefix, "pyvenv.cfg")):
+        with pytest.raises(F.Refused, match="not the fork server's interpreter"):
+            F.warm_target([system, "x.py"], PY)
