@@ -161,13 +161,30 @@ cmd_up() {
   cmd_status
 }
 
+# A process left in a host's namespace keeps it alive after `ip netns del`, with its NIC
+# in it, out of reach of the next `up`: SIGTERM them, SIGKILL what is left after 5 s.
+stop_ns_processes() {
+  local pids t
+  pids=$(ip netns pids "$1" 2>/dev/null | tr '\n' ' ')
+  [ -n "${pids// /}" ] || return 0
+  echo "setup_rxe.sh: stopping the processes left in $1: $pids" >&2
+  kill $pids 2>/dev/null || true
+  for ((t = 0; t < 50; t++)); do
+    [ -n "$(ip netns pids "$1" 2>/dev/null)" ] || return 0
+    sleep 0.1
+  done
+  kill -9 $(ip netns pids "$1" 2>/dev/null) 2>/dev/null || true
+}
+
 cmd_down() {
   local i
   for i in $(hosts_present); do
+    stop_ns_processes "h$i"
     rdma link show "rxe$i/1" >/dev/null 2>&1 && in_ns "h$i" rdma link delete "rxe$i" 2>/dev/null || true
     ip netns del "h$i"
   done
-  # A VM NIC that was nr0 returns to the root namespace when its namespace goes: nothing to do.
+  # A VM NIC that was nr0 returns to the root namespace when its namespace goes (once no
+  # process holds the namespace: hence the stop above): nothing to do.
   echo "setup_rxe.sh: lab hosts removed"
 }
 

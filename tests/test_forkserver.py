@@ -143,3 +143,15 @@ def test_only_the_servers_own_interpreter_and_environment_runs_warm() -> None:
     if system != PY and os.path.exists(os.path.join(sys.prefix, "pyvenv.cfg")):
         with pytest.raises(F.Refused, match="not the fork server's interpreter"):
             F.warm_target([system, "x.py"], PY)
+
+
+def test_a_server_in_another_network_namespace_is_refused(servers: Path, tmp_path: Path) -> None:
+    """A lab host set up again is a new namespace under the same name: a server started in
+    the old one must not run that host's ranks."""
+    here = tmp_path / "same"
+    os.symlink("/proc/self/ns/net", here)       # where this test (and the server) run
+    proc = F.WarmProcess(str(servers / "local.sock"), [PY, "-m", "json.tool", "--help"], {},
+                         netns=str(here))
+    assert proc.wait(timeout=30) == 0
+    with pytest.raises(F.Refused, match="another network namespace than"):
+        F.WarmProcess(str(servers / "local.sock"), [PY, "x.py"], {}, netns="/proc/self/ns/uts")

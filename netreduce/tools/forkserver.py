@@ -284,7 +284,11 @@ class WarmProcess:
     carrying its stdout and stderr), poll(), wait(), returncode."""
 
     def __init__(self, socket_path: str, argv: list[str], env: Mapping[str, str],
-                 cwd: str | None = None, connect_timeout: float = 10.0) -> None:
+                 cwd: str | None = None, netns: str | None = None,
+                 connect_timeout: float = 10.0) -> None:
+        """`netns`: the named network namespace (its /run/netns/NAME) the command must run in;
+        a server in any other one (e.g. one started before the host was set up again) is
+        `Refused`."""
         self.returncode: int | None = None
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.settimeout(connect_timeout)
@@ -292,6 +296,8 @@ class WarmProcess:
         devnull = os.open(os.devnull, os.O_RDONLY)
         try:
             self._conn.connect(socket_path)
+            if netns is not None:
+                _check_netns(self._conn, netns)
             data = json.dumps({"argv": list(argv), "env": dict(env),
                                "cwd": cwd or os.getcwd()}).encode()
             self._conn.sendmsg([_HEADER.pack(len(data))],
@@ -342,6 +348,15 @@ class WarmProcess:
             time.sleep(0.02)
         assert self.returncode is not None
         return self.returncode
+
+
+def _check_netns(conn: socket.socket, netns: str) -> None:
+    pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    ours, theirs = os.stat(netns), os.stat(f"/proc/{pid}/ns/net")
+    if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
+        raise Refused(f"the fork server (pid {pid}) runs in another network namespace than "
+                      f"{netns} (was the host set up again since it started?)")
 
 
 _FORK_SERVER_LOST = 125        # exit code reported when the fork server vanished mid-run

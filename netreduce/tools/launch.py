@@ -156,7 +156,7 @@ def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
     try:
         for i in range(hosts):
             rank_vars = rank_env(i, hosts, master, port, local, base)
-            p = _warm(servers, "local" if local else names[i], cmd, rank_vars, i)
+            p = _warm(servers, None if local else names[i], cmd, rank_vars, i)
             if p is None:
                 cold += bool(servers)
                 argv = cmd if local else ["ip", "netns", "exec", names[i], *cmd]
@@ -185,15 +185,16 @@ def launch(cmd: list[str], hosts: int, *, master_addr: str | None = None,
     return result
 
 
-def _warm(servers: str, host: str, cmd: list[str], env: Mapping[str, str],
+def _warm(servers: str, netns: str | None, cmd: list[str], env: Mapping[str, str],
           rank: int) -> WarmProcess | None:
-    """Rank `rank` forked by `host`'s fork server in directory `servers`, or None (no
-    servers given, or this one cannot: logged) to start it cold."""
+    """Rank `rank` forked by the fork server of lab host `netns` (None: --local) in
+    directory `servers`, or None (no servers given, or this one cannot: logged) to start
+    it cold."""
     if not servers:
         return None
-    path = os.path.join(servers, f"{host}.sock")
+    path = os.path.join(servers, f"{netns or 'local'}.sock")
     try:
-        return WarmProcess(path, cmd, env)
+        return WarmProcess(path, cmd, env, netns=None if netns is None else str(NETNS_DIR / netns))
     except Refused as exc:
         log.warning("launch: rank %d starts cold: the fork server %s refused: %s",
                     rank, path, exc)

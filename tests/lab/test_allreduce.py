@@ -85,6 +85,7 @@ def test_ring_allreduce_matches_numpy(n: int) -> None:
     int32 exactly numpy's sum, float32 within float rounding of a float64 reference."""
     result = run_worker(n, "correctness")
     assert result.ok, f"exit {result.exit_code}"
+    assert result.cold == 0, "the lab's fork servers did not start every rank"  # docs/lab.md
     for r in range(n):
         assert lines(result, r, "OK correctness "), result.ranks[r].output
         (counters,) = lines(result, r, "COUNTERS ")

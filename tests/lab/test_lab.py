@@ -116,7 +116,9 @@ def test_the_controller_takes_the_token_only_over_tls() -> None:
 
 
 def test_setup_rxe_is_idempotent_and_reports_status() -> None:
-    """up twice changes nothing; down + up restores the same hosts; status lists them all."""
+    """up twice changes nothing; down + up restores the same hosts; status lists them all.
+    down stops what ran in the hosts' namespaces (the lab's fork servers, which would keep
+    the old namespaces and their NICs alive); the fork servers are started again after."""
     setup = str(ROOT / "scripts" / "setup_rxe.sh")
     nics = [a for i in range(HOSTS) for a in ("--nic", f"{i}=02:4e:52:00:00:{i + 1:02x}")]
     status0 = subprocess.run([setup, "status"], capture_output=True, text=True, check=True).stdout
@@ -129,9 +131,12 @@ def test_setup_rxe_is_idempotent_and_reports_status() -> None:
     assert again.stdout == status0
     down = subprocess.run([setup, "down"], capture_output=True, text=True)
     assert down.returncode == 0, down.stderr
+    assert "stopping the processes left in h0" in down.stderr        # h0's fork server
     assert subprocess.run([setup, "status"], capture_output=True, text=True).stdout.strip() \
         .endswith("(no lab hosts)")
     back = subprocess.run(up, capture_output=True, text=True)
     assert back.returncode == 0, back.stderr
     assert back.stdout == status0
     run_in_host(0, "ping", "-c", "1", "-W", "5", host_ip(1))
+    subprocess.run([str(ROOT / "scripts" / "lab_forkservers.sh"), "start", str(HOSTS)],
+                   check=True, timeout=900)
