@@ -112,7 +112,10 @@ def _raw(path: Path, payload: bytes, fds: list[int]) -> dict:
         s.connect(str(path))
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
         s.sendmsg([payload[:4]], anc)
-        s.sendall(payload[4:])
+        try:
+            s.sendall(payload[4:])
+        except (BrokenPipeError, ConnectionResetError):
+            pass                           # refused from the header on: the answer waits
         head = s.recv(4, socket.MSG_WAITALL)
         return json.loads(s.recv(struct.unpack("!I", head)[0], socket.MSG_WAITALL))
 
