@@ -77,7 +77,7 @@ class CallMeta:
     count: int
     dtype: str            # numpy dtype name
     op: str
-    algo: str             # the resolved algorithm
+    algo: str             # as the caller asked it: "auto", "switch" or "ring"
     workspace: RemoteBuffer
     lo: float = 0.0       # this rank's smallest and largest element, for algorithms that
     hi: float = 0.0       # need them (Algorithm.local_range; exact for int32 and float32)

@@ -12,8 +12,10 @@ asynchronously: it returns at once and the call runs on the communicator's progr
 thread in the order DDP issued it, overlapping the rest of the backward pass.
 
 Non-finite gradients: a float32 bucket holding NaN or Inf cannot travel quantized through
-the switch (`NotQuantizable`, refused on every rank alike before any data moves). The
-hook then reduces that bucket over the host ring, which sums NaN/Inf as gloo would, and
+the switch. Under algo="auto" the communicator routes that call over the host ring
+itself (`netreduce.routing`, alike on every rank), which sums NaN/Inf as gloo would;
+under HookState(algo="switch") the switch refuses it (`NotQuantizable`, on every rank
+before any data moves) and the hook reduces the bucket over the ring. Either way the hook
 warns (`NonFiniteGradientWarning`, every time, naming the bucket and the rank): so the
 averaged gradients hold NaN/Inf exactly where DDP over gloo would put them, and AMP's
 GradScaler or the user's own check sees them and skips the step.
@@ -38,6 +40,7 @@ from netreduce.algorithms.switch import NotQuantizable
 from netreduce.api import get_communicator
 from netreduce.comm import Communicator
 from netreduce.progress import Work
+from netreduce.routing import NON_FINITE
 from netreduce.torch_store import store_port_exchange
 from ring_setup.rendezvous import RendezvousConfig
 
@@ -65,18 +68,20 @@ def _resolve(state: HookState | Communicator | None) -> tuple[Communicator, str]
 
 
 def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
-    """Average `bucket.buffer()` over all ranks in place (a NaN/Inf float32 bucket that
-    the switch refuses goes over the host ring, with a warning: see the module doc) and
-    return it."""
+    """Average `bucket.buffer()` over all ranks in place (a NaN/Inf float32 bucket goes
+    over the host ring, with a warning: see the module doc) and return it."""
     buffer = bucket.buffer()
     try:
         comm.allreduce(buffer, algo=algo)
-    except NotQuantizable as exc:
+        non_finite = comm.last_fallback == NON_FINITE
+    except NotQuantizable:            # algo="switch" refuses what "auto" would route
+        comm.allreduce(buffer, algo="ring")
+        non_finite = True
+    if non_finite:
         warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {bucket.index()} "
                       f"({buffer.numel()} x {buffer.dtype}) holds NaN or Inf, which the "
-                      f"switch cannot carry: reduced over the host ring instead ({exc})",
+                      f"switch cannot carry: reduced over the host ring instead",
                       NonFiniteGradientWarning, stacklevel=2)
-        comm.allreduce(buffer, algo="ring")
     buffer.div_(comm.world_size)
     return buffer
 

@@ -165,8 +165,8 @@ def mismatch_body(bad_rank: int, bad: dict[str, Any]) -> Callable[[Communicator,
 
 
 @pytest.mark.parametrize("bad, words", [
-    ({"count": 99}, "int32[100] op=sum algo=ring on ranks 0, 2; int32[99] op=sum algo=ring on rank 1"),
-    ({"dtype": "float32"}, "int32[100] op=sum algo=ring on ranks 0, 2; float32[100] op=sum algo=ring on rank 1"),
+    ({"count": 99}, "int32[100] op=sum algo=auto on ranks 0, 2; int32[99] op=sum algo=auto on rank 1"),
+    ({"dtype": "float32"}, "int32[100] op=sum algo=auto on ranks 0, 2; float32[100] op=sum algo=auto on rank 1"),
 ])
 def test_mismatched_calls_fail_alike_on_every_rank_and_change_nothing(bad: dict, words: str) -> None:
     results = run_ranks(3, mismatch_body(1, bad))

@@ -3,6 +3,7 @@ in-process fabric, whose fake switch sums each message of a registered ring like
 one sums packets (tests/fakefabric.py)."""
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -278,3 +279,55 @@ def test_float32_with_exponent_zero_is_still_rounded_not_truncated() -> None:
     assert quantization_exponent(2, 6e8) == 0
     for res in results:
         assert res.tolist() == [1.2e9, 2.0, -2.0]
+
+
+def test_auto_routes_nan_to_the_ring_on_every_rank_counts_it_and_warns_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One rank's NaN and another's Inf: "auto" runs the ring on every rank (bit-identical
+    to algo="ring" on the same data, NaN where gloo puts it), only the metadata crossed the
+    switch, the fallback is counted alike everywhere, rank 0 warns once; finite calls, and a
+    float64 one (counted as a dtype fallback), go on."""
+    n, count = 3, 1000
+
+    def data(rank: int) -> np.ndarray:
+        x = rank_data(rank, count, "float32")
+        if rank == 1:
+            x[3] = np.nan
+        if rank == 2:
+            x[7] = np.inf
+        return x
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        inc = host.rings["inc"].posted
+        got = comm.allreduce(data(comm.rank))
+        routed = comm.last_algo, comm.last_fallback, host.rings["inc"].posted - inc
+        ring = comm.allreduce(data(comm.rank), algo="ring")
+        again = comm.allreduce(data(comm.rank))                # a second fallback: no warning
+        finite = comm.allreduce(rank_data(comm.rank, count, "float32"))
+        after = comm.last_algo, comm.last_fallback
+        comm.allreduce(np.ones(4, dtype=np.float64))
+        return got, routed, ring, again, finite, after, comm.last_fallback, comm.stats()
+
+    with caplog.at_level(logging.WARNING, logger="netreduce.comm"):
+        results, _, _ = with_switch(n, body)
+    assert not any(isinstance(r, Exception) for r in results), results
+    inputs = np.stack([data(r) for r in range(n)]).astype(np.float64)
+    exact = inputs.sum(axis=0)
+    for got, routed, ring, again, finite, after, f64, stats in results:
+        assert routed == ("ring", "non-finite", 1)           # 1: the metadata message only
+        assert got.tobytes() == ring.tobytes() == again.tobytes() == results[0][0].tobytes()
+        assert np.isnan(got[3]) and np.isposinf(got[7])
+        ok = np.isfinite(exact)
+        bound = n * 2.0**-24 * np.abs(inputs).sum(axis=0)    # the ring's rounding
+        assert np.all(np.abs(got[ok] - exact[ok]) <= bound[ok])
+        assert after == ("switch", None) and f64 == "dtype"
+        assert stats == {"calls": {"ring": 4, "switch": 1},
+                         "fallbacks": {"non-finite": 2, "dtype": 1}}
+    warned = [r.getMessage() for r in caplog.records if r.name == "netreduce.comm"]
+    assert warned == [
+        "netreduce: allreduce call #0 (float32[1000] op=sum algo=auto) runs over the host ring "
+        "although the switch is registered: the data holds NaN or infinity, which the "
+        "switch's quantization cannot carry (logged once per reason; comm.stats() counts them)",
+        "netreduce: allreduce call #4 (float64[4] op=sum algo=auto) runs over the host ring "
+        "although the switch is registered: the switch does not add this dtype (logged once "
+        "per reason; comm.stats() counts them)"]

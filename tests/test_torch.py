@@ -147,8 +147,8 @@ def test_async_errors_surface_from_wait_with_the_sync_message() -> None:
         return errors
 
     for errors in run_ranks(2, body):
-        assert errors == [f"allreduce call #{i}: ranks disagree: int32[100] op=sum algo=ring "
-                          f"on rank 0; int32[99] op=sum algo=ring on rank 1" for i in range(3)]
+        assert errors == [f"allreduce call #{i}: ranks disagree: int32[100] op=sum algo=auto "
+                          f"on rank 0; int32[99] op=sum algo=auto on rank 1" for i in range(3)]
 
 
 def test_close_waits_then_cancels_what_cannot_finish() -> None:
@@ -164,11 +164,11 @@ def test_close_waits_then_cancels_what_cannot_finish() -> None:
 
     running, queued, took = run_ranks(2, body)[0]
     assert isinstance(running, PeerFailure) and running.ranks == [0]
-    assert ("rank 0: allreduce call #0 (int32[10] op=sum algo=ring) failed: rank 0: "
-            "allreduce call (int32[10] op=sum algo=ring) was still running 1s after this "
+    assert ("rank 0: allreduce call #0 (int32[10] op=sum algo=auto) failed: rank 0: "
+            "allreduce call (int32[10] op=sum algo=auto) was still running 1s after this "
             "rank closed the communicator") in str(running)
     assert isinstance(queued, CommunicatorError) and str(queued) == (
-        "netreduce: rank 0: allreduce call (int32[10] op=sum algo=ring) cancelled: the "
+        "netreduce: rank 0: allreduce call (int32[10] op=sum algo=auto) cancelled: the "
         "communicator was closed before it started")
     assert took < 1.0 + 3.0
 
@@ -216,14 +216,17 @@ def hook_data(rank: int, count: int, nan_rank: int | None) -> np.ndarray:
 
 @pytest.mark.parametrize("hook", [nrtorch.allreduce_hook, nrtorch.allreduce_hook_sync])
 @pytest.mark.parametrize("nan_rank", [None, 1])
+@pytest.mark.parametrize("algo", ["auto", "switch"])
 def test_the_hook_averages_buckets_through_the_switch_and_nan_over_the_ring(
-        hook: Any, nan_rank: int | None) -> None:
+        hook: Any, nan_rank: int | None, algo: str) -> None:
+    """algo="auto" routes a NaN bucket over the ring itself; under algo="switch" the hook
+    does, after the switch's refusal: the same result and warning either way."""
     n, count = 3, 2000
     fabric = FakeFabric()
 
     def body(comm: Communicator, host: FakeHost) -> Any:
         bucket = Bucket(4, torch.from_numpy(hook_data(comm.rank, count, nan_rank)))
-        value = hook(comm, bucket).wait()
+        value = hook(nrtorch.HookState(comm, algo), bucket).wait()
         other = hook(comm, Bucket(5, torch.ones(8))).wait()   # the next bucket: switch
         assert value is bucket.buffer() and comm.last_algo == "switch"
         return value.numpy().copy(), other.numpy().copy()
@@ -435,5 +438,5 @@ def test_a_failed_bucket_reaches_ddp_as_an_error_naming_the_cause() -> None:
         for i, error in enumerate(errors):
             assert error == ("Got the following error when running the callback: "
                              f"AllreduceMismatch: allreduce call #{i}: ranks disagree: "
-                             "float32[8] op=sum algo=ring on rank 0; float32[9] op=sum "
-                             "algo=ring on rank 1")
+                             "float32[8] op=sum algo=auto on rank 0; float32[9] op=sum "
+                             "algo=auto on rank 1")

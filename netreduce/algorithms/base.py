@@ -10,8 +10,10 @@ aggregation: on it every rank must post the identical message sequence, and with
 the metadata exchange posts there too) and the successor's workspace, whose address the
 per-call metadata exchange delivered.
 
-Call order, identical on every rank: `check_call` (before any exchange), metadata exchange
-and agreement, `check` (raises `CallRejected` alike on every rank, nothing moved), `run`.
+Call order, identical on every rank: `check_call` (before any exchange, for an explicit
+algo), metadata exchange and agreement, `check` (raises `CallRejected` alike on every rank,
+nothing moved; under algo="auto" `netreduce.routing` takes the ring instead where the
+switch's `check` says the data cannot travel), `run`.
 """
 from __future__ import annotations
 
