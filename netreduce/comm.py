@@ -282,7 +282,7 @@ class Communicator:
         """Check one call's arguments (no exchange)."""
         values = as_ndarray(array, "array")
         dtype = check_dtype(values.dtype)
-        ufunc = check_op(op)
+        ufunc = check_op(op, dtype)
         algorithms = candidates(algo, dtype, op, self.switch)
         target = values if out is None else as_ndarray(out, "out")
         if target.shape != values.shape or target.dtype != dtype:
@@ -317,7 +317,8 @@ class Communicator:
             check_agreement(records)
             context = CallContext(
                 rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
-                dtype=dtype, op=call.ufunc, ranges=tuple((m.lo, m.hi) for m in records),
+                dtype=dtype, op=call.ufunc, divisor=self.world_size if call.op == "avg" else 1,
+                ranges=tuple((m.lo, m.hi) for m in records),
                 workspace=workspace,
                 peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
                 streams=self._streams)

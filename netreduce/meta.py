@@ -30,7 +30,10 @@ from flowctl.stream import Outgoing, SequenceError, Stream
 from ring_setup.rendezvous import ranks_phrase
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
-OPS: dict[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+# op -> the ufunc that folds two contributions; "avg" folds like "sum", and the algorithm
+# divides the sum by the number of ranks when it forms the result (`CallContext.divisor`)
+OPS: dict[str, np.ufunc] = {"sum": np.add, "avg": np.add, "max": np.maximum,
+                            "min": np.minimum}
 
 _MAGIC = b"NRM2"
 _RECORD = struct.Struct("<4sIQQ8s8s8sQQIdd")
@@ -60,12 +63,18 @@ def check_dtype(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def check_op(op: str) -> np.ufunc:
+def check_op(op: str, dtype: np.dtype) -> np.ufunc:
+    """The ufunc of `op` for `dtype`; ValueError for an unknown op, or "avg" of integers
+    (torch's ReduceOp.AVG takes floating point only: an integer average would round)."""
     try:
-        return OPS[op]
+        ufunc = OPS[op]
     except KeyError:
         raise ValueError(f"allreduce: op {op!r} is not supported (supported: "
                          f"{', '.join(OPS)})") from None
+    if op == "avg" and dtype.kind != "f":
+        raise ValueError(f"allreduce: op='avg' takes floating-point arrays, not {dtype} (an "
+                         f"integer average would round): use op='sum' and divide")
+    return ufunc
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ OP = "op"                  # the switch does not reduce with this op
 NON_FINITE = "non-finite"  # NaN or infinity in some rank's data: quantization cannot carry it
 FALLBACKS = {
     DTYPE: "the switch does not add this dtype",
-    OP: "the switch reduces only op='sum'",
+    OP: "the switch reduces only op='sum' and op='avg'",
     NON_FINITE: "the data holds NaN or infinity, which the switch's quantization cannot carry",
 }
 

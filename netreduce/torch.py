@@ -72,17 +72,16 @@ def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch
     over the host ring, with a warning: see the module doc) and return it."""
     buffer = bucket.buffer()
     try:
-        comm.allreduce(buffer, algo=algo)
+        comm.allreduce(buffer, op="avg", algo=algo)
         non_finite = comm.last_fallback == NON_FINITE
     except NotQuantizable:            # algo="switch" refuses what "auto" would route
-        comm.allreduce(buffer, algo="ring")
+        comm.allreduce(buffer, op="avg", algo="ring")
         non_finite = True
     if non_finite:
         warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {bucket.index()} "
                       f"({buffer.numel()} x {buffer.dtype}) holds NaN or Inf, which the "
                       f"switch cannot carry: reduced over the host ring instead",
                       NonFiniteGradientWarning, stacklevel=2)
-    buffer.div_(comm.world_size)
     return buffer
 
 
@@ -148,7 +147,7 @@ class _TorchWork(dist.Work):
         return future
 
 
-_NETREDUCE_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "sum"}
+_NETREDUCE_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "avg"}
 _NETREDUCE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
 
 
@@ -218,8 +217,6 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
 
         def job() -> list[torch.Tensor]:
             comm.allreduce(tensor, op=_NETREDUCE_OPS[op])
-            if op == "AVG":
-                tensor.div_(comm.world_size)
             return tensors
         return _TorchWork(comm.submit(job, f"dist.all_reduce {op} {tensor.dtype}"
                                            f"[{tensor.numel()}]"), tensors)

@@ -197,7 +197,8 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
     assert errors[0] == ("TypeError: allreduce: dtype float16 is not supported "
                          "(supported: int32, int64, float32, float64)")
     assert errors[1] == "TypeError: allreduce: expected a numpy array or a CPU torch.Tensor as array, got list"
-    assert "op 'avg' is not supported" in errors[2]
+    assert errors[2] == ("ValueError: allreduce: op='avg' takes floating-point arrays, not "
+                         "int32 (an integer average would round): use op='sum' and divide")
     assert "unknown algo 'tree'" in errors[3]
     assert errors[4] == ("ValueError: allreduce: algo='switch' needs the communicator's 'inc' "
                          "ring registered with a switch, and it is not: no address given "

@@ -167,7 +167,7 @@ def test_the_seal_catches_a_switch_that_stopped_aggregating_mid_call() -> None:
         from netreduce.algorithms.switch import recv_offset
         return recv_offset(wire_bytes(c, k))
 
-    call = CallContext(rank=1, world_size=n, seq=4, count=count, dtype=np.dtype(np.int32),
+    call = CallContext(rank=1, world_size=n, seq=4, count=count, dtype=np.dtype(np.int32), divisor=1,
                        op=np.add, ranges=((0, 1),) * n, workspace=workspace,
                        peer_workspace=workspace.remote(), streams={"inc": RawStream()})
     out = np.zeros(count, dtype=np.int32)

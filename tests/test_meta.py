@@ -46,6 +46,9 @@ def test_dtype_and_op_checks() -> None:
     assert check_dtype(np.dtype("float32")) == np.float32
     with pytest.raises(TypeError, match="dtype complex64 is not supported"):
         check_dtype(np.dtype("complex64"))
-    assert check_op("sum") is np.add
+    assert check_op("sum", np.dtype("int32")) is np.add
+    assert check_op("avg", np.dtype("float16")) is np.add
+    with pytest.raises(ValueError, match="op=.avg. takes floating-point arrays, not int32"):
+        check_op("avg", np.dtype("int32"))
     with pytest.raises(ValueError, match="op 'prod' is not supported"):
-        check_op("prod")
+        check_op("prod", np.dtype("float32"))

@@ -26,7 +26,7 @@ def call(dtype: str = "float32", ranges: tuple[tuple[float, float], ...] = ((-1.
     """An agreed call as rank `rank` sees it (the workspace and streams are never touched by
     routing)."""
     return CallContext(rank=rank, world_size=len(ranges), seq=7, count=10,
-                       dtype=np.dtype(dtype), op=op, ranges=ranges, workspace=None,  # type: ignore[arg-type]
+                       dtype=np.dtype(dtype), op=op, divisor=1, ranges=ranges, workspace=None,  # type: ignore[arg-type]
                        peer_workspace=RemoteBuffer(0, 0, 0), streams={})
 
 

@@ -9,13 +9,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl.plan import MessagePlan
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
-from netreduce.algorithms.switch import (INT32_MAX, float32_error_bound,
+from netreduce.algorithms.switch import (INT32_MAX, dequantize, float_error_bound, quantize,
                                          quantization_exponent, wire_bytes)
+from ring_setup.rendezvous import ranks_phrase
 from test_comm import CFG, rank_data, run_ranks
 
 
@@ -62,7 +66,7 @@ def test_switch_allreduce_int32_exact_float32_within_the_bound(n: int) -> None:
         absmax = float(np.abs(floats).max())
         documented = n * n * absmax * 2.0**-30 * (1 + 2.0**-24) + 2.0**-24 * np.abs(exact) \
             + 2.0**-150
-        tight = float32_error_bound(n, quantization_exponent(n, absmax), exact)
+        tight = float_error_bound(n, quantization_exponent(n, absmax), exact)
         assert np.all(tight <= documented)
         for res in results:
             assert np.array_equal(res["int32", count], ints)
@@ -109,7 +113,7 @@ def test_extreme_magnitudes_round_trip_within_the_bound() -> None:
     for i, x in enumerate(cases):
         stack = np.stack([x * np.float32(r + 1) for r in range(n)]).astype(np.float64)
         exact = stack.sum(axis=0)
-        bound = float32_error_bound(n, quantization_exponent(n, float(np.abs(stack).max())), exact)
+        bound = float_error_bound(n, quantization_exponent(n, float(np.abs(stack).max())), exact)
         for res in results:
             assert np.all(np.abs(res[i] - exact) <= bound), (i, res[i], exact, bound)
 
@@ -212,8 +216,8 @@ def test_auto_uses_the_ring_for_what_the_switch_cannot_reduce_and_switch_refuses
         assert errors == [
             "TypeError: allreduce: algo='switch' reduces int32 and float32 only (the switch "
             "adds int32), not float64: use algo='ring'",
-            "ValueError: allreduce: algo='switch' supports op='sum' only, not 'min': use "
-            "algo='ring'"]
+            "ValueError: allreduce: algo='switch' supports op='sum' and op='avg' only, not "
+            "'min': use algo='ring'"]
 
 
 def test_a_refused_registration_is_an_error_on_every_rank_naming_the_controller() -> None:
@@ -331,3 +335,74 @@ def test_auto_routes_nan_to_the_ring_on_every_rank_counts_it_and_warns_once(
         "netreduce: allreduce call #4 (float64[4] op=sum algo=auto) runs over the host ring "
         "although the switch is registered: the switch does not add this dtype (logged once "
         "per reason; comm.stats() counts them)"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 300), st.data())
+def test_quantized_sums_and_averages_stay_within_the_bound(n: int, data: st.DataObject) -> None:
+    """The quantizer alone, on any finite float32 inputs (subnormals, extremes, mixed
+    magnitudes) from up to 300 ranks: the int32 sums never wrap and the sum and the
+    average come back within `float_error_bound`."""
+    count = data.draw(st.integers(1, 6))
+    elements = st.floats(width=32, allow_nan=False, allow_infinity=False)
+    drawn = data.draw(hnp.arrays(np.float32, (min(n, 4), count), elements=elements))
+    xs = [drawn[r % len(drawn)] for r in range(n)]           # n ranks, up to 4 distinct inputs
+    wide = np.stack(xs).astype(np.float64)
+    e = quantization_exponent(n, float(np.abs(wide).max()))
+    total = np.zeros(count, dtype=np.int64)
+    for x in xs:
+        q = np.empty(count, dtype=np.int32)
+        quantize(x, e, q)
+        assert np.array_equal(q, np.rint(np.ldexp(x.astype(np.float64), e)))
+        total += q
+    assert np.all(np.abs(total) <= INT32_MAX)                    # the switch never wraps
+    summed = total.astype(np.int32)
+    scratch = np.empty(8 * count, dtype=np.uint8)
+    for divisor in (1, n):
+        exact = wide.sum(axis=0) / divisor
+        out = np.empty(2 * count, dtype=np.float32)[::2]          # not contiguous
+        dequantize(summed, e, divisor, out, scratch)
+        finite = np.isfinite(out)                      # +-inf only beyond float32's range
+        assert np.all(np.abs(exact[~finite]) > np.finfo(np.float32).max)
+        bound = float_error_bound(n, e, exact, divisor)
+        assert np.all(np.abs(out[finite] - exact[finite]) <= bound[finite]), (divisor, e)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_avg_is_the_sum_over_n_through_the_switch_and_the_ring(n: int) -> None:
+    """op="avg": float32 through the switch within its bound; float32 over the ring and
+    float64 under "auto" (the switch does not add it) bit-identical to the ring's sum
+    divided by n in the dtype, as torch's sum-then-divide; ranks asking "avg" and "sum" are
+    a mismatch."""
+    count = 3000
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x = rank_data(comm.rank, count, "float32")
+        got = {"switch": comm.allreduce(x.copy(), op="avg"), "switch algo": comm.last_algo}
+        got["ring"] = comm.allreduce(x.copy(), op="avg", algo="ring")
+        got["ring sum"] = comm.allreduce(x.copy(), algo="ring")
+        y = rank_data(comm.rank, count, "float64")
+        got["f64"] = comm.allreduce(y.copy(), op="avg")
+        got["f64 algo"] = comm.last_algo, comm.last_fallback
+        got["f64 sum"] = comm.allreduce(y.copy(), algo="ring")
+        try:
+            comm.allreduce(x.copy(), op="avg" if comm.rank else "sum")
+        except AllreduceMismatch as exc:
+            got["mismatch"] = str(exc)
+        return got
+
+    results, _, _ = with_switch(n, body)
+    assert not any(isinstance(r, Exception) for r in results), results
+    wide = np.stack([rank_data(r, count, "float32") for r in range(n)]).astype(np.float64)
+    exact = wide.sum(axis=0) / n
+    bound = float_error_bound(n, quantization_exponent(n, float(np.abs(wide).max())), exact,
+                              divisor=n)
+    for got in results:
+        assert got["switch algo"] == "switch" and got["f64 algo"] == ("ring", "dtype")
+        assert np.all(np.abs(got["switch"] - exact) <= bound)
+        assert got["switch"].tobytes() == results[0]["switch"].tobytes()
+        assert got["ring"].tobytes() == np.divide(got["ring sum"], np.float32(n)).tobytes()
+        assert got["f64"].tobytes() == np.divide(got["f64 sum"], n).tobytes()
+        assert got["mismatch"] == (
+            f"allreduce call #5: ranks disagree: float32[{count}] op=sum algo=auto on rank 0; "
+            f"float32[{count}] op=avg algo=auto on {ranks_phrase(list(range(1, n)))}")

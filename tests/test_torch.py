@@ -438,5 +438,5 @@ def test_a_failed_bucket_reaches_ddp_as_an_error_naming_the_cause() -> None:
         for i, error in enumerate(errors):
             assert error == ("Got the following error when running the callback: "
                              f"AllreduceMismatch: allreduce call #{i}: ranks disagree: "
-                             "float32[8] op=sum algo=auto on rank 0; float32[9] op=sum "
+                             "float32[8] op=avg algo=auto on rank 0; float32[9] op=avg "
                              "algo=auto on rank 1")

@@ -36,7 +36,8 @@ class CallContext:
     seq: int                        # the call's number on the communicator (from 0)
     count: int
     dtype: np.dtype
-    op: np.ufunc
+    op: np.ufunc                    # folds two contributions
+    divisor: int                    # the result is the reduction / divisor (op="avg": n)
     ranges: tuple[tuple[float, float], ...]   # every rank's `local_range`, by rank
     workspace: RegisteredMemory     # this call's, `workspace_bytes` large, the algorithm's own
     peer_workspace: RemoteBuffer    # the successor's workspace for this call
@@ -63,5 +64,6 @@ class Algorithm(Protocol):
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         """Reduce `src` (this rank's `count` elements) over the ranks into `dst` (same shape
-        and dtype; may be `src`)."""
+        and dtype; may be `src`), divided by `call.divisor` before the result's last
+        rounding to `dtype`."""
         ...

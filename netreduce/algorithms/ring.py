@@ -124,6 +124,8 @@ class RingAllreduce:
             offset, size = layout.chunk_offset(send_c), layout.chunk_bytes(send_c)
             stream.transfer(Outgoing(local.slice(offset, size), peer.slice(offset, size)),
                             recv_nbytes=layout.chunk_bytes(recv_c))
+        if call.divisor != 1:                   # op="avg": every rank divides the same sums
+            np.divide(data, call.divisor, out=data)
         np.copyto(dst, data.reshape(dst.shape))
 
 

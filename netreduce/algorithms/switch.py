@@ -36,10 +36,14 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   2^-24; 2^-150 where the result is subnormal). A sum beyond float32's range is +-inf, as
   with any float32 sum. NaN and infinities cannot be quantized: `NotQuantizable` on every
   rank, before any data moves.
+- op="avg" (floating point) travels as the sum; the result is (sum of q) * 2^-e / n, formed
+  in float64 (exact but for the division's 2^-53 when n is not a power of two) and rounded
+  once: |result - S/n| <= the bound above with n * 2^-(e+1) / n for the quantization term
+  (`float_error_bound`).
 
 Host passes: one copy into the send area (int32: plain; float32: quantizing), one copy of
-the sum into the caller's output once the transfer is complete (int32: plain; float32: to
-float32, then the exact * 2^-e). A message arrives only after the switch emitted every
+the sum into the caller's output once the transfer is complete (int32: plain; float32:
+chunk by chunk to float64, the exact * 2^-e, / n for avg, one rounding). A message arrives only after the switch emitted every
 packet of it, i.e. after it had added every rank's packets of it, ours included, exactly
 once; any later retransmission of our packets of that message finds its slot emitted
 (answered from the slot) or reused (dropped as stale) -- its payload is never added again.
@@ -59,6 +63,7 @@ WIRE = np.dtype("<i4")
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+OPS = ("sum", "avg")      # avg: the sum, divided by n (floating point only: netreduce.meta)
 ALIGN = 64
 _CHUNK = 1 << 16          # elements quantized per numpy pass (bounded temporaries)
 
@@ -94,11 +99,44 @@ def quantization_exponent(world_size: int, absmax: float) -> int:
     return 31 - c - exp - (c > 7)
 
 
-def float32_error_bound(world_size: int, exponent: int, exact: np.ndarray) -> np.ndarray:
+def float_error_bound(world_size: int, exponent: int, exact: np.ndarray,
+                      divisor: int = 1) -> np.ndarray:
     """The module doc's per-element bound on |result - exact| for a float32 call quantized
-    with 2^`exponent` (`exact`: the exact sums, float64)."""
-    rounding = world_size * 2.0 ** -(exponent + 1)
-    return rounding * (1 + 2.0**-24) + 2.0**-24 * np.abs(exact) + 2.0**-150
+    with 2^`exponent` whose result is the sum / `divisor` (`exact`: the exact results,
+    float64). With q = n * 2^-(e+1) / divisor the quantization error, d = 2^-53 the float64
+    division's rounding (0 when divisor is a power of two: exact) and u = 2^-24 float32's:
+        (1 + u) * (q * (1 + d) + d * |exact|) + u * |exact| + 2^-150
+    (divisor 1: the module doc's bound as written there)."""
+    division = 0.0 if divisor & (divisor - 1) == 0 else 2.0**-53
+    quantization = world_size * 2.0 ** -(exponent + 1) / divisor
+    off = quantization * (1 + division) + division * np.abs(exact)
+    return (1 + 2.0**-24) * off + 2.0**-24 * np.abs(exact) + 2.0**-150
+
+
+def quantize(src: np.ndarray, e: int, wire: np.ndarray) -> None:
+    """wire = rint(src * 2^e) as int32 (`wire`: flat, src.size elements); src * 2^e is
+    exact in src's float dtype, and below 2^31 / n in magnitude by the choice of e."""
+    flat = src.reshape(-1)
+    for lo in range(0, flat.size, _CHUNK):
+        q = np.ldexp(flat[lo:lo + _CHUNK], e)
+        wire[lo:lo + _CHUNK] = np.rint(q, out=q)
+
+
+def dequantize(summed: np.ndarray, e: int, divisor: int, dst: np.ndarray,
+               workspace: np.ndarray) -> None:
+    """dst = summed * 2^-e / divisor (`summed`: flat int32 sums), exact in float64 but for
+    the division and rounded once to dst's dtype (+-inf beyond its range). A `dst` that is
+    not contiguous is formed in `workspace` (bytes, at least dst.nbytes, free) and copied."""
+    flat = dst.reshape(-1) if dst.flags.c_contiguous else \
+        workspace[:dst.nbytes].view(dst.dtype)
+    with np.errstate(over="ignore"):
+        for lo in range(0, summed.size, _CHUNK):
+            sums = np.ldexp(summed[lo:lo + _CHUNK], -e, dtype=np.float64)
+            if divisor != 1:
+                np.divide(sums, divisor, out=sums)
+            flat[lo:lo + _CHUNK] = sums
+    if not dst.flags.c_contiguous:
+        np.copyto(dst, flat.reshape(dst.shape))
 
 
 def wire_bytes(count: int, world_size: int) -> int:
@@ -118,15 +156,15 @@ class SwitchAllreduce:
 
     @staticmethod
     def supports(dtype: np.dtype, op: str) -> bool:
-        return dtype in DTYPES and op == "sum"
+        return dtype in DTYPES and op in OPS
 
     def check_call(self, dtype: np.dtype, op: str) -> None:
         if dtype not in DTYPES:
             raise TypeError(f"allreduce: algo='switch' reduces int32 and float32 only (the "
                             f"switch adds int32), not {dtype}: use algo='ring'")
-        if op != "sum":
-            raise ValueError(f"allreduce: algo='switch' supports op='sum' only, not {op!r}: "
-                             f"use algo='ring'")
+        if op not in OPS:
+            raise ValueError(f"allreduce: algo='switch' supports op='sum' and op='avg' only, "
+                             f"not {op!r}: use algo='ring'")
 
     def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
         return 2 * recv_offset(wire_bytes(count, world_size))
@@ -180,10 +218,7 @@ class SwitchAllreduce:
             np.copyto(data.reshape(src.shape), src)
         else:
             e = self._exponent(call)
-            flat = src.reshape(-1)
-            for lo in range(0, call.count, _CHUNK):     # x * 2^e is exact in float32
-                q = np.ldexp(flat[lo:lo + _CHUNK], e)
-                data[lo:lo + _CHUNK] = np.rint(q, out=q)
+            quantize(src, e, data)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes)
@@ -193,9 +228,10 @@ class SwitchAllreduce:
                 f"allreduce call #{call.seq}: rank {call.rank}: the seal that came back is "
                 f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "
                 f"rank's last packet (the result is not used)")
-        np.copyto(dst, summed[:call.count].reshape(dst.shape), casting="unsafe")
-        if call.dtype == np.float32:
-            np.ldexp(dst, -e, out=dst)
+        if call.dtype == np.int32:
+            np.copyto(dst, summed[:call.count].reshape(dst.shape))
+        else:
+            dequantize(summed[:call.count], e, call.divisor, dst, whole)
 
 
 SWITCH = SwitchAllreduce()

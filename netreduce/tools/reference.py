@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from netreduce.algorithms.switch import float32_error_bound, quantization_exponent
+from netreduce.algorithms.switch import float_error_bound, quantization_exponent
 
 
 def rank_input(key: int | Sequence[int], count: int, dtype: str) -> np.ndarray:
@@ -22,14 +22,15 @@ def rank_input(key: int | Sequence[int], count: int, dtype: str) -> np.ndarray:
 
 
 class Reference:
-    """The sum of `inputs` (one array per rank, int32 or float32) and how far a result may
-    be from it. int32: exactly numpy's (wrapping) sum. float32: within the error bound of
-    the algorithm that ran -- "switch": its quantization bound (`float32_error_bound`; README
-    "In-network allreduce: what travels, accuracy, overflow"); "ring": n-1 float32
-    additions, each rounding by at most 2^-24 of a partial sum no larger than sum(|x_i|),
-    so |got - sum| <= n * 2^-24 * sum(|x_i|)."""
+    """The result of `op` ("sum", or "avg": the sum / n) over `inputs` (one array per rank,
+    int32 or float32) and how far a result may be from it. int32: exactly numpy's (wrapping)
+    sum. float32: within the error bound of the algorithm that ran -- "switch": its
+    quantization bound (`float_error_bound`; README "In-network allreduce: what travels,
+    accuracy, overflow"); "ring": n-1 float32 additions, each rounding by at most 2^-24 of a
+    partial sum no larger than m = sum(|x_i|), so |sum - S| <= n * 2^-24 * m; an average
+    divides that sum by n in float32, one more rounding of 2^-24 of (|S| + n * 2^-24 * m)/n."""
 
-    def __init__(self, inputs: Iterable[np.ndarray]) -> None:
+    def __init__(self, inputs: Iterable[np.ndarray], op: str = "sum") -> None:
         """`inputs` (at least one array, all of one shape and dtype) is consumed one array
         at a time: a generator keeps memory at a few arrays, whatever the number of ranks."""
         self.world_size = 0
@@ -44,6 +45,9 @@ class Reference:
             if not self.exact:
                 self.magnitude += np.abs(x)
                 self.absmax = max(self.absmax, float(np.abs(x).max(initial=0.0)))
+        self.divisor = self.world_size if op == "avg" else 1
+        if self.divisor != 1:
+            self.want /= self.divisor
 
     def tolerance(self, algo: str) -> np.ndarray:
         """The largest |got - want| allowed per element (zeros for int32)."""
@@ -51,8 +55,11 @@ class Reference:
             return np.zeros(self.want.shape)
         if algo == "switch":
             e = quantization_exponent(self.world_size, self.absmax)
-            return float32_error_bound(self.world_size, e, self.want)
-        return self.world_size * 2.0**-24 * self.magnitude
+            return float_error_bound(self.world_size, e, self.want, self.divisor)
+        summed = self.world_size * 2.0**-24 * self.magnitude
+        if self.divisor == 1:
+            return summed
+        return (summed + 2.0**-24 * (np.abs(self.want) * self.divisor + summed)) / self.divisor
 
     def wrong(self, got: np.ndarray, algo: str) -> np.ndarray:
         """Indices of the elements of `got` outside the tolerance."""
