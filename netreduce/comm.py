@@ -306,7 +306,7 @@ class Communicator:
         try:
             self._rendezvous.check_peers()
             workspace = self._workspace.ensure(max(
-                a.workspace_bytes(array.size, dtype.itemsize, self.world_size)
+                a.workspace_bytes(array.size, dtype, self.world_size)
                 for a in call.candidates))
             lo, hi = call.candidates[0].local_range(array)
             mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,

@@ -27,9 +27,9 @@ import numpy as np
 
 from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.stream import Outgoing, SequenceError, Stream
+from netreduce.dtypes import FLOATS, SUPPORTED_DTYPES
 from ring_setup.rendezvous import ranks_phrase
 
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
 # op -> the ufunc that folds two contributions; "avg" folds like "sum", and the algorithm
 # divides the sum by the number of ranks when it forms the result (`CallContext.divisor`)
 OPS: dict[str, np.ufunc] = {"sum": np.add, "avg": np.add, "max": np.maximum,
@@ -71,7 +71,7 @@ def check_op(op: str, dtype: np.dtype) -> np.ufunc:
     except KeyError:
         raise ValueError(f"allreduce: op {op!r} is not supported (supported: "
                          f"{', '.join(OPS)})") from None
-    if op == "avg" and dtype.kind != "f":
+    if op == "avg" and dtype not in FLOATS:
         raise ValueError(f"allreduce: op='avg' takes floating-point arrays, not {dtype} (an "
                          f"integer average would round): use op='sum' and divide")
     return ufunc
@@ -84,7 +84,7 @@ class CallMeta:
     rank: int
     seq: int              # calls this rank has started on the communicator, from 0
     count: int
-    dtype: str            # numpy dtype name
+    dtype: str            # numpy dtype name (8 bytes at most: "bfloat16")
     op: str
     algo: str             # as the caller asked it: "auto", "switch" or "ring"
     workspace: RemoteBuffer

@@ -148,7 +148,8 @@ class _TorchWork(dist.Work):
 
 
 _NETREDUCE_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "avg"}
-_NETREDUCE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
+_NETREDUCE_DTYPES = (torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
+                     torch.float64)
 
 
 class ProcessGroupNetreduce(dist.ProcessGroup):

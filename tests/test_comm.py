@@ -180,7 +180,7 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
     def body(comm: Communicator, host: FakeHost) -> list[str]:
         before = host.rings["ring"].posted
         errors = []
-        for call in (lambda: comm.allreduce(np.ones(3, dtype=np.float16)),
+        for call in (lambda: comm.allreduce(np.ones(3, dtype=np.complex64)),
                      lambda: comm.allreduce([1, 2, 3]),                        # type: ignore[arg-type]
                      lambda: comm.allreduce(np.ones(3, dtype=np.int32), op="avg"),
                      lambda: comm.allreduce(np.ones(3, dtype=np.int32), algo="tree"),
@@ -194,8 +194,8 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
         return errors
 
     errors = run_ranks(2, body)[0]
-    assert errors[0] == ("TypeError: allreduce: dtype float16 is not supported "
-                         "(supported: int32, int64, float32, float64)")
+    assert errors[0] == ("TypeError: allreduce: dtype complex64 is not supported "
+                         "(supported: int32, int64, float16, bfloat16, float32, float64)")
     assert errors[1] == "TypeError: allreduce: expected a numpy array or a CPU torch.Tensor as array, got list"
     assert errors[2] == ("ValueError: allreduce: op='avg' takes floating-point arrays, not "
                          "int32 (an integer average would round): use op='sum' and divide")

@@ -22,6 +22,8 @@ def test_record_round_trip_fits_its_slot() -> None:
     with pytest.raises(ValueError, match="not a call record"):
         CallMeta.unpack(bytes(RECORD_STRIDE))
     assert control_bytes(4) == 3 * 4 * RECORD_STRIDE
+    longest = CallMeta(0, 1, 2, "bfloat16", "avg", "auto", RemoteBuffer(1, 2, 3))   # 8 bytes
+    assert CallMeta.unpack(longest.pack()) == longest
 
 
 def test_agreeing_records_pass() -> None:

@@ -78,7 +78,7 @@ def test_candidates_size_the_workspace_for_every_route_the_call_may_take() -> No
     assert candidates("auto", f32, "sum", NONE) == (RING,)
     assert candidates("ring", f32, "sum", REGISTERED) == (RING,)
     assert candidates("switch", f32, "sum", REGISTERED) == (SWITCH,)
-    with pytest.raises(TypeError, match="reduces int32 and float32 only"):
+    with pytest.raises(TypeError, match="reduces int32, float32, float16 and bfloat16 only"):
         candidates("switch", f64, "sum", REGISTERED)
     with pytest.raises(ValueError, match="needs the communicator's 'inc' ring registered"):
         candidates("switch", f32, "sum", NONE)

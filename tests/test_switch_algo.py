@@ -7,6 +7,7 @@ import logging
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQu
                        SwitchRegistrationError)
 from netreduce.algorithms.switch import (INT32_MAX, dequantize, float_error_bound, quantize,
                                          quantization_exponent, wire_bytes)
+from netreduce.tools.reference import Reference, rank_input
 from ring_setup.rendezvous import ranks_phrase
 from test_comm import CFG, rank_data, run_ranks
 
@@ -214,8 +216,8 @@ def test_auto_uses_the_ring_for_what_the_switch_cannot_reduce_and_switch_refuses
     for algos, errors in results:
         assert algos == ["ring", "ring", "ring", "switch"]
         assert errors == [
-            "TypeError: allreduce: algo='switch' reduces int32 and float32 only (the switch "
-            "adds int32), not float64: use algo='ring'",
+            "TypeError: allreduce: algo='switch' reduces int32, float32, float16 and bfloat16 "
+            "only (the switch adds int32), not float64: use algo='ring'",
             "ValueError: allreduce: algo='switch' supports op='sum' and op='avg' only, not "
             "'min': use algo='ring'"]
 
@@ -337,15 +339,25 @@ def test_auto_routes_nan_to_the_ring_on_every_rank_counts_it_and_warns_once(
         "per reason; comm.stats() counts them)"]
 
 
+ELEMENTS = {   # any finite value of the dtype (bfloat16: float32s below its largest, rounded)
+    "float32": st.floats(width=32, allow_nan=False, allow_infinity=False),
+    "float16": st.floats(width=16, allow_nan=False, allow_infinity=False),
+    "bfloat16": st.floats(-(2.0**127), 2.0**127, width=32),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(ELEMENTS))
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 300), st.data())
-def test_quantized_sums_and_averages_stay_within_the_bound(n: int, data: st.DataObject) -> None:
-    """The quantizer alone, on any finite float32 inputs (subnormals, extremes, mixed
-    magnitudes) from up to 300 ranks: the int32 sums never wrap and the sum and the
-    average come back within `float_error_bound`."""
+@given(n=st.integers(1, 300), data=st.data())
+def test_quantized_sums_and_averages_stay_within_the_bound(dtype: str, n: int,
+                                                          data: st.DataObject) -> None:
+    """The quantizer alone, on any finite inputs of each float dtype the switch takes
+    (subnormals, extremes, mixed magnitudes) from up to 300 ranks: the int32 sums never
+    wrap and the sum and the average come back within `float_error_bound`."""
     count = data.draw(st.integers(1, 6))
-    elements = st.floats(width=32, allow_nan=False, allow_infinity=False)
-    drawn = data.draw(hnp.arrays(np.float32, (min(n, 4), count), elements=elements))
+    drawn = data.draw(hnp.arrays(np.float32 if dtype == "bfloat16" else np.dtype(dtype),
+                                 (min(n, 4), count), elements=ELEMENTS[dtype]))
+    drawn = drawn.astype(np.dtype(dtype))
     xs = [drawn[r % len(drawn)] for r in range(n)]           # n ranks, up to 4 distinct inputs
     wide = np.stack(xs).astype(np.float64)
     e = quantization_exponent(n, float(np.abs(wide).max()))
@@ -360,12 +372,13 @@ def test_quantized_sums_and_averages_stay_within_the_bound(n: int, data: st.Data
     scratch = np.empty(8 * count, dtype=np.uint8)
     for divisor in (1, n):
         exact = wide.sum(axis=0) / divisor
-        out = np.empty(2 * count, dtype=np.float32)[::2]          # not contiguous
+        out = np.empty(2 * count, dtype=np.dtype(dtype))[::2]     # not contiguous
         dequantize(summed, e, divisor, out, scratch)
-        finite = np.isfinite(out)                      # +-inf only beyond float32's range
-        assert np.all(np.abs(exact[~finite]) > np.finfo(np.float32).max)
-        bound = float_error_bound(n, e, exact, divisor)
-        assert np.all(np.abs(out[finite] - exact[finite]) <= bound[finite]), (divisor, e)
+        got = out.astype(np.float64)
+        finite = np.isfinite(got)                      # +-inf only beyond the dtype's range
+        assert np.all(np.abs(exact[~finite]) > float(ml_dtypes.finfo(out.dtype).max))
+        bound = float_error_bound(n, e, exact, divisor, out.dtype)
+        assert np.all(np.abs(got[finite] - exact[finite]) <= bound[finite]), (divisor, e)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -406,3 +419,42 @@ def test_avg_is_the_sum_over_n_through_the_switch_and_the_ring(n: int) -> None:
         assert got["mismatch"] == (
             f"allreduce call #5: ranks disagree: float32[{count}] op=sum algo=auto on rank 0; "
             f"float32[{count}] op=avg algo=auto on {ranks_phrase(list(range(1, n)))}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_16_bit_floats_through_the_switch_and_the_ring_within_their_bounds(
+        dtype: str, n: int) -> None:
+    """float16 and bfloat16, sum and avg: "auto" takes the switch (int32 words on the
+    wire, as many messages as a float32 call of that size), within `float_error_bound`;
+    the ring accumulates in float32 and rounds once: bit-identical to the float32 ring
+    on the same values, rounded; every rank gets the same bits (Reference checks)."""
+    count = 3 * CFG.msg_size // 4 + 5
+
+    def data(rank: int) -> np.ndarray:
+        return rank_input([rank, 16], count, dtype)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        got: dict[Any, Any] = {}
+        for op in ("sum", "avg"):
+            for algo in ("auto", "ring"):
+                x = data(comm.rank)
+                got[op, algo] = comm.allreduce(x, op=op, algo=algo), comm.last_algo
+            wide = data(comm.rank).astype(np.float32)
+            got[op, "float32 ring"] = comm.allreduce(wide, op=op, algo="ring")
+        return got
+
+    results, fabric, controller = with_switch(n, body)
+    assert not any(isinstance(r, Exception) for r in results), results
+    (spec,) = controller.registered
+    # 6 calls' metadata; the data of the 2 switch calls: int32 words, as float32 would be
+    assert fabric.switch.messages[spec.ring_id] == 6 + 2 * messages(wire_bytes(count, n))
+    for op in ("sum", "avg"):
+        ref = Reference((data(r) for r in range(n)), op=op)
+        for res in results:
+            (switched, ran), (ringed, ring_ran) = res[op, "auto"], res[op, "ring"]
+            assert (ran, ring_ran) == ("switch", "ring") and switched.dtype == np.dtype(dtype)
+            assert ref.failure(switched, "switch") is None, (op, ref.describe(switched, "switch"))
+            assert ref.failure(ringed, "ring") is None, op
+            assert ringed.tobytes() == res[op, "float32 ring"].astype(np.dtype(dtype)).tobytes()
+            assert switched.tobytes() == results[0][op, "auto"][0].tobytes()

@@ -36,6 +36,17 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   2^-24; 2^-150 where the result is subnormal). A sum beyond float32's range is +-inf, as
   with any float32 sum. NaN and infinities cannot be quantized: `NotQuantizable` on every
   rank, before any data moves.
+- float16 and bfloat16 travel like float32 (every value of theirs is a float32; the
+  scale comes from the same M, quantization happens in float32) as 4-byte int32 words, so
+  the switch carries twice their bytes. The result is rounded once from float64 to float16,
+  twice (through float32: ml_dtypes' conversion) to bfloat16, so its bound is the
+  quantization term plus that rounding: for float16, with u = 2^-11,
+      |result - S| <= (1 + u) * n * 2^-(e+1) + u * |S| + 2^-25
+  and for bfloat16 (u = 2^-8) the float32 bound above, rounded once more:
+      (1 + u) * (float32 bound) + u * |S| + 2^-134
+  (`float_error_bound(..., dtype=)`). The quantization term is ~n^2 * M * 2^-30: far
+  below the 16-bit rounding, whose relative 2^-11 / 2^-8 dominates. A sum beyond the
+  dtype's range (float16: 65504) is +-inf.
 - op="avg" (floating point) travels as the sum; the result is (sum of q) * 2^-e / n, formed
   in float64 (exact but for the division's 2^-53 when n is not a power of two) and rounded
   once: |result - S/n| <= the bound above with n * 2^-(e+1) / n for the quantization term
@@ -56,13 +67,14 @@ import numpy as np
 
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
+from netreduce.dtypes import FLOAT32, HALVES, ROUNDINGS_FROM_FLOAT64, after_roundings
 from netreduce.meta import CallRejected, SwitchNotAggregating
 from ring_setup.rendezvous import ranks_phrase
 
 WIRE = np.dtype("<i4")
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
-DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+DTYPES = (np.dtype(np.int32), FLOAT32, *HALVES)
 OPS = ("sum", "avg")      # avg: the sum, divided by n (floating point only: netreduce.meta)
 ALIGN = 64
 _CHUNK = 1 << 16          # elements quantized per numpy pass (bounded temporaries)
@@ -73,7 +85,7 @@ class AllreduceOverflow(CallRejected, OverflowError):
 
 
 class NotQuantizable(CallRejected, ValueError):
-    """float32 data holding NaN or infinity cannot travel quantized: refused on every rank."""
+    """Float data holding NaN or infinity cannot travel quantized: refused on every rank."""
 
 
 MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (switch.contract: 32 racks x 32)
@@ -100,25 +112,28 @@ def quantization_exponent(world_size: int, absmax: float) -> int:
 
 
 def float_error_bound(world_size: int, exponent: int, exact: np.ndarray,
-                      divisor: int = 1) -> np.ndarray:
-    """The module doc's per-element bound on |result - exact| for a float32 call quantized
-    with 2^`exponent` whose result is the sum / `divisor` (`exact`: the exact results,
-    float64). With q = n * 2^-(e+1) / divisor the quantization error, d = 2^-53 the float64
-    division's rounding (0 when divisor is a power of two: exact) and u = 2^-24 float32's:
-        (1 + u) * (q * (1 + d) + d * |exact|) + u * |exact| + 2^-150
-    (divisor 1: the module doc's bound as written there)."""
+                      divisor: int = 1, dtype: np.dtype = FLOAT32) -> np.ndarray:
+    """The module doc's per-element bound on |result - exact| for a call of `dtype`
+    quantized with 2^`exponent` whose result is the sum / `divisor` (`exact`: the exact
+    results, float64). With q = n * 2^-(e+1) / divisor the quantization error and d = 2^-53
+    the float64 division's rounding (0 when divisor is a power of two: exact), the float64
+    value is within q * (1 + d) + d * |exact|, then rounded to `dtype`
+    (`netreduce.dtypes.after_roundings`); for float32 and divisor 1 that is the module
+    doc's n * 2^-(e+1) * (1 + 2^-24) + 2^-24 * |S| + 2^-150."""
     division = 0.0 if divisor & (divisor - 1) == 0 else 2.0**-53
     quantization = world_size * 2.0 ** -(exponent + 1) / divisor
     off = quantization * (1 + division) + division * np.abs(exact)
-    return (1 + 2.0**-24) * off + 2.0**-24 * np.abs(exact) + 2.0**-150
+    return after_roundings(off, exact, ROUNDINGS_FROM_FLOAT64[np.dtype(dtype)])
 
 
 def quantize(src: np.ndarray, e: int, wire: np.ndarray) -> None:
     """wire = rint(src * 2^e) as int32 (`wire`: flat, src.size elements); src * 2^e is
-    exact in src's float dtype, and below 2^31 / n in magnitude by the choice of e."""
+    formed in float32, exactly (every float16 and bfloat16 is a float32, and the product's
+    magnitude is below 2^31 / n by the choice of e; what float32 cannot hold is below one
+    half and rounds to 0 either way)."""
     flat = src.reshape(-1)
     for lo in range(0, flat.size, _CHUNK):
-        q = np.ldexp(flat[lo:lo + _CHUNK], e)
+        q = np.ldexp(flat[lo:lo + _CHUNK], e, dtype=np.float32)
         wire[lo:lo + _CHUNK] = np.rint(q, out=q)
 
 
@@ -150,7 +165,8 @@ def recv_offset(nbytes: int) -> int:
 
 
 class SwitchAllreduce:
-    """Sum of int32 or float32 through the aggregating switch (see the module doc)."""
+    """Sum (or avg) of int32, float32, float16 or bfloat16 through the aggregating switch
+    (see the module doc)."""
 
     name = "switch"
 
@@ -160,13 +176,14 @@ class SwitchAllreduce:
 
     def check_call(self, dtype: np.dtype, op: str) -> None:
         if dtype not in DTYPES:
-            raise TypeError(f"allreduce: algo='switch' reduces int32 and float32 only (the "
-                            f"switch adds int32), not {dtype}: use algo='ring'")
+            raise TypeError(f"allreduce: algo='switch' reduces int32, float32, float16 and "
+                            f"bfloat16 only (the switch adds int32), not {dtype}: use "
+                            f"algo='ring'")
         if op not in OPS:
             raise ValueError(f"allreduce: algo='switch' supports op='sum' and op='avg' only, "
                              f"not {op!r}: use algo='ring'")
 
-    def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
+    def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int:
         return 2 * recv_offset(wire_bytes(count, world_size))
 
     def local_range(self, array: np.ndarray) -> tuple[float, float]:
@@ -198,8 +215,8 @@ class SwitchAllreduce:
                if not (math.isfinite(lo) and math.isfinite(hi))]
         if bad:
             raise NotQuantizable(
-                f"allreduce call #{call.seq}: algo='switch' quantizes float32 to int32 and "
-                f"cannot carry NaN or infinity (in the data of {ranks_phrase(bad)}); nothing "
+                f"allreduce call #{call.seq}: algo='switch' quantizes {call.dtype} to int32 "
+                f"and cannot carry NaN or infinity (in the data of {ranks_phrase(bad)}); nothing "
                 f"moved. Use algo='ring'")
         absmax = max(max(-lo, hi) for lo, hi in call.ranges)
         return quantization_exponent(call.world_size, absmax)
