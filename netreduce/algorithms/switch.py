@@ -34,7 +34,7 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   -- n * 2^-(e+1) from rounding each rank's x * 2^e to an integer (<= n^2 * M * 2^-30 by
   the choice of e), the rest from rounding the exact quantized sum to float32 (relative
   2^-24; 2^-150 where the result is subnormal). A sum beyond float32's range is +-inf, as
-  with any float32 sum. NaN and infinities cannot be quantized: `NotQuantizable` on every
+  with any float32 sum (and so may be one within the bound of that range's edge). NaN and infinities cannot be quantized: `NotQuantizable` on every
   rank, before any data moves.
 - float16 and bfloat16 travel like float32 (every value of theirs is a float32; the
   scale comes from the same M, quantization happens in float32) as 4-byte int32 words, so
