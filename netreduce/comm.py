@@ -253,9 +253,9 @@ class Communicator:
         call with the same shape, dtype, op and algo; a
         disagreement raises `AllreduceMismatch` on every rank and changes nothing, as do
         the switch's refusals (`AllreduceOverflow`; `NotQuantizable` under algo="switch"
-        only): any `CallRejected` leaves the communicator usable. Arguments that are wrong on their own (unsupported
-        dtype, unknown op or algo, algo="switch" without a registered switch, bad `out`)
-        raise before any exchange.
+        only): any `CallRejected` leaves the communicator usable. Arguments that are wrong
+        on their own (unsupported dtype, unknown op or algo, algo="switch" without a
+        registered switch, bad `out`) raise before any exchange.
 
         `async_op=True` checks the arguments at once, then queues the call on this
         communicator's progress thread and returns a `Work` at once: `wait()` returns what

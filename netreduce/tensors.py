@@ -2,10 +2,10 @@
 torch tensors as views), and whether torch owns the job's MASTER_PORT.
 
 A torch tensor is reduced through `tensor.detach().numpy()`, which shares the tensor's
-memory: the result lands in the tensor itself, with no copy beyond what a numpy array
-costs (bfloat16, which torch does not hand to numpy: the same memory viewed as int16, then
-as ml_dtypes' bfloat16). This module never imports torch: a tensor can only exist once the caller imported
-torch, so `sys.modules` tells whether there is any to recognise.
+memory: the result lands in the tensor itself, with no copy beyond what a numpy array costs
+(bfloat16, which torch does not hand to numpy: the same memory viewed as int16, then as
+ml_dtypes' bfloat16). This module never imports torch: a tensor can only exist once the
+caller imported torch, so `sys.modules` tells whether there is any to recognise.
 """
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 
 The input is copied to the start of the workspace ("data", in the accumulator dtype:
 float32 for float16 and bfloat16, else the input's own), reduced there, and the result
-copied out (16-bit floats: rounded once, from the float32 result; op="avg": divided by n
-in the accumulator dtype first). Everything travels in the accumulator dtype, so a 16-bit
-call moves the bytes of a float32 one. The `count` elements are cut into n chunks (sizes differ by at most one
-element; some are empty when count < n). With r the rank and all chunk numbers mod n:
+copied out (16-bit floats: rounded once, from the float32 result; op="avg": divided by n in
+the accumulator dtype first). Everything travels in the accumulator dtype, so a 16-bit call
+moves the bytes of a float32 one. The `count` elements are cut into n chunks (sizes differ
+by at most one element; some are empty when count < n). With r the rank and all chunk
+numbers mod n:
 - reduce-scatter step s (0..n-2): send chunk r-s to the successor's staging slot s, receive
   chunk r-s-1 into our staging slot s and fold it into our chunk r-s-1 message by message
   as it arrives. Afterwards rank r holds the final chunk r+1.

@@ -34,8 +34,8 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   -- n * 2^-(e+1) from rounding each rank's x * 2^e to an integer (<= n^2 * M * 2^-30 by
   the choice of e), the rest from rounding the exact quantized sum to float32 (relative
   2^-24; 2^-150 where the result is subnormal). A sum beyond float32's range is +-inf, as
-  with any float32 sum (and so may be one within the bound of that range's edge). NaN and infinities cannot be quantized: `NotQuantizable` on every
-  rank, before any data moves.
+  with any float32 sum (and so may be one within the bound of that range's edge). NaN and
+  infinities cannot be quantized: `NotQuantizable` on every rank, before any data moves.
 - float16 and bfloat16 travel like float32 (every value of theirs is a float32; the
   scale comes from the same M, quantization happens in float32) as 4-byte int32 words, so
   the switch carries twice their bytes. The result is rounded once from float64 to float16,
@@ -52,12 +52,13 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   once: |result - S/n| <= the bound above with n * 2^-(e+1) / n for the quantization term
   (`float_error_bound`).
 
-Host passes: one copy into the send area (int32: plain; float32: quantizing), one copy of
-the sum into the caller's output once the transfer is complete (int32: plain; float32:
-chunk by chunk to float64, the exact * 2^-e, / n for avg, one rounding). A message arrives only after the switch emitted every
-packet of it, i.e. after it had added every rank's packets of it, ours included, exactly
-once; any later retransmission of our packets of that message finds its slot emitted
-(answered from the slot) or reused (dropped as stale) -- its payload is never added again.
+Host passes: one copy into the send area (int32: plain; floats: quantizing), one copy of
+the sum into the caller's output once the transfer is complete (int32: plain; floats:
+chunk by chunk to float64, the exact * 2^-e, / n for avg, one rounding). A message arrives
+only after the switch emitted every packet of it, i.e. after it had added every rank's
+packets of it, ours included, exactly once; any later retransmission of our packets of that
+message finds its slot emitted (answered from the slot) or reused (dropped as stale) -- its
+payload is never added again.
 """
 from __future__ import annotations
 
