@@ -34,12 +34,13 @@ import numpy as np
 from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
-from netreduce.algorithms import Algorithm, CallContext, choose
+from netreduce.algorithms import Algorithm, CallContext
 from netreduce.meta import (CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
                             check_agreement, check_dtype, check_op, control_bytes)
 from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (Controller, LeaseKeeper, SwitchStatus, fit_inc_ring,
                                     register_inc_ring, switch_address, unregister)
+from netreduce.routing import FALLBACKS, CallStats, Route, candidates, route
 from netreduce.tensors import as_ndarray, torch_store_in_use
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
@@ -127,6 +128,8 @@ class Communicator:
         self.switch = switch                  # is "inc" registered with a switch (all alike)
         self._controller = controller         # rank 0's controller client, if any
         self.last_algo: str | None = None    # the algorithm the last allreduce ran
+        self.last_fallback: str | None = None   # why that "auto" call did not take the switch
+        self._stats = CallStats()
         self._lease: LeaseKeeper | None = None
         if controller is not None and switch.registered and switch.lease_ms > 0:
             self._lease = LeaseKeeper(controller, switch, rendezvous.abort)
@@ -241,15 +244,18 @@ class Communicator:
                   out: Any = None, async_op: bool = False) -> Any:
         """Reduce `array` element-wise over all ranks into `out` (default: `array` itself,
         in place) and return it; `last_algo` then names the algorithm that ran ("auto":
-        "switch" when `switch.registered` and the switch reduces dtype and op, else
-        "ring"). `array` and `out` are numpy arrays or contiguous CPU torch tensors of a
+        "switch" when `switch.registered` and the switch can carry the call, else "ring",
+        decided alike on every rank from the exchanged metadata: `netreduce.routing`) and
+        `last_fallback` why an "auto" call ran over the ring although a switch is
+        registered (None otherwise; `stats()` counts them). `array` and `out` are numpy
+        arrays or contiguous CPU torch tensors of a
         supported dtype (reduced in their own memory, `netreduce.tensors`). Every rank must
         call with the same shape, dtype, op and algo; a
         disagreement raises `AllreduceMismatch` on every rank and changes nothing, as do
-        the switch's refusals (`AllreduceOverflow`, `NotQuantizable`): any `CallRejected`
-        leaves the communicator usable. Arguments that are wrong on their own (unsupported
-        dtype, unknown op or algo, algo="switch" without a registered switch, bad `out`)
-        raise before any exchange.
+        the switch's refusals (`AllreduceOverflow`; `NotQuantizable` under algo="switch"
+        only): any `CallRejected` leaves the communicator usable. Arguments that are wrong
+        on their own (unsupported dtype, unknown op or algo, algo="switch" without a
+        registered switch, bad `out`) raise before any exchange.
 
         `async_op=True` checks the arguments at once, then queues the call on this
         communicator's progress thread and returns a `Work` at once: `wait()` returns what
@@ -276,14 +282,14 @@ class Communicator:
         """Check one call's arguments (no exchange)."""
         values = as_ndarray(array, "array")
         dtype = check_dtype(values.dtype)
-        ufunc = check_op(op)
-        algorithm = choose(algo, dtype, op, self.switch)
+        ufunc = check_op(op, dtype)
+        algorithms = candidates(algo, dtype, op, self.switch)
         target = values if out is None else as_ndarray(out, "out")
         if target.shape != values.shape or target.dtype != dtype:
             raise ValueError(f"allreduce: out must be a {dtype} array of shape {values.shape}")
         if not target.flags.writeable:
             raise ValueError("allreduce: the result array is read-only")
-        return _Call(values, target, array if out is None else out, op, ufunc, algorithm)
+        return _Call(values, target, array if out is None else out, op, ufunc, algo, algorithms)
 
     def _run(self, call: "_Call") -> Any:
         """Run one prepared call (one at a time: the synchronous caller after draining the
@@ -294,28 +300,31 @@ class Communicator:
         return call.result
 
     def _execute(self, call: "_Call") -> None:
-        array, target, dtype, algorithm = call.array, call.target, call.array.dtype, call.algorithm
+        array, target, dtype = call.array, call.target, call.array.dtype
         seq = self._calls
         what = call.what(seq)
         try:
             self._rendezvous.check_peers()
-            workspace = self._workspace.ensure(
-                algorithm.workspace_bytes(array.size, dtype.itemsize, self.world_size))
-            lo, hi = algorithm.local_range(array)
+            workspace = self._workspace.ensure(max(
+                a.workspace_bytes(array.size, dtype, self.world_size)
+                for a in call.candidates))
+            lo, hi = call.candidates[0].local_range(array)
             mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
-                            op=call.op, algo=algorithm.name, workspace=workspace.remote(),
+                            op=call.op, algo=call.algo, workspace=workspace.remote(),
                             lo=lo, hi=hi)
             self._calls += 1
             records = self._meta.exchange(mine)
             check_agreement(records)
             context = CallContext(
                 rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
-                dtype=dtype, op=call.ufunc, ranges=tuple((m.lo, m.hi) for m in records),
+                dtype=dtype, op=call.ufunc, divisor=self.world_size if call.op == "avg" else 1,
+                ranges=tuple((m.lo, m.hi) for m in records),
                 workspace=workspace,
                 peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
                 streams=self._streams)
-            algorithm.check(context)
-            algorithm.run(context, array, target)
+            taken = route(call.algo, context, call.op, self.switch.registered)
+            self._count(taken, what)
+            taken.algorithm.run(context, array, target)
         except CallRejected:
             raise
         except PeerFailed as exc:
@@ -334,7 +343,22 @@ class Communicator:
         except BaseException as exc:
             self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
             raise self._break(exc)
-        self.last_algo = algorithm.name
+        self.last_algo, self.last_fallback = taken.algorithm.name, taken.fallback
+
+    def _count(self, taken: Route, what: str) -> None:
+        """Count the call's route; rank 0 warns the first time "auto" falls back to the
+        ring for a reason (every rank takes the same route: one line per job suffices)."""
+        if self._stats.count(taken) and self.rank == 0:
+            logger.warning("netreduce: %s runs over the host ring although the switch is "
+                           "registered: %s (logged once per reason; comm.stats() counts "
+                           "them)", what, FALLBACKS[taken.fallback])
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """The routes of this communicator's calls so far, the same on every rank:
+        {"calls": {"switch" | "ring": calls routed there}, "fallbacks": {reason: "auto" calls
+        that ran over the ring although a switch is registered}}; the reasons are the keys
+        of `netreduce.routing.FALLBACKS` ("dtype", "op", "non-finite")."""
+        return self._stats.snapshot()
 
     def _break(self, exc: BaseException) -> BaseException:
         """Mark the communicator unusable by `exc`; rank 0 unregisters the ring at once
@@ -420,13 +444,14 @@ class _Call:
     result: Any
     op: str
     ufunc: np.ufunc
-    algorithm: Algorithm
+    algo: str                                   # as asked: "auto", "switch" or "ring"
+    candidates: tuple[Algorithm, ...]           # what it may run (netreduce.routing)
 
     def what(self, seq: int | None) -> str:
         """How messages name the call (`seq`: its number once it started)."""
         number = "" if seq is None else f" #{seq}"
         return (f"allreduce call{number} ({self.array.dtype}[{self.array.size}] "
-                f"op={self.op} algo={self.algorithm.name})")
+                f"op={self.op} algo={self.algo})")
 
 
 def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig,

@@ -27,10 +27,13 @@ import numpy as np
 
 from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.stream import Outgoing, SequenceError, Stream
+from netreduce.dtypes import FLOATS, SUPPORTED_DTYPES
 from ring_setup.rendezvous import ranks_phrase
 
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
-OPS: dict[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+# op -> the ufunc that folds two contributions; "avg" folds like "sum", and the algorithm
+# divides the sum by the number of ranks when it forms the result (`CallContext.divisor`)
+OPS: dict[str, np.ufunc] = {"sum": np.add, "avg": np.add, "max": np.maximum,
+                            "min": np.minimum}
 
 _MAGIC = b"NRM2"
 _RECORD = struct.Struct("<4sIQQ8s8s8sQQIdd")
@@ -60,12 +63,18 @@ def check_dtype(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def check_op(op: str) -> np.ufunc:
+def check_op(op: str, dtype: np.dtype) -> np.ufunc:
+    """The ufunc of `op` for `dtype`; ValueError for an unknown op, or "avg" of integers
+    (torch's ReduceOp.AVG takes floating point only: an integer average would round)."""
     try:
-        return OPS[op]
+        ufunc = OPS[op]
     except KeyError:
         raise ValueError(f"allreduce: op {op!r} is not supported (supported: "
                          f"{', '.join(OPS)})") from None
+    if op == "avg" and dtype not in FLOATS:
+        raise ValueError(f"allreduce: op='avg' takes floating-point arrays, not {dtype} (an "
+                         f"integer average would round): use op='sum' and divide")
+    return ufunc
 
 
 @dataclass(frozen=True)
@@ -75,9 +84,9 @@ class CallMeta:
     rank: int
     seq: int              # calls this rank has started on the communicator, from 0
     count: int
-    dtype: str            # numpy dtype name
+    dtype: str            # numpy dtype name (8 bytes at most: "bfloat16")
     op: str
-    algo: str             # the resolved algorithm
+    algo: str             # as the caller asked it: "auto", "switch" or "ring"
     workspace: RemoteBuffer
     lo: float = 0.0       # this rank's smallest and largest element, for algorithms that
     hi: float = 0.0       # need them (Algorithm.local_range; exact for int32 and float32)

@@ -2,9 +2,10 @@
 torch tensors as views), and whether torch owns the job's MASTER_PORT.
 
 A torch tensor is reduced through `tensor.detach().numpy()`, which shares the tensor's
-memory: the result lands in the tensor itself, with no copy beyond what a numpy array
-costs. This module never imports torch: a tensor can only exist once the caller imported
-torch, so `sys.modules` tells whether there is any to recognise.
+memory: the result lands in the tensor itself, with no copy beyond what a numpy array costs
+(bfloat16, which torch does not hand to numpy: the same memory viewed as int16, then as
+ml_dtypes' bfloat16). This module never imports torch: a tensor can only exist once the
+caller imported torch, so `sys.modules` tells whether there is any to recognise.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from netreduce.meta import SUPPORTED_DTYPES
+from netreduce.dtypes import BFLOAT16, SUPPORTED_DTYPES
 
 
 def torch_tensor_type() -> type | None:
@@ -48,9 +49,12 @@ def as_ndarray(obj: Any, what: str = "array") -> np.ndarray:
                          f"{tuple(obj.shape)}, strides {obj.stride()}): reducing it in place "
                          f"needs contiguous memory (.contiguous() makes a copy to reduce)")
     names = {d.name for d in SUPPORTED_DTYPES}
-    if str(obj.dtype).removeprefix("torch.") not in names:
+    name = str(obj.dtype).removeprefix("torch.")
+    if name not in names:
         raise TypeError(f"allreduce: {what} has dtype {obj.dtype}, which is not supported "
                         f"(supported: {', '.join('torch.' + d.name for d in SUPPORTED_DTYPES)})")
+    if name == BFLOAT16.name:
+        return obj.detach().view(sys.modules["torch"].int16).numpy().view(BFLOAT16)
     return obj.detach().numpy()
 
 

@@ -12,8 +12,10 @@ asynchronously: it returns at once and the call runs on the communicator's progr
 thread in the order DDP issued it, overlapping the rest of the backward pass.
 
 Non-finite gradients: a float32 bucket holding NaN or Inf cannot travel quantized through
-the switch (`NotQuantizable`, refused on every rank alike before any data moves). The
-hook then reduces that bucket over the host ring, which sums NaN/Inf as gloo would, and
+the switch. Under algo="auto" the communicator routes that call over the host ring
+itself (`netreduce.routing`, alike on every rank), which sums NaN/Inf as gloo would;
+under HookState(algo="switch") the switch refuses it (`NotQuantizable`, on every rank
+before any data moves) and the hook reduces the bucket over the ring. Either way the hook
 warns (`NonFiniteGradientWarning`, every time, naming the bucket and the rank): so the
 averaged gradients hold NaN/Inf exactly where DDP over gloo would put them, and AMP's
 GradScaler or the user's own check sees them and skips the step.
@@ -38,6 +40,7 @@ from netreduce.algorithms.switch import NotQuantizable
 from netreduce.api import get_communicator
 from netreduce.comm import Communicator
 from netreduce.progress import Work
+from netreduce.routing import NON_FINITE
 from netreduce.torch_store import store_port_exchange
 from ring_setup.rendezvous import RendezvousConfig
 
@@ -65,19 +68,20 @@ def _resolve(state: HookState | Communicator | None) -> tuple[Communicator, str]
 
 
 def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
-    """Average `bucket.buffer()` over all ranks in place (a NaN/Inf float32 bucket that
-    the switch refuses goes over the host ring, with a warning: see the module doc) and
-    return it."""
+    """Average `bucket.buffer()` over all ranks in place (a NaN/Inf float32 bucket goes
+    over the host ring, with a warning: see the module doc) and return it."""
     buffer = bucket.buffer()
     try:
-        comm.allreduce(buffer, algo=algo)
-    except NotQuantizable as exc:
+        comm.allreduce(buffer, op="avg", algo=algo)
+        non_finite = comm.last_fallback == NON_FINITE
+    except NotQuantizable:            # algo="switch" refuses what "auto" would route
+        comm.allreduce(buffer, op="avg", algo="ring")
+        non_finite = True
+    if non_finite:
         warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {bucket.index()} "
                       f"({buffer.numel()} x {buffer.dtype}) holds NaN or Inf, which the "
-                      f"switch cannot carry: reduced over the host ring instead ({exc})",
+                      f"switch cannot carry: reduced over the host ring instead",
                       NonFiniteGradientWarning, stacklevel=2)
-        comm.allreduce(buffer, algo="ring")
-    buffer.div_(comm.world_size)
     return buffer
 
 
@@ -143,8 +147,9 @@ class _TorchWork(dist.Work):
         return future
 
 
-_NETREDUCE_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "sum"}
-_NETREDUCE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
+_NETREDUCE_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "avg"}
+_NETREDUCE_DTYPES = (torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
+                     torch.float64)
 
 
 class ProcessGroupNetreduce(dist.ProcessGroup):
@@ -213,8 +218,6 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
 
         def job() -> list[torch.Tensor]:
             comm.allreduce(tensor, op=_NETREDUCE_OPS[op])
-            if op == "AVG":
-                tensor.div_(comm.world_size)
             return tensors
         return _TorchWork(comm.submit(job, f"dist.all_reduce {op} {tensor.dtype}"
                                            f"[{tensor.numel()}]"), tensors)

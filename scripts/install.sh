@@ -166,7 +166,7 @@ if [ $want_venv = 1 ]; then
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   pyverbs_dir=$("$py" -c 'import pyverbs, os; print(os.path.dirname(pyverbs.__file__))')
   ln -sfn "$pyverbs_dir" "$site/pyverbs"
-  extras=dev,torch check='import pyverbs.device, numpy, scapy, grpc, virtme_ng, torch'
+  extras=dev,torch check='import pyverbs.device, numpy, ml_dtypes, scapy, grpc, virtme_ng, torch'
   if [ -n "$p4_prefix" ] || { [ $want_p4 = 0 ] && command -v simple_switch_grpc >/dev/null; }; then
     extras=$extras,bmv2 check="$check, p4runtime_sh.shell"   # BMv2 is driven over P4Runtime
   fi

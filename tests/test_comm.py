@@ -165,8 +165,8 @@ def mismatch_body(bad_rank: int, bad: dict[str, Any]) -> Callable[[Communicator,
 
 
 @pytest.mark.parametrize("bad, words", [
-    ({"count": 99}, "int32[100] op=sum algo=ring on ranks 0, 2; int32[99] op=sum algo=ring on rank 1"),
-    ({"dtype": "float32"}, "int32[100] op=sum algo=ring on ranks 0, 2; float32[100] op=sum algo=ring on rank 1"),
+    ({"count": 99}, "int32[100] op=sum algo=auto on ranks 0, 2; int32[99] op=sum algo=auto on rank 1"),
+    ({"dtype": "float32"}, "int32[100] op=sum algo=auto on ranks 0, 2; float32[100] op=sum algo=auto on rank 1"),
 ])
 def test_mismatched_calls_fail_alike_on_every_rank_and_change_nothing(bad: dict, words: str) -> None:
     results = run_ranks(3, mismatch_body(1, bad))
@@ -180,7 +180,7 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
     def body(comm: Communicator, host: FakeHost) -> list[str]:
         before = host.rings["ring"].posted
         errors = []
-        for call in (lambda: comm.allreduce(np.ones(3, dtype=np.float16)),
+        for call in (lambda: comm.allreduce(np.ones(3, dtype=np.complex64)),
                      lambda: comm.allreduce([1, 2, 3]),                        # type: ignore[arg-type]
                      lambda: comm.allreduce(np.ones(3, dtype=np.int32), op="avg"),
                      lambda: comm.allreduce(np.ones(3, dtype=np.int32), algo="tree"),
@@ -194,10 +194,11 @@ def test_bad_arguments_raise_before_any_exchange() -> None:
         return errors
 
     errors = run_ranks(2, body)[0]
-    assert errors[0] == ("TypeError: allreduce: dtype float16 is not supported "
-                         "(supported: int32, int64, float32, float64)")
+    assert errors[0] == ("TypeError: allreduce: dtype complex64 is not supported "
+                         "(supported: int32, int64, float16, bfloat16, float32, float64)")
     assert errors[1] == "TypeError: allreduce: expected a numpy array or a CPU torch.Tensor as array, got list"
-    assert "op 'avg' is not supported" in errors[2]
+    assert errors[2] == ("ValueError: allreduce: op='avg' takes floating-point arrays, not "
+                         "int32 (an integer average would round): use op='sum' and divide")
     assert "unknown algo 'tree'" in errors[3]
     assert errors[4] == ("ValueError: allreduce: algo='switch' needs the communicator's 'inc' "
                          "ring registered with a switch, and it is not: no address given "

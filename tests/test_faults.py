@@ -55,7 +55,7 @@ def test_a_dead_rank_is_named_by_every_other_within_seconds_and_breaks_the_commu
         assert isinstance(out[r], tuple), (r, out)
         exc, took, again = out[r]
         assert exc.ranks == [2] and took < 3, (exc, took)
-        assert (f"netreduce: rank {r}: allreduce call #1 (int32[100] op=sum algo=ring) failed: "
+        assert (f"netreduce: rank {r}: allreduce call #1 (int32[100] op=sum algo=auto) failed: "
                 f"rank 2: its process died") in str(exc)
         assert "the communicator is unusable" in str(exc)
         assert "unusable after an earlier error" in str(again)
@@ -167,7 +167,7 @@ def test_the_seal_catches_a_switch_that_stopped_aggregating_mid_call() -> None:
         from netreduce.algorithms.switch import recv_offset
         return recv_offset(wire_bytes(c, k))
 
-    call = CallContext(rank=1, world_size=n, seq=4, count=count, dtype=np.dtype(np.int32),
+    call = CallContext(rank=1, world_size=n, seq=4, count=count, dtype=np.dtype(np.int32), divisor=1,
                        op=np.add, ranges=((0, 1),) * n, workspace=workspace,
                        peer_workspace=workspace.remote(), streams={"inc": RawStream()})
     out = np.zeros(count, dtype=np.int32)

@@ -22,6 +22,8 @@ def test_record_round_trip_fits_its_slot() -> None:
     with pytest.raises(ValueError, match="not a call record"):
         CallMeta.unpack(bytes(RECORD_STRIDE))
     assert control_bytes(4) == 3 * 4 * RECORD_STRIDE
+    longest = CallMeta(0, 1, 2, "bfloat16", "avg", "auto", RemoteBuffer(1, 2, 3))   # 8 bytes
+    assert CallMeta.unpack(longest.pack()) == longest
 
 
 def test_agreeing_records_pass() -> None:
@@ -46,6 +48,9 @@ def test_dtype_and_op_checks() -> None:
     assert check_dtype(np.dtype("float32")) == np.float32
     with pytest.raises(TypeError, match="dtype complex64 is not supported"):
         check_dtype(np.dtype("complex64"))
-    assert check_op("sum") is np.add
+    assert check_op("sum", np.dtype("int32")) is np.add
+    assert check_op("avg", np.dtype("float16")) is np.add
+    with pytest.raises(ValueError, match="op=.avg. takes floating-point arrays, not int32"):
+        check_op("avg", np.dtype("int32"))
     with pytest.raises(ValueError, match="op 'prod' is not supported"):
-        check_op("prod")
+        check_op("prod", np.dtype("float32"))

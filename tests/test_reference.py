@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from netreduce.algorithms.switch import float32_error_bound, quantization_exponent
+from netreduce.algorithms.switch import float_error_bound, quantization_exponent
 from netreduce.tools.reference import Reference, rank_input
 
 
@@ -33,10 +33,24 @@ def test_float32_tolerance_is_the_bound_of_the_algorithm_that_ran() -> None:
     wide = np.stack(xs).astype(np.float64)
     exact = wide.sum(axis=0)
     e = quantization_exponent(4, float(np.abs(wide).max()))
-    assert np.array_equal(ref.tolerance("switch"), float32_error_bound(4, e, exact))
+    assert np.array_equal(ref.tolerance("switch"), float_error_bound(4, e, exact))
     assert np.allclose(ref.tolerance("ring"), 4 * 2.0**-24 * np.abs(wide).sum(axis=0))
     got = exact.astype(np.float32)
     assert ref.failure(got, "switch") is None
     assert ref.describe(got, "switch").endswith(f"within the switch quantization 2^{e} bound")
     off = got + np.float32(1e-3)
     assert ref.failure(off, "ring").startswith("100 of 100 elements wrong")
+
+
+def test_an_average_is_the_sum_over_n_within_the_divided_bound() -> None:
+    xs = [rank_input([4, r], 100, "float32") for r in range(3)]
+    ref = Reference(iter(xs), op="avg")
+    wide = np.stack(xs).astype(np.float64)
+    exact = wide.sum(axis=0) / 3
+    assert np.array_equal(ref.want, exact)
+    e = quantization_exponent(3, float(np.abs(wide).max()))
+    assert np.array_equal(ref.tolerance("switch"), float_error_bound(3, e, exact, divisor=3))
+    summed = 3 * 2.0**-24 * np.abs(wide).sum(axis=0)
+    assert np.allclose(ref.tolerance("ring"), (summed + 2.0**-24 * (3 * np.abs(exact) + summed)) / 3)
+    assert ref.failure(exact.astype(np.float32), "ring") is None
+    assert ref.failure((wide.sum(axis=0)).astype(np.float32), "switch") is not None   # a sum

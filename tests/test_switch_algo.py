@@ -3,18 +3,25 @@ in-process fabric, whose fake switch sums each message of a registered ring like
 one sums packets (tests/fakefabric.py)."""
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl.plan import MessagePlan
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
-from netreduce.algorithms.switch import (INT32_MAX, float32_error_bound,
+from netreduce.algorithms.switch import (INT32_MAX, dequantize, float_error_bound, quantize,
                                          quantization_exponent, wire_bytes)
+from netreduce.tools.reference import Reference, rank_input
+from ring_setup.rendezvous import ranks_phrase
 from test_comm import CFG, rank_data, run_ranks
 
 
@@ -61,7 +68,7 @@ def test_switch_allreduce_int32_exact_float32_within_the_bound(n: int) -> None:
         absmax = float(np.abs(floats).max())
         documented = n * n * absmax * 2.0**-30 * (1 + 2.0**-24) + 2.0**-24 * np.abs(exact) \
             + 2.0**-150
-        tight = float32_error_bound(n, quantization_exponent(n, absmax), exact)
+        tight = float_error_bound(n, quantization_exponent(n, absmax), exact)
         assert np.all(tight <= documented)
         for res in results:
             assert np.array_equal(res["int32", count], ints)
@@ -108,7 +115,7 @@ def test_extreme_magnitudes_round_trip_within_the_bound() -> None:
     for i, x in enumerate(cases):
         stack = np.stack([x * np.float32(r + 1) for r in range(n)]).astype(np.float64)
         exact = stack.sum(axis=0)
-        bound = float32_error_bound(n, quantization_exponent(n, float(np.abs(stack).max())), exact)
+        bound = float_error_bound(n, quantization_exponent(n, float(np.abs(stack).max())), exact)
         for res in results:
             assert np.all(np.abs(res[i] - exact) <= bound), (i, res[i], exact, bound)
 
@@ -209,10 +216,10 @@ def test_auto_uses_the_ring_for_what_the_switch_cannot_reduce_and_switch_refuses
     for algos, errors in results:
         assert algos == ["ring", "ring", "ring", "switch"]
         assert errors == [
-            "TypeError: allreduce: algo='switch' reduces int32 and float32 only (the switch "
-            "adds int32), not float64: use algo='ring'",
-            "ValueError: allreduce: algo='switch' supports op='sum' only, not 'min': use "
-            "algo='ring'"]
+            "TypeError: allreduce: algo='switch' reduces int32, float32, float16 and bfloat16 "
+            "only (the switch adds int32), not float64: use algo='ring'",
+            "ValueError: allreduce: algo='switch' supports op='sum' and op='avg' only, not "
+            "'min': use algo='ring'"]
 
 
 def test_a_refused_registration_is_an_error_on_every_rank_naming_the_controller() -> None:
@@ -278,3 +285,177 @@ def test_float32_with_exponent_zero_is_still_rounded_not_truncated() -> None:
     assert quantization_exponent(2, 6e8) == 0
     for res in results:
         assert res.tolist() == [1.2e9, 2.0, -2.0]
+
+
+def test_auto_routes_nan_to_the_ring_on_every_rank_counts_it_and_warns_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One rank's NaN and another's Inf: "auto" runs the ring on every rank (bit-identical
+    to algo="ring" on the same data, NaN where gloo puts it), only the metadata crossed the
+    switch, the fallback is counted alike everywhere, rank 0 warns once; finite calls, and a
+    float64 one (counted as a dtype fallback), go on."""
+    n, count = 3, 1000
+
+    def data(rank: int) -> np.ndarray:
+        x = rank_data(rank, count, "float32")
+        if rank == 1:
+            x[3] = np.nan
+        if rank == 2:
+            x[7] = np.inf
+        return x
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        inc = host.rings["inc"].posted
+        got = comm.allreduce(data(comm.rank))
+        routed = comm.last_algo, comm.last_fallback, host.rings["inc"].posted - inc
+        ring = comm.allreduce(data(comm.rank), algo="ring")
+        again = comm.allreduce(data(comm.rank))                # a second fallback: no warning
+        finite = comm.allreduce(rank_data(comm.rank, count, "float32"))
+        after = comm.last_algo, comm.last_fallback
+        comm.allreduce(np.ones(4, dtype=np.float64))
+        return got, routed, ring, again, finite, after, comm.last_fallback, comm.stats()
+
+    with caplog.at_level(logging.WARNING, logger="netreduce.comm"):
+        results, _, _ = with_switch(n, body)
+    assert not any(isinstance(r, Exception) for r in results), results
+    inputs = np.stack([data(r) for r in range(n)]).astype(np.float64)
+    exact = inputs.sum(axis=0)
+    for got, routed, ring, again, finite, after, f64, stats in results:
+        assert routed == ("ring", "non-finite", 1)           # 1: the metadata message only
+        assert got.tobytes() == ring.tobytes() == again.tobytes() == results[0][0].tobytes()
+        assert np.isnan(got[3]) and np.isposinf(got[7])
+        ok = np.isfinite(exact)
+        bound = n * 2.0**-24 * np.abs(inputs).sum(axis=0)    # the ring's rounding
+        assert np.all(np.abs(got[ok] - exact[ok]) <= bound[ok])
+        assert after == ("switch", None) and f64 == "dtype"
+        assert stats == {"calls": {"ring": 4, "switch": 1},
+                         "fallbacks": {"non-finite": 2, "dtype": 1}}
+    warned = [r.getMessage() for r in caplog.records if r.name == "netreduce.comm"]
+    assert warned == [
+        "netreduce: allreduce call #0 (float32[1000] op=sum algo=auto) runs over the host ring "
+        "although the switch is registered: the data holds NaN or infinity, which the "
+        "switch's quantization cannot carry (logged once per reason; comm.stats() counts them)",
+        "netreduce: allreduce call #4 (float64[4] op=sum algo=auto) runs over the host ring "
+        "although the switch is registered: the switch does not add this dtype (logged once "
+        "per reason; comm.stats() counts them)"]
+
+
+ELEMENTS = {   # any finite value of the dtype (bfloat16: float32s below its largest, rounded)
+    "float32": st.floats(width=32, allow_nan=False, allow_infinity=False),
+    "float16": st.floats(width=16, allow_nan=False, allow_infinity=False),
+    "bfloat16": st.floats(-(2.0**127), 2.0**127, width=32),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(ELEMENTS))
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 300), data=st.data())
+def test_quantized_sums_and_averages_stay_within_the_bound(dtype: str, n: int,
+                                                          data: st.DataObject) -> None:
+    """The quantizer alone, on any finite inputs of each float dtype the switch takes
+    (subnormals, extremes, mixed magnitudes) from up to 300 ranks: the int32 sums never
+    wrap and the sum and the average come back within `float_error_bound`."""
+    count = data.draw(st.integers(1, 6))
+    drawn = data.draw(hnp.arrays(np.float32 if dtype == "bfloat16" else np.dtype(dtype),
+                                 (min(n, 4), count), elements=ELEMENTS[dtype]))
+    drawn = drawn.astype(np.dtype(dtype))
+    xs = [drawn[r % len(drawn)] for r in range(n)]           # n ranks, up to 4 distinct inputs
+    wide = np.stack(xs).astype(np.float64)
+    e = quantization_exponent(n, float(np.abs(wide).max()))
+    total = np.zeros(count, dtype=np.int64)
+    for x in xs:
+        q = np.empty(count, dtype=np.int32)
+        quantize(x, e, q)
+        assert np.array_equal(q, np.rint(np.ldexp(x.astype(np.float64), e)))
+        total += q
+    assert np.all(np.abs(total) <= INT32_MAX)                    # the switch never wraps
+    summed = total.astype(np.int32)
+    scratch = np.empty(8 * count, dtype=np.uint8)
+    for divisor in (1, n):
+        exact = wide.sum(axis=0) / divisor
+        out = np.empty(2 * count, dtype=np.dtype(dtype))[::2]     # not contiguous
+        dequantize(summed, e, divisor, out, scratch)
+        got = out.astype(np.float64)
+        bound = float_error_bound(n, e, exact, divisor, out.dtype)
+        finite = np.isfinite(got)        # +-inf only within the bound of the dtype's range
+        top = float(ml_dtypes.finfo(out.dtype).max)
+        assert np.all(np.abs(exact[~finite]) + bound[~finite] > top), (exact, got, bound)
+        assert np.all(np.abs(got[finite] - exact[finite]) <= bound[finite]), (divisor, e)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_avg_is_the_sum_over_n_through_the_switch_and_the_ring(n: int) -> None:
+    """op="avg": float32 through the switch within its bound; float32 over the ring and
+    float64 under "auto" (the switch does not add it) bit-identical to the ring's sum
+    divided by n in the dtype, as torch's sum-then-divide; ranks asking "avg" and "sum" are
+    a mismatch."""
+    count = 3000
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x = rank_data(comm.rank, count, "float32")
+        got = {"switch": comm.allreduce(x.copy(), op="avg"), "switch algo": comm.last_algo}
+        got["ring"] = comm.allreduce(x.copy(), op="avg", algo="ring")
+        got["ring sum"] = comm.allreduce(x.copy(), algo="ring")
+        y = rank_data(comm.rank, count, "float64")
+        got["f64"] = comm.allreduce(y.copy(), op="avg")
+        got["f64 algo"] = comm.last_algo, comm.last_fallback
+        got["f64 sum"] = comm.allreduce(y.copy(), algo="ring")
+        try:
+            comm.allreduce(x.copy(), op="avg" if comm.rank else "sum")
+        except AllreduceMismatch as exc:
+            got["mismatch"] = str(exc)
+        return got
+
+    results, _, _ = with_switch(n, body)
+    assert not any(isinstance(r, Exception) for r in results), results
+    wide = np.stack([rank_data(r, count, "float32") for r in range(n)]).astype(np.float64)
+    exact = wide.sum(axis=0) / n
+    bound = float_error_bound(n, quantization_exponent(n, float(np.abs(wide).max())), exact,
+                              divisor=n)
+    for got in results:
+        assert got["switch algo"] == "switch" and got["f64 algo"] == ("ring", "dtype")
+        assert np.all(np.abs(got["switch"] - exact) <= bound)
+        assert got["switch"].tobytes() == results[0]["switch"].tobytes()
+        assert got["ring"].tobytes() == np.divide(got["ring sum"], np.float32(n)).tobytes()
+        assert got["f64"].tobytes() == np.divide(got["f64 sum"], n).tobytes()
+        assert got["mismatch"] == (
+            f"allreduce call #5: ranks disagree: float32[{count}] op=sum algo=auto on rank 0; "
+            f"float32[{count}] op=avg algo=auto on {ranks_phrase(list(range(1, n)))}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_16_bit_floats_through_the_switch_and_the_ring_within_their_bounds(
+        dtype: str, n: int) -> None:
+    """float16 and bfloat16, sum and avg: "auto" takes the switch (int32 words on the
+    wire, as many messages as a float32 call of that size), within `float_error_bound`;
+    the ring accumulates in float32 and rounds once: bit-identical to the float32 ring
+    on the same values, rounded; every rank gets the same bits (Reference checks)."""
+    count = 3 * CFG.msg_size // 4 + 5
+
+    def data(rank: int) -> np.ndarray:
+        return rank_input([rank, 16], count, dtype)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        got: dict[Any, Any] = {}
+        for op in ("sum", "avg"):
+            for algo in ("auto", "ring"):
+                x = data(comm.rank)
+                got[op, algo] = comm.allreduce(x, op=op, algo=algo), comm.last_algo
+            wide = data(comm.rank).astype(np.float32)
+            got[op, "float32 ring"] = comm.allreduce(wide, op=op, algo="ring")
+        return got
+
+    results, fabric, controller = with_switch(n, body)
+    assert not any(isinstance(r, Exception) for r in results), results
+    (spec,) = controller.registered
+    # 6 calls' metadata; the data of the 2 switch calls: int32 words, as float32 would be
+    assert fabric.switch.messages[spec.ring_id] == 6 + 2 * messages(wire_bytes(count, n))
+    for op in ("sum", "avg"):
+        ref = Reference((data(r) for r in range(n)), op=op)
+        for res in results:
+            (switched, ran), (ringed, ring_ran) = res[op, "auto"], res[op, "ring"]
+            assert (ran, ring_ran) == ("switch", "ring") and switched.dtype == np.dtype(dtype)
+            assert ref.failure(switched, "switch") is None, (op, ref.describe(switched, "switch"))
+            assert ref.failure(ringed, "ring") is None, op
+            assert ringed.tobytes() == res[op, "float32 ring"].astype(np.dtype(dtype)).tobytes()
+            assert switched.tobytes() == results[0][op, "auto"][0].tobytes()

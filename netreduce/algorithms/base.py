@@ -10,8 +10,10 @@ aggregation: on it every rank must post the identical message sequence, and with
 the metadata exchange posts there too) and the successor's workspace, whose address the
 per-call metadata exchange delivered.
 
-Call order, identical on every rank: `check_call` (before any exchange), metadata exchange
-and agreement, `check` (raises `CallRejected` alike on every rank, nothing moved), `run`.
+Call order, identical on every rank: `check_call` (before any exchange, for an explicit
+algo), metadata exchange and agreement, `check` (raises `CallRejected` alike on every rank,
+nothing moved; under algo="auto" `netreduce.routing` takes the ring instead where the
+switch's `check` says the data cannot travel), `run`.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ class CallContext:
     seq: int                        # the call's number on the communicator (from 0)
     count: int
     dtype: np.dtype
-    op: np.ufunc
+    op: np.ufunc                    # folds two contributions
+    divisor: int                    # the result is the reduction / divisor (op="avg": n)
     ranges: tuple[tuple[float, float], ...]   # every rank's `local_range`, by rank
     workspace: RegisteredMemory     # this call's, `workspace_bytes` large, the algorithm's own
     peer_workspace: RemoteBuffer    # the successor's workspace for this call
@@ -48,7 +51,7 @@ class Algorithm(Protocol):
         """Raise TypeError / ValueError unless the algorithm reduces `dtype` with `op`."""
         ...
 
-    def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int: ...
+    def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int: ...
 
     def local_range(self, array: np.ndarray) -> tuple[float, float]:
         """What this rank publishes in the call's metadata as (lo, hi)."""
@@ -61,5 +64,6 @@ class Algorithm(Protocol):
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         """Reduce `src` (this rank's `count` elements) over the ranks into `dst` (same shape
-        and dtype; may be `src`)."""
+        and dtype; may be `src`), divided by `call.divisor` before the result's last
+        rounding to `dtype`."""
         ...

@@ -1,8 +1,12 @@
 """Host ring allreduce: reduce-scatter then all-gather over the "ring" QPs, 2(n-1) steps.
 
-The input is copied to the start of the workspace ("data"), reduced there, and the result
-copied out. The `count` elements are cut into n chunks (sizes differ by at most one
-element; some are empty when count < n). With r the rank and all chunk numbers mod n:
+The input is copied to the start of the workspace ("data", in the accumulator dtype:
+float32 for float16 and bfloat16, else the input's own), reduced there, and the result
+copied out (16-bit floats: rounded once, from the float32 result; op="avg": divided by n in
+the accumulator dtype first). Everything travels in the accumulator dtype, so a 16-bit call
+moves the bytes of a float32 one. The `count` elements are cut into n chunks (sizes differ
+by at most one element; some are empty when count < n). With r the rank and all chunk
+numbers mod n:
 - reduce-scatter step s (0..n-2): send chunk r-s to the successor's staging slot s, receive
   chunk r-s-1 into our staging slot s and fold it into our chunk r-s-1 message by message
   as it arrives. Afterwards rank r holds the final chunk r+1.
@@ -28,6 +32,7 @@ import numpy as np
 from flowctl.plan import Message
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
+from netreduce.dtypes import accumulator
 
 ALIGN = 64
 
@@ -95,15 +100,16 @@ class RingAllreduce:
     def check(self, call: CallContext) -> None:
         return None
 
-    def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
-        return RingLayout(count, itemsize, world_size).nbytes
+    def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int:
+        return RingLayout(count, accumulator(dtype).itemsize, world_size).nbytes
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         n, r = call.world_size, call.rank
-        layout = RingLayout(call.count, call.dtype.itemsize, n)
+        acc = accumulator(call.dtype)
+        layout = RingLayout(call.count, acc.itemsize, n)
         stream = call.streams["ring"]
         whole = call.workspace.view()
-        data = whole[:call.count * call.dtype.itemsize].view(call.dtype)
+        data = whole[:call.count * acc.itemsize].view(acc)
         np.copyto(data.reshape(src.shape), src)
         local, peer = call.workspace.local(), call.peer_workspace
         bounds = layout.bounds
@@ -112,18 +118,20 @@ class RingAllreduce:
             send_c, recv_c = (r - s) % n, (r - s - 1) % n
             size, slot = layout.chunk_bytes(send_c), layout.slot_offset(s)
             recv_size = layout.chunk_bytes(recv_c)
-            staged = whole[slot:slot + recv_size].view(call.dtype)
+            staged = whole[slot:slot + recv_size].view(acc)
             target = data[bounds[recv_c]:bounds[recv_c + 1]]
             stream.transfer(Outgoing(local.slice(layout.chunk_offset(send_c), size),
                                      peer.slice(slot, size)),
                             recv_nbytes=recv_size,
-                            on_arrival=_folder(call.op, target, staged, call.dtype.itemsize))
+                            on_arrival=_folder(call.op, target, staged, acc.itemsize))
 
         for t in range(n - 1):                                  # all-gather
             send_c, recv_c = (r + 1 - t) % n, (r - t) % n
             offset, size = layout.chunk_offset(send_c), layout.chunk_bytes(send_c)
             stream.transfer(Outgoing(local.slice(offset, size), peer.slice(offset, size)),
                             recv_nbytes=layout.chunk_bytes(recv_c))
+        if call.divisor != 1:                   # op="avg": every rank divides the same sums
+            np.divide(data, call.divisor, out=data)
         np.copyto(dst, data.reshape(dst.shape))
 
 

@@ -34,15 +34,31 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   -- n * 2^-(e+1) from rounding each rank's x * 2^e to an integer (<= n^2 * M * 2^-30 by
   the choice of e), the rest from rounding the exact quantized sum to float32 (relative
   2^-24; 2^-150 where the result is subnormal). A sum beyond float32's range is +-inf, as
-  with any float32 sum. NaN and infinities cannot be quantized: `NotQuantizable` on every
-  rank, before any data moves.
+  with any float32 sum (and so may be one within the bound of that range's edge). NaN and
+  infinities cannot be quantized: `NotQuantizable` on every rank, before any data moves.
+- float16 and bfloat16 travel like float32 (every value of theirs is a float32; the
+  scale comes from the same M, quantization happens in float32) as 4-byte int32 words, so
+  the switch carries twice their bytes. The result is rounded once from float64 to float16,
+  twice (through float32: ml_dtypes' conversion) to bfloat16, so its bound is the
+  quantization term plus that rounding: for float16, with u = 2^-11,
+      |result - S| <= (1 + u) * n * 2^-(e+1) + u * |S| + 2^-25
+  and for bfloat16 (u = 2^-8) the float32 bound above, rounded once more:
+      (1 + u) * (float32 bound) + u * |S| + 2^-134
+  (`float_error_bound(..., dtype=)`). The quantization term is ~n^2 * M * 2^-30: far
+  below the 16-bit rounding, whose relative 2^-11 / 2^-8 dominates. A sum beyond the
+  dtype's range (float16: 65504) is +-inf.
+- op="avg" (floating point) travels as the sum; the result is (sum of q) * 2^-e / n, formed
+  in float64 (exact but for the division's 2^-53 when n is not a power of two) and rounded
+  once: |result - S/n| <= the bound above with n * 2^-(e+1) / n for the quantization term
+  (`float_error_bound`).
 
-Host passes: one copy into the send area (int32: plain; float32: quantizing), one copy of
-the sum into the caller's output once the transfer is complete (int32: plain; float32: to
-float32, then the exact * 2^-e). A message arrives only after the switch emitted every
-packet of it, i.e. after it had added every rank's packets of it, ours included, exactly
-once; any later retransmission of our packets of that message finds its slot emitted
-(answered from the slot) or reused (dropped as stale) -- its payload is never added again.
+Host passes: one copy into the send area (int32: plain; floats: quantizing), one copy of
+the sum into the caller's output once the transfer is complete (int32: plain; floats:
+chunk by chunk to float64, the exact * 2^-e, / n for avg, one rounding). A message arrives
+only after the switch emitted every packet of it, i.e. after it had added every rank's
+packets of it, ours included, exactly once; any later retransmission of our packets of that
+message finds its slot emitted (answered from the slot) or reused (dropped as stale) -- its
+payload is never added again.
 """
 from __future__ import annotations
 
@@ -52,13 +68,15 @@ import numpy as np
 
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext
+from netreduce.dtypes import FLOAT32, HALVES, ROUNDINGS_FROM_FLOAT64, after_roundings
 from netreduce.meta import CallRejected, SwitchNotAggregating
 from ring_setup.rendezvous import ranks_phrase
 
 WIRE = np.dtype("<i4")
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
-DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+DTYPES = (np.dtype(np.int32), FLOAT32, *HALVES)
+OPS = ("sum", "avg")      # avg: the sum, divided by n (floating point only: netreduce.meta)
 ALIGN = 64
 _CHUNK = 1 << 16          # elements quantized per numpy pass (bounded temporaries)
 
@@ -68,7 +86,7 @@ class AllreduceOverflow(CallRejected, OverflowError):
 
 
 class NotQuantizable(CallRejected, ValueError):
-    """float32 data holding NaN or infinity cannot travel quantized: refused on every rank."""
+    """Float data holding NaN or infinity cannot travel quantized: refused on every rank."""
 
 
 MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (switch.contract: 32 racks x 32)
@@ -94,11 +112,47 @@ def quantization_exponent(world_size: int, absmax: float) -> int:
     return 31 - c - exp - (c > 7)
 
 
-def float32_error_bound(world_size: int, exponent: int, exact: np.ndarray) -> np.ndarray:
-    """The module doc's per-element bound on |result - exact| for a float32 call quantized
-    with 2^`exponent` (`exact`: the exact sums, float64)."""
-    rounding = world_size * 2.0 ** -(exponent + 1)
-    return rounding * (1 + 2.0**-24) + 2.0**-24 * np.abs(exact) + 2.0**-150
+def float_error_bound(world_size: int, exponent: int, exact: np.ndarray,
+                      divisor: int = 1, dtype: np.dtype = FLOAT32) -> np.ndarray:
+    """The module doc's per-element bound on |result - exact| for a call of `dtype`
+    quantized with 2^`exponent` whose result is the sum / `divisor` (`exact`: the exact
+    results, float64). With q = n * 2^-(e+1) / divisor the quantization error and d = 2^-53
+    the float64 division's rounding (0 when divisor is a power of two: exact), the float64
+    value is within q * (1 + d) + d * |exact|, then rounded to `dtype`
+    (`netreduce.dtypes.after_roundings`); for float32 and divisor 1 that is the module
+    doc's n * 2^-(e+1) * (1 + 2^-24) + 2^-24 * |S| + 2^-150."""
+    division = 0.0 if divisor & (divisor - 1) == 0 else 2.0**-53
+    quantization = world_size * 2.0 ** -(exponent + 1) / divisor
+    off = quantization * (1 + division) + division * np.abs(exact)
+    return after_roundings(off, exact, ROUNDINGS_FROM_FLOAT64[np.dtype(dtype)])
+
+
+def quantize(src: np.ndarray, e: int, wire: np.ndarray) -> None:
+    """wire = rint(src * 2^e) as int32 (`wire`: flat, src.size elements); src * 2^e is
+    formed in float32, exactly (every float16 and bfloat16 is a float32, and the product's
+    magnitude is below 2^31 / n by the choice of e; what float32 cannot hold is below one
+    half and rounds to 0 either way)."""
+    flat = src.reshape(-1)
+    for lo in range(0, flat.size, _CHUNK):
+        q = np.ldexp(flat[lo:lo + _CHUNK], e, dtype=np.float32)
+        wire[lo:lo + _CHUNK] = np.rint(q, out=q)
+
+
+def dequantize(summed: np.ndarray, e: int, divisor: int, dst: np.ndarray,
+               workspace: np.ndarray) -> None:
+    """dst = summed * 2^-e / divisor (`summed`: flat int32 sums), exact in float64 but for
+    the division and rounded once to dst's dtype (+-inf beyond its range). A `dst` that is
+    not contiguous is formed in `workspace` (bytes, at least dst.nbytes, free) and copied."""
+    flat = dst.reshape(-1) if dst.flags.c_contiguous else \
+        workspace[:dst.nbytes].view(dst.dtype)
+    with np.errstate(over="ignore"):
+        for lo in range(0, summed.size, _CHUNK):
+            sums = np.ldexp(summed[lo:lo + _CHUNK], -e, dtype=np.float64)
+            if divisor != 1:
+                np.divide(sums, divisor, out=sums)
+            flat[lo:lo + _CHUNK] = sums
+    if not dst.flags.c_contiguous:
+        np.copyto(dst, flat.reshape(dst.shape))
 
 
 def wire_bytes(count: int, world_size: int) -> int:
@@ -112,23 +166,25 @@ def recv_offset(nbytes: int) -> int:
 
 
 class SwitchAllreduce:
-    """Sum of int32 or float32 through the aggregating switch (see the module doc)."""
+    """Sum (or avg) of int32, float32, float16 or bfloat16 through the aggregating switch
+    (see the module doc)."""
 
     name = "switch"
 
     @staticmethod
     def supports(dtype: np.dtype, op: str) -> bool:
-        return dtype in DTYPES and op == "sum"
+        return dtype in DTYPES and op in OPS
 
     def check_call(self, dtype: np.dtype, op: str) -> None:
         if dtype not in DTYPES:
-            raise TypeError(f"allreduce: algo='switch' reduces int32 and float32 only (the "
-                            f"switch adds int32), not {dtype}: use algo='ring'")
-        if op != "sum":
-            raise ValueError(f"allreduce: algo='switch' supports op='sum' only, not {op!r}: "
-                             f"use algo='ring'")
+            raise TypeError(f"allreduce: algo='switch' reduces int32, float32, float16 and "
+                            f"bfloat16 only (the switch adds int32), not {dtype}: use "
+                            f"algo='ring'")
+        if op not in OPS:
+            raise ValueError(f"allreduce: algo='switch' supports op='sum' and op='avg' only, "
+                             f"not {op!r}: use algo='ring'")
 
-    def workspace_bytes(self, count: int, itemsize: int, world_size: int) -> int:
+    def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int:
         return 2 * recv_offset(wire_bytes(count, world_size))
 
     def local_range(self, array: np.ndarray) -> tuple[float, float]:
@@ -160,8 +216,8 @@ class SwitchAllreduce:
                if not (math.isfinite(lo) and math.isfinite(hi))]
         if bad:
             raise NotQuantizable(
-                f"allreduce call #{call.seq}: algo='switch' quantizes float32 to int32 and "
-                f"cannot carry NaN or infinity (in the data of {ranks_phrase(bad)}); nothing "
+                f"allreduce call #{call.seq}: algo='switch' quantizes {call.dtype} to int32 "
+                f"and cannot carry NaN or infinity (in the data of {ranks_phrase(bad)}); nothing "
                 f"moved. Use algo='ring'")
         absmax = max(max(-lo, hi) for lo, hi in call.ranges)
         return quantization_exponent(call.world_size, absmax)
@@ -180,10 +236,7 @@ class SwitchAllreduce:
             np.copyto(data.reshape(src.shape), src)
         else:
             e = self._exponent(call)
-            flat = src.reshape(-1)
-            for lo in range(0, call.count, _CHUNK):     # x * 2^e is exact in float32
-                q = np.ldexp(flat[lo:lo + _CHUNK], e)
-                data[lo:lo + _CHUNK] = np.rint(q, out=q)
+            quantize(src, e, data)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes)
@@ -193,9 +246,10 @@ class SwitchAllreduce:
                 f"allreduce call #{call.seq}: rank {call.rank}: the seal that came back is "
                 f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "
                 f"rank's last packet (the result is not used)")
-        np.copyto(dst, summed[:call.count].reshape(dst.shape), casting="unsafe")
-        if call.dtype == np.float32:
-            np.ldexp(dst, -e, out=dst)
+        if call.dtype == np.int32:
+            np.copyto(dst, summed[:call.count].reshape(dst.shape))
+        else:
+            dequantize(summed[:call.count], e, call.divisor, dst, whole)
 
 
 SWITCH = SwitchAllreduce()

@@ -8,42 +8,52 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from netreduce.algorithms.switch import float32_error_bound, quantization_exponent
+from netreduce.algorithms.switch import float_error_bound, quantization_exponent
+from netreduce.dtypes import HALVES, ROUNDING, accumulator, after_roundings
 
 
 def rank_input(key: int | Sequence[int], count: int, dtype: str) -> np.ndarray:
     """The input seeded by `key` (e.g. [seed, rank]): int32 uniform in [-2^20, 2^20) (the
-    sum of up to 1024 ranks passes the switch's conservative overflow check), float32
-    standard normal."""
+    sum of up to 1024 ranks passes the switch's conservative overflow check); float32
+    standard normal, and float16 / bfloat16 ("float16", "bfloat16") that rounded."""
     rng = np.random.default_rng(key)
     if dtype == "int32":
         return rng.integers(-(2**20), 2**20, count, dtype=np.int32)
-    return rng.standard_normal(count, dtype=np.float32)
+    normal = rng.standard_normal(count, dtype=np.float32)
+    return normal if dtype == "float32" else normal.astype(np.dtype(dtype))
 
 
 class Reference:
-    """The sum of `inputs` (one array per rank, int32 or float32) and how far a result may
-    be from it. int32: exactly numpy's (wrapping) sum. float32: within the error bound of
-    the algorithm that ran -- "switch": its quantization bound (`float32_error_bound`; README
-    "In-network allreduce: what travels, accuracy, overflow"); "ring": n-1 float32
-    additions, each rounding by at most 2^-24 of a partial sum no larger than sum(|x_i|),
-    so |got - sum| <= n * 2^-24 * sum(|x_i|)."""
+    """The result of `op` ("sum", or "avg": the sum / n) over `inputs` (one array per rank,
+    int32, float32, float16 or bfloat16) and how far a result may be from it. int32: exactly
+    numpy's (wrapping) sum. Floats: within the error bound of the algorithm that ran --
+    "switch": its quantization bound (`float_error_bound`; README "In-network allreduce:
+    what travels, accuracy, overflow"); "ring": n-1 additions in the accumulator dtype
+    (float32 for all three), each rounding by at most u = 2^-24 of a partial sum no larger
+    than m = sum(|x_i|), so |sum - S| <= n * u * m; an average divides that sum by n there,
+    one more rounding of u * (|S| + n * u * m) / n; a 16-bit result is then rounded once to
+    its dtype (`netreduce.dtypes.after_roundings`)."""
 
-    def __init__(self, inputs: Iterable[np.ndarray]) -> None:
+    def __init__(self, inputs: Iterable[np.ndarray], op: str = "sum") -> None:
         """`inputs` (at least one array, all of one shape and dtype) is consumed one array
         at a time: a generator keeps memory at a few arrays, whatever the number of ranks."""
         self.world_size = 0
         self.absmax = 0.0
         for x in inputs:
             if not self.world_size:
+                self.dtype = x.dtype
                 self.exact = x.dtype == np.int32
                 self.want = np.zeros(x.shape, dtype=np.int32 if self.exact else np.float64)
                 self.magnitude = np.zeros(0 if self.exact else x.shape)
             self.world_size += 1
             self.want += x                          # int32 wraps like numpy's int32 sum
             if not self.exact:
-                self.magnitude += np.abs(x)
-                self.absmax = max(self.absmax, float(np.abs(x).max(initial=0.0)))
+                wide = np.abs(x.astype(np.float64))
+                self.magnitude += wide
+                self.absmax = max(self.absmax, float(wide.max(initial=0.0)))
+        self.divisor = self.world_size if op == "avg" else 1
+        if self.divisor != 1:
+            self.want /= self.divisor
 
     def tolerance(self, algo: str) -> np.ndarray:
         """The largest |got - want| allowed per element (zeros for int32)."""
@@ -51,22 +61,29 @@ class Reference:
             return np.zeros(self.want.shape)
         if algo == "switch":
             e = quantization_exponent(self.world_size, self.absmax)
-            return float32_error_bound(self.world_size, e, self.want)
-        return self.world_size * 2.0**-24 * self.magnitude
+            return float_error_bound(self.world_size, e, self.want, self.divisor, self.dtype)
+        u = ROUNDING[accumulator(self.dtype)][0]
+        off = self.world_size * u * self.magnitude
+        if self.divisor != 1:
+            off = (off + u * (np.abs(self.want) * self.divisor + off)) / self.divisor
+        if self.dtype in HALVES:
+            return after_roundings(off, self.want, (ROUNDING[self.dtype],))
+        return off
 
     def wrong(self, got: np.ndarray, algo: str) -> np.ndarray:
         """Indices of the elements of `got` outside the tolerance."""
         if self.exact:
             return np.flatnonzero(got != self.want)
-        return np.flatnonzero(np.abs(got - self.want) > self.tolerance(algo))
+        return np.flatnonzero(np.abs(got.astype(np.float64) - self.want)
+                              > self.tolerance(algo))
 
     def describe(self, got: np.ndarray, algo: str) -> str:
         """How `got` compares: "exact", or its largest error and the bound's kind."""
         if self.exact:
             return "exact"
-        err = float(np.abs(got - self.want).max(initial=0.0))
+        err = float(np.abs(got.astype(np.float64) - self.want).max(initial=0.0))
         kind = (f"switch quantization 2^{quantization_exponent(self.world_size, self.absmax)}"
-                if algo == "switch" else "float32 rounding")
+                if algo == "switch" else f"{self.dtype} ring rounding")
         return f"max error {err:.3g}, within the {kind} bound"
 
     def failure(self, got: np.ndarray, algo: str) -> str | None:

@@ -11,10 +11,11 @@
     allreduce_worker.py rank0-killed --until FILE   (rank 0 SIGKILLs itself, ring registered)
     allreduce_worker.py switch-restart --until FILE (calls until the switch restarts)
     allreduce_worker.py inc-spec
+    allreduce_worker.py floats [--sizes N,...]   (issue 22: NaN under auto, avg, 16-bit floats)
 
 Prints "OK ..." lines the tests look for; a failed check exits non-zero with the reason.
 Every rank's data is a function of its rank, so each rank computes the reference itself
-(netreduce.tools.reference: int32 exact, float32 within the bound of the algorithm that ran).
+(netreduce.tools.reference: int32 exact, floats within the bound of the algorithm that ran).
 """
 from __future__ import annotations
 
@@ -40,16 +41,16 @@ def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:
 
 
 def reduce_and_check(comm: netreduce.Communicator, count: int, dtype: str, algo: str,
-                     timed: bool) -> None:
-    """One allreduce of every rank's `rank_data` (odd sizes in place, even ones from a
-    read-only input into `out`), checked against the reference; `algo` other than "auto"
+                     timed: bool, op: str = "sum") -> None:
+    """One allreduce (`op`) of every rank's `rank_data` (odd sizes in place, even ones from
+    a read-only input into `out`), checked against the reference; `algo` other than "auto"
     must be the one that ran."""
     n = comm.world_size
     x = rank_data(comm.rank, count, dtype)
     out = x if count % 2 else np.empty_like(x)
     x.flags.writeable = out is x
     t0 = time.perf_counter()
-    got = comm.allreduce(x, algo=algo, out=None if out is x else out)
+    got = comm.allreduce(x, op=op, algo=algo, out=None if out is x else out)
     dt = time.perf_counter() - t0
     if got is not out:
         sys.exit(f"FAIL {dtype}[{count}]: the result is not in the array it should be in")
@@ -58,9 +59,9 @@ def reduce_and_check(comm: netreduce.Communicator, count: int, dtype: str, algo:
     ran = str(comm.last_algo)
     if algo != "auto" and ran != algo:
         sys.exit(f"FAIL {dtype}[{count}]: algo={algo} ran {ran}")
-    failure = Reference(rank_data(r, count, dtype) for r in range(n)).failure(got, ran)
+    failure = Reference((rank_data(r, count, dtype) for r in range(n)), op).failure(got, ran)
     if failure is not None:
-        sys.exit(f"FAIL {dtype}[{count}] algo={ran}: {failure}")
+        sys.exit(f"FAIL {dtype}[{count}] op={op} algo={ran}: {failure}")
     if timed:
         algbw = x.nbytes / dt
         print(f"TIME n={n} {dtype}[{count}] {x.nbytes / 2**20:.1f} MiB algo={ran}: {dt:.2f} s, "
@@ -109,6 +110,53 @@ def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compa
     for algo in ("switch", "ring", "switch", "ring") if compare else ():
         reduce_and_check(comm, compare, "int32", algo, True)
     print("OK switch", flush=True)
+
+
+NAN_AT, INF_AT = 3, 7        # where rank 1's data holds NaN and rank 2's +inf
+
+
+def poisoned(rank: int, count: int) -> np.ndarray:
+    """float32 `rank_data`, with NaN at NAN_AT on rank 1 and +inf at INF_AT on rank 2."""
+    x = rank_data(rank, count, "float32")
+    if rank == 1:
+        x[NAN_AT] = np.nan
+    if rank == 2:
+        x[INF_AT] = np.inf
+    return x
+
+
+def floats(comm: netreduce.Communicator, sizes: list[int]) -> None:
+    """Issue 22 in one job (needs 3+ ranks and the registered ring): algo="auto" on NaN/Inf
+    data runs the ring on every rank (bit-identical to algo="ring", NaN and +inf where
+    they belong, the rest within the ring's bound); then at each of `sizes`, over the switch
+    and over the ring: op="avg" of float32, float16 and bfloat16, and op="sum" of the
+    16-bit ones, each within its bound; prints the communicator's STATS."""
+    if not comm.switch.registered or comm.world_size < 3:
+        sys.exit(f"FAIL: needs 3+ ranks and the ring registered: {comm.switch.describe()}")
+    count = 1000
+    got = comm.allreduce(poisoned(comm.rank, count))
+    if (comm.last_algo, comm.last_fallback) != ("ring", "non-finite"):
+        sys.exit(f"FAIL: auto with NaN ran {comm.last_algo} ({comm.last_fallback})")
+    ring = comm.allreduce(poisoned(comm.rank, count), algo="ring")
+    if got.tobytes() != ring.tobytes():
+        sys.exit("FAIL: auto with NaN did not give the ring's result")
+    if not (np.isnan(got[NAN_AT]) and np.isposinf(got[INF_AT])):
+        sys.exit(f"FAIL: NaN/inf not propagated: {got[[NAN_AT, INF_AT]].tolist()}")
+    finite = np.ones(count, dtype=bool)
+    finite[[NAN_AT, INF_AT]] = False
+    failure = Reference(poisoned(r, count)[finite] for r in range(comm.world_size)).failure(
+        got[finite], "ring")
+    if failure is not None:
+        sys.exit(f"FAIL: auto with NaN: {failure}")
+    print("OK nan: auto ran the ring", flush=True)
+    for op, dtypes in (("avg", ("float32", "float16", "bfloat16")),
+                       ("sum", ("float16", "bfloat16"))):
+        for dtype in dtypes:
+            for n in sizes:
+                for algo in ("switch", "ring"):
+                    reduce_and_check(comm, n, dtype, algo, False, op)
+    print(f"STATS {json.dumps(comm.stats(), sort_keys=True)}", flush=True)
+    print("OK floats", flush=True)
 
 
 def hold(comm: netreduce.Communicator, until: str, timeout: float) -> None:
@@ -229,7 +277,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["correctness", "switch", "hold", "mismatch",
                                     "missing-rank", "stall", "inc-spec", "die", "late",
-                                    "rank0-killed", "switch-restart"])
+                                    "rank0-killed", "switch-restart", "floats"])
     p.add_argument("what", nargs="?", default="count")
     p.add_argument("--sizes", default="1,1000,256,4194304")
     p.add_argument("--timed", type=int, default=4194304)
@@ -275,6 +323,7 @@ def main() -> None:
         "rank0-killed": lambda: rank0_killed(comm, args.until),
         "switch-restart": lambda: switch_restart(comm, args.until),
         "inc-spec": lambda: print(f"SPEC {comm.inc_ring_spec().to_json()}", flush=True),
+        "floats": lambda: floats(comm, sizes),
     }
     modes[args.mode]()
     netreduce.finalize()

@@ -177,3 +177,26 @@ def test_ib_write_bw_passes_unchanged_while_a_ring_is_registered(tmp_path: Path)
     assert after == before
     (result,) = outcome
     assert result.ok and all(lines(result, r, "OK hold") for r in range(2)), watch.getvalue()
+
+
+def test_floats_nan_under_auto_avg_and_16_bit_through_switch_and_ring() -> None:
+    """Issue 22, one 4-rank job (allreduce_worker.py floats): algo="auto" with NaN and +inf
+    in two ranks' data returns the ring's result on every rank (last_algo "ring", fallback
+    "non-finite"; rank 0 warns once); op="avg" of float32/float16/bfloat16 and op="sum" of
+    float16/bfloat16 over the switch and over the ring at 1000 elements (the out= path)
+    and 65537 (in place, two messages), each within its bound; every rank counted the same
+    routes."""
+    sizes = [1000, 65537]
+    result = run_worker(4, "floats", "--sizes", ",".join(map(str, sizes)), timeout=900)
+    assert result.ok, f"exit {result.exit_code}"
+    calls = 5 * len(sizes)                   # (op, dtype) pairs x sizes, per algorithm
+    for r in range(4):
+        output = result.ranks[r].output
+        assert lines(result, r, "OK nan: auto ran the ring") and lines(result, r, "OK floats"), \
+            output
+        (stats,) = lines(result, r, "STATS ")
+        assert json.loads(stats) == {"calls": {"ring": calls + 2, "switch": calls},
+                                     "fallbacks": {"non-finite": 1}}, stats
+        warned = [line for line in output if "runs over the host ring although the switch is "
+                  "registered: the data holds NaN or infinity" in line]
+        assert len(warned) == (1 if r == 0 else 0), output

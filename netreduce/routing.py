@@ -1,0 +1,119 @@
+"""Where each allreduce call runs: the one place a call's route is decided, and the counts.
+
+Two steps, both functions of what every rank holds alike, so every rank takes the same
+route and the message sequences on the QPs never diverge (netreduce/algorithms/switch.py):
+- `candidates(algo, dtype, op, switch)`, before any exchange: the algorithms the call may
+  run. It raises for explicit requests the call cannot satisfy (algo="switch" without a
+  registered ring, or with a dtype/op the switch does not add). The workspace is sized
+  for all of them, and the first one's `local_range` goes into the call's metadata.
+- `route(algo, call, switch)`, after the metadata exchange and its agreement check: the
+  algorithm that runs, from the requested `algo`, the agreed call (dtype, op, every rank's
+  range) and whether the switch takes calls -- never from anything one rank alone knows.
+  "auto" takes the switch when it is registered and can carry the call, else the ring,
+  and says why (`Route.fallback`): the switch does not add the dtype (`DTYPE`) or the op
+  (`OP`), or the data holds NaN or infinity, which quantization cannot carry
+  (`NON_FINITE`). "auto" without a registered switch runs the ring: not a fallback.
+  An explicit algorithm is never substituted: algo="switch" refuses what it cannot carry
+  (`NotQuantizable`, `AllreduceOverflow`, alike on every rank).
+  An int32 call whose sum may overflow is refused under "auto" too (`AllreduceOverflow`):
+  the ring would wrap silently.
+
+`CallStats` counts the routes taken (identical on every rank, since the routes are).
+Issue #24's "fall back while the switch is away, return later" plugs in here: its agreed
+switch state becomes the `switch` argument of `route` (with a reason of its own) and its
+fallbacks and returns are counted by the same `CallStats`.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from netreduce.algorithms import Algorithm, CallContext, resolve
+from netreduce.algorithms.ring import RING
+from netreduce.algorithms.switch import DTYPES, SWITCH, NotQuantizable
+from netreduce.registration import SwitchStatus
+
+AUTO = "auto"
+DTYPE = "dtype"            # the switch does not add this dtype
+OP = "op"                  # the switch does not reduce with this op
+NON_FINITE = "non-finite"  # NaN or infinity in some rank's data: quantization cannot carry it
+FALLBACKS = {
+    DTYPE: "the switch does not add this dtype",
+    OP: "the switch reduces only op='sum' and op='avg'",
+    NON_FINITE: "the data holds NaN or infinity, which the switch's quantization cannot carry",
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """The algorithm a call runs and, when "auto" did not take a registered switch, why
+    (a key of `FALLBACKS`; None otherwise)."""
+
+    algorithm: Algorithm
+    fallback: str | None = None
+
+
+def candidates(algo: str, dtype: np.dtype, op: str,
+               switch: SwitchStatus) -> tuple[Algorithm, ...]:
+    """The algorithms a call of `dtype` and `op` with `algo` may run, preferred first;
+    TypeError / ValueError (before any exchange) for an unknown name or an explicit
+    algorithm that cannot take the call."""
+    if algo == AUTO:
+        return (SWITCH, RING) if switch.registered and SWITCH.supports(dtype, op) else (RING,)
+    algorithm = resolve(algo)
+    if algorithm is SWITCH and not switch.registered:
+        raise ValueError(f"allreduce: algo='switch' needs the communicator's 'inc' ring "
+                         f"registered with a switch, and it is not: {switch.note}")
+    algorithm.check_call(dtype, op)
+    return (algorithm,)
+
+
+def route(algo: str, call: CallContext, op: str, switch: bool) -> Route:
+    """The route of an agreed call (see the module doc): `algo` as every rank asked it,
+    `call` with every rank's range, `op` the op's name, `switch` whether the switch takes
+    calls (alike on every rank). Raises the switch's `CallRejected` for algo="switch" (and
+    for an int32 overflow under "auto"), alike on every rank."""
+    if algo != AUTO:
+        algorithm = resolve(algo)
+        algorithm.check(call)
+        return Route(algorithm)
+    if not switch:
+        return Route(RING)
+    if not SWITCH.supports(call.dtype, op):
+        return Route(RING, DTYPE if call.dtype not in DTYPES else OP)
+    try:
+        SWITCH.check(call)
+    except NotQuantizable:
+        return Route(RING, NON_FINITE)
+    return Route(SWITCH)
+
+
+class CallStats:
+    """How many calls each algorithm ran and how many "auto" calls fell back to the ring,
+    by reason; the same on every rank. Thread-safe (the progress thread counts, any thread
+    reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ran: dict[str, int] = {}
+        self._fallbacks: dict[str, int] = {}
+
+    def count(self, taken: Route) -> bool:
+        """Count one routed call; True when it is the first fallback for its reason (the
+        caller warns once per reason)."""
+        with self._lock:
+            name = taken.algorithm.name
+            self._ran[name] = self._ran.get(name, 0) + 1
+            if taken.fallback is None:
+                return False
+            seen = self._fallbacks.get(taken.fallback, 0)
+            self._fallbacks[taken.fallback] = seen + 1
+            return seen == 0
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """{"calls": {algorithm: calls routed to it}, "fallbacks": {reason: "auto" calls
+        routed to the ring although a switch is registered}}."""
+        with self._lock:
+            return {"calls": dict(self._ran), "fallbacks": dict(self._fallbacks)}
