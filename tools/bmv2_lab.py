@@ -26,11 +26,14 @@ from typing import Optional, Sequence
 from switch.cli import build_parser, controller_options, spine_config
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
+from switch.control.bmv2_tor import Bmv2TorTarget
 from switch.control.fabric import SpineTarget
 from switch.control.fabric_rpc import SpineSwitch
 from switch.control.service import serve
 from switch.dataplane.spine import SpineConfig
-from switch.p4.program import DEFAULT_BUILD, DEFAULT_SPINE_BUILD, SPINE_MAIN, compile_program
+from switch.dataplane.tor import TorConfig
+from switch.p4.program import (DEFAULT_BUILD, DEFAULT_SPINE_BUILD, DEFAULT_TOR_BUILD,
+                               SPINE_MAIN, TOR_MAIN, compile_program)
 from switch.report import report
 
 SIMPLE_SWITCH = "simple_switch_grpc"
@@ -71,25 +74,27 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIM
 class Bmv2Switch:
     """A simple_switch_grpc process on `ports` with switch/p4 pushed, and its Bmv2Target;
     with `spine`, the spine program (spine.p4, built into build/p4-spine by default) and a
-    Bmv2SpineTarget.
+    Bmv2SpineTarget; with `tor`, the ToR program (tor.p4, build/p4-tor) and a Bmv2TorTarget.
 
     Invariant: while the object is open the process runs and `target` is connected;
     `close()` stops what it started (by pid) and is idempotent.
     """
 
-    target: Bmv2Target | Bmv2SpineTarget
+    target: Bmv2Target | Bmv2SpineTarget | Bmv2TorTarget
 
     def __init__(self, ports: dict[int, str], macs: dict[str, int],
                  build_dir: Optional[Path] = None, grpc_port: int = 9559,
                  thrift_port: int = 9090, log: Optional[Path] = None,
-                 spine: Optional[SpineConfig] = None):
+                 spine: Optional[SpineConfig] = None, tor: Optional[TorConfig] = None):
         if shutil.which(SIMPLE_SWITCH) is None:
             raise RuntimeError(f"{SIMPLE_SWITCH} is not on PATH: it comes with "
                                "p4lang/behavioral-model (see switch/p4/README.md)")
-        if spine is None:
-            build = compile_program(build_dir or DEFAULT_BUILD)
-        else:
+        if spine is not None:
             build = compile_program(build_dir or DEFAULT_SPINE_BUILD, SPINE_MAIN)
+        elif tor is not None:
+            build = compile_program(build_dir or DEFAULT_TOR_BUILD, TOR_MAIN)
+        else:
+            build = compile_program(build_dir or DEFAULT_BUILD)
         grpc_addr = f"127.0.0.1:{grpc_port}"
         cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port),
                *LOG_OFF]
@@ -101,11 +106,13 @@ class Bmv2Switch:
         try:
             wait_listening(self.proc, grpc_port)
             session = ShellSession(grpc_addr, build)
-            if spine is None:
-                self.target = Bmv2Target(session, ports, macs, ThriftRegisters(thrift_port))
+            registers = ThriftRegisters(thrift_port)
+            if spine is not None:
+                self.target = Bmv2SpineTarget(session, spine, ports, macs, registers)
+            elif tor is not None:
+                self.target = Bmv2TorTarget(session, tor, ports, macs, registers)
             else:
-                self.target = Bmv2SpineTarget(session, spine, ports, macs,
-                                              ThriftRegisters(thrift_port))
+                self.target = Bmv2Target(session, ports, macs, registers)
         except BaseException:
             self._stop_process()
             raise
