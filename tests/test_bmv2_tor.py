@@ -3,6 +3,8 @@ by name of what tor.p4 cannot hold, bookkeeping and counters over the fake P4Run
 of tests/test_bmv2.py; TorSwitch serves it like the software ToR."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from conformance.role_harness import tor_args
@@ -142,3 +144,21 @@ def test_tor_switch_serves_it_like_the_software_tor() -> None:
     assert target._rings[spec.ring_id].args[1:4] == (spec, local, slots)
     snap = switch.counters()
     assert {"tor.partials_sent", "aggregated"} <= set(snap["rings"][spec.ring_id]["counters"])
+
+
+def test_bmv2_lab_serves_it_as_a_tor_switch_with_its_limits() -> None:
+    """`python -m tools.bmv2_lab --role tor` serves the BMv2 ToR to the fabric's controller
+    as a ToR process serves the software one, publishing tor.p4's limits (path MTU 256)."""
+    from tools.bmv2_lab import served
+    target = Bmv2TorTarget(FakeSession(), CONFIG, PORTS, {"02:4e:52:00:00:01": 1})
+    switch = served(SimpleNamespace(target=target))          # type: ignore[arg-type]
+    assert isinstance(switch, TorSwitch)
+    assert switch.limits()["path_mtus"] == [256] and switch.limits()["max_slots"] == 256
+    assert switch.port_of_mac("02:4e:52:00:00:01") == 1
+
+
+def test_bmv2_lab_names_a_missing_tor_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools import bmv2_lab
+    assert bmv2_lab.main(["--role", "tor", "--port", "1=nrtap0", "--port", "100=up",
+                          "--uplink", "100"]) == 1
+    assert "--role tor needs --tor-id, --me, --spine" in capsys.readouterr().err

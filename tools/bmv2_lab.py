@@ -5,8 +5,9 @@ BMv2 port N: host hI on I+1, the controller's port last, as for `python -m switc
 pushes the program, installs the static MAC table and the flood group, and with
 --controller serves the controller's gRPC API with a Bmv2Target; with `--role spine --me
 MAC,IP --tor J=PORT,MAC,IP ...` (as `python -m switch --role spine`) it runs the fabric's
-spine program (spine.p4) instead, served as the software spine is (rings only from a
-fabric's controller). BMv2 does not learn MAC addresses: give every host's --mac (unknown
+spine program (spine.p4) instead, with `--role tor --tor-id J --uplink PORT --me MAC,IP
+--spine MAC,IP` (as `python -m switch --role tor`) its ToR program (tor.p4), each served as
+the software role is (rings only from a fabric's controller). BMv2 does not learn MAC addresses: give every host's --mac (unknown
 destinations are flooded). Runs until SIGTERM/SIGINT; SIGUSR1 prints the port counters and
 writes --stats-file.
 """
@@ -23,13 +24,14 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from switch.cli import build_parser, controller_options, spine_config
+from switch.cli import build_parser, controller_options, spine_config, tor_config
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
 from switch.control.bmv2_tor import Bmv2TorTarget
-from switch.control.fabric import SpineTarget
-from switch.control.fabric_rpc import SpineSwitch
+from switch.control.fabric import SpineTarget, TorTarget
+from switch.control.fabric_rpc import SpineSwitch, TorSwitch
 from switch.control.service import serve
+from switch.control.target import Target
 from switch.dataplane.spine import SpineConfig
 from switch.dataplane.tor import TorConfig
 from switch.p4.program import (DEFAULT_BUILD, DEFAULT_SPINE_BUILD, DEFAULT_TOR_BUILD,
@@ -134,13 +136,26 @@ class Bmv2Switch:
         self._stop_process()
 
 
+def served(sw: Bmv2Switch) -> Target:
+    """What the process serves: the single switch's target, or a role's, wrapped as the
+    software role is (TorSwitch / SpineSwitch), publishing its program's limits."""
+    t = sw.target
+    if isinstance(t, Bmv2SpineTarget):
+        return SpineSwitch(SpineTarget(t, t.port_counters),       # type: ignore[arg-type]
+                           limits=t.limits())
+    if isinstance(t, Bmv2TorTarget):
+        return TorSwitch(TorTarget(t, t.port_of_mac, t.port_counters),   # type: ignore[arg-type]
+                         t.macs(), limits=t.limits())
+    return t
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = build_parser()
     ap.prog = "python -m tools.bmv2_lab"
     ap.description = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
     ap.add_argument("--build", type=Path, default=None,
                     help=f"where p4c's output goes (default {DEFAULT_BUILD}, with --role "
-                         f"spine {DEFAULT_SPINE_BUILD})")
+                         f"spine {DEFAULT_SPINE_BUILD}, with --role tor {DEFAULT_TOR_BUILD})")
     ap.add_argument("--grpc-port", type=int, default=9559, help="BMv2's P4Runtime port")
     ap.add_argument("--thrift-port", type=int, default=9090, help="BMv2's Thrift port")
     ap.add_argument("--bmv2-log", type=Path, help="simple_switch_grpc's output goes here")
@@ -150,9 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if len(ports) != len(args.port):
         print("bmv2_lab: a port number is given twice", file=sys.stderr)
         return 2
-    if args.role not in ("switch", "spine"):
-        print(f"bmv2_lab: --role {args.role}: BMv2 runs the switch or the spine (the ToR "
-              "role is not in switch/p4 yet)", file=sys.stderr)
+    if args.role not in ("switch", "spine", "tor"):
+        print(f"bmv2_lab: --role {args.role}: BMv2 runs the switch, the spine or a ToR",
+              file=sys.stderr)
         return 2
     if args.tx_loss:
         print("bmv2_lab: --tx-loss: BMv2 has no such thing (lose frames on the peers' side)",
@@ -160,16 +175,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         spine = spine_config(args, ports) if args.role == "spine" else None
+        tor = tor_config(args, ports) if args.role == "tor" else None
         sw = Bmv2Switch(ports, dict(args.mac), args.build, args.grpc_port, args.thrift_port,
-                        args.bmv2_log, spine)
+                        args.bmv2_log, spine, tor)
     except (RuntimeError, ValueError) as e:
         print(f"bmv2_lab: {e}", file=sys.stderr)
         return 1
     stop = threading.Event()
     server = None
-    target = sw.target if spine is None else SpineSwitch(
-        SpineTarget(sw.target, sw.target.port_counters),   # type: ignore[arg-type]
-        limits=sw.target.limits())
+    target = served(sw)
     try:
         if args.controller:
             try:
