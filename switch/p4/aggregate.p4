@@ -92,7 +92,7 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
             }
 
             if (add) {
-                contribute.apply(hdr, meta, gslot, bitmap, false);
+                contribute.apply(hdr, meta, gslot, bitmap);
                 bump(NR_CTR_AGGREGATED);
             }
         }

@@ -5,9 +5,6 @@
  * its words start them), sets its bit in the slot's bitmap and keeps what differs per
  * packet and per connection in the contrib_* registers (egress rebuilds the rank's result
  * from them, result.p4); a FIRST or ONLY also opens a message (conn_reth, `messages`).
- * `swap` (the ToR's, tor_ingress.p4): the packet re-opens the slot whose result this very
- * pass carries (rule 7 emitted it just before): the slot takes the packet's words and the
- * packet the result's sums, which it carries on.
  * Needs meta.ring, rank, conn (ingress); the caller counts the outcome.
  */
 #ifndef NR_CONTRIBUTE_P4
@@ -16,14 +13,9 @@
 #include "state.p4"
 #include "payload.p4"
 
-/* Word i of a packet that re-opens its slot becomes the sum, the packet takes the old sum. */
-#define NR_SWAP_ELEM(i)                                                 \
-    slot_sum.read(acc, base + i);                                       \
-    slot_sum.write(base + i, NR_BSWAP32(hdr.pl[i].v));                  \
-    hdr.pl[i].v = NR_BSWAP32(acc);
 
 control NrContribute(inout headers_t hdr, inout meta_t meta, in bit<32> gslot,
-                     in bit<32> bitmap, in bool swap) {
+                     in bit<32> bitmap) {
     apply {
         bit<32> base = gslot * NR_MAX_ELEMS;
         bit<32> acc;
@@ -31,11 +23,7 @@ control NrContribute(inout headers_t hdr, inout meta_t meta, in bit<32> gslot,
         if (meta.fresh == 1) {
             keep = 0;
         }
-        if (swap) {
-            NR_FOR_EACH_ELEM(NR_SWAP_ELEM)
-        } else {
-            NR_FOR_EACH_ELEM(NR_ADD_ELEM)
-        }
+        NR_FOR_EACH_ELEM(NR_ADD_ELEM)
         slot_bitmap.write(gslot, bitmap | (32w1 << meta.rank));
         bit<32> c = gslot * NR_MAX_RANKS + (bit<32>)meta.rank;
         contrib_eth.write(c, hdr.eth.dst ++ hdr.eth.src);

@@ -22,8 +22,9 @@
  * What leaves: a served retransmission is a unicast (as the single switch's); anything else
  * a pass sends (its emission's results, partials, the transit packet) goes to the ring's
  * multicast group, whose egress keeps the replicas meta asks for (tor_egress.p4). An
- * emission's sums are put into the packet here, before replication, as the single switch
- * does; a partial's are read in egress.
+ * emission's total is put into the packet here, before replication, as the single switch
+ * does (after the packet's own words were added: the total is kept apart, tor_total); a
+ * partial's sums are read in egress from slot_sum, which only a re-opening changes.
  *
  * Tables (programmed by switch/control/bmv2_tor.py):
  *   conn_table  <src_ip, dst_ip, dest_qp> -> set_conn(ring, rank = lane, psn0, in_port, out_port)
@@ -44,9 +45,14 @@
 #include "iscrc.p4"
 #include "tor_advance.p4"
 
-/* A total's word i becomes the slot's sum i (base = gslot * NR_MAX_ELEMS). */
+/* A total's word i becomes the slot's total i (base = gslot * NR_MAX_ELEMS). */
 #define NR_TOR_STORE_ELEM(i)                                            \
-    slot_sum.write(base + i, NR_BSWAP32(hdr.pl[i].v));
+    tor_total.write(base + i, NR_BSWAP32(hdr.pl[i].v));
+
+/* The slot's total i into word i of the packet (a served retransmission, an emission). */
+#define NR_TOR_LOAD_ELEM(i)                                             \
+    tor_total.read(hdr.pl[i].v, base + i);                              \
+    hdr.pl[i].v = NR_BSWAP32(hdr.pl[i].v);
 
 control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     NrVerify() checks;
@@ -232,7 +238,7 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
                     } else if ((bitmap & me) != 0) {
                         if (head[47:40] != SLOT_OPEN) {     // rule 4: the total is here
                             bit<32> base = gslot * NR_MAX_ELEMS;
-                            NR_FOR_EACH_ELEM(NR_LOAD_ELEM)
+                            NR_FOR_EACH_ELEM(NR_TOR_LOAD_ELEM)
                             hdr.udp.csum = 0;          // as rxe sends it; the ICRC masks it
                             sm.egress_spec = meta.out_port;
                             meta.served = 1;
@@ -275,9 +281,7 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
                     }
                 }
                 if (add) {
-                    /* a slot re-opened under the result this pass carries: swap the sums */
-                    contribute.apply(hdr, meta, gslot, bitmap,
-                                     meta.emit == 1 && meta.emit_gslot == gslot);
+                    contribute.apply(hdr, meta, gslot, bitmap);
                     if (meta.has_leave == 1 && meta.rank == meta.leave_lane) {
                         tor_lv_base.write(gslot, hdr.eth.dst ++ hdr.eth.src ++ hdr.eth.ether_type
                             ++ hdr.ipv4.version ++ hdr.ipv4.ihl ++ hdr.ipv4.tos
@@ -400,10 +404,8 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
         if (meta.emit == 1) {
             meta.mcast = 1;
             pl_valid.apply();          // the first emit_words words valid, the others not
-            if (!(meta.fresh == 1 && meta.emit_gslot == gslot)) {   // else swapped in
-                bit<32> base = meta.emit_gslot * NR_MAX_ELEMS;
-                NR_FOR_EACH_ELEM(NR_LOAD_ELEM)
-            }
+            bit<32> base = meta.emit_gslot * NR_MAX_ELEMS;
+            NR_FOR_EACH_ELEM(NR_TOR_LOAD_ELEM)
         }
         if (meta.mcast == 1) {
             sm.mcast_grp = NR_RING_GROUP_BASE + (bit<16>)meta.ring;

@@ -2,7 +2,10 @@
  * (SLOT_READY: the spine's total is in the sums):
  *   slot_head[gslot]   epoch(16) | state(8: OPEN, READY, EMITTED) | opcode(8) | words(8) | k(24)
  *   slot_bitmap[gslot] one bit per local requester (lane) whose contribution is in the sums
- *   slot_sum           the rack's sums until the total arrives, then the total
+ *   slot_sum           the rack's sums (what its partials carry)
+ *   tor_total          the total, once READY (what its results and served retransmissions
+ *                      carry): apart from the rack's sums, so that a partial (re)sent
+ *                      before the total arrived, still queued for egress, keeps its payload
  *   ring_next[ring]    epoch(16) | next_emit(24)
  *   contrib_*[gslot * NR_MAX_RANKS + lane]  as the single switch's, per lane: the local
  *                      requesters' from their packets, the entering connection's from the
@@ -24,6 +27,7 @@
 
 #include "state.p4"
 
+register<bit<32>>(NR_SUM_WORDS)   tor_total;
 register<bit<432>>(NR_RING_SLOTS) tor_lv_base;
 register<bit<128>>(NR_RING_SLOTS) tor_lv_e16;
 register<bit<32>>(NR_RING_SLOTS)  tor_lv_e4;
