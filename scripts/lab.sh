@@ -32,10 +32,12 @@
 # (the host table says which rack), one ToR process per rack on its hosts' ports, one spine
 # process cabled to every ToR by a veth (and to the controller's leg), and the fabric's
 # controller on the same address; --link-loss PCT loses PCT % of the frames on every
-# ToR-spine link, both ways. --racks R --switch bmv2 runs the spine as spine.p4 on BMv2
-# (the ToRs stay software; the loss then applies on the ToRs' side of the links only). The
-# hosts' side may also restart the switch as kind "racks:R[:PCT[:soft|bmv2]]" (and back to
-# soft). --racks 1 is the single-switch lab.
+# ToR-spine link, both ways. --racks R --switch bmv2 runs the ToRs as tor.p4 and the spine
+# as spine.p4 on BMv2 (rings must span racks; nothing can lose frames on purpose then, so
+# --link-loss must be 0; build/p4-tor should be fresh: p4c takes minutes). The hosts' side
+# may also restart the switch as kind "racks:R[:PCT[:SPINE[:TORS]]]" with SPINE and TORS
+# soft (default) or bmv2, e.g. racks:2:0:bmv2 (a BMv2 spine under software ToRs), and back
+# to soft. --racks 1 is the single-switch lab.
 # --tcg multi (default) emulates each vCPU on a host thread of its own; --tcg single runs all
 # vCPUs on one thread (~1.4x slower; one thread runs every vCPU, so the int3 race below cannot happen).
 # The VM boots with tsc=reliable and, before CMD, scripts/guest_patching.sh makes the kernel
@@ -85,8 +87,9 @@ case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 if [ "$racks" -gt 1 ]; then
   case $switch in
     soft) switch="racks:$racks:$link_loss" ;;
-    bmv2) switch="racks:$racks:$link_loss:bmv2"   # the spine on BMv2 (no ToR in P4 yet)
-          say "--racks $racks --switch bmv2: the spine runs spine.p4 on BMv2, the ToRs are software (switch/p4/README.md)" ;;
+    bmv2) [[ $link_loss =~ ^0+(\.0+)?$ ]] || die "--racks $racks --switch bmv2: every switch is BMv2, none can lose frames (--link-loss 0)"
+          switch="racks:$racks:$link_loss:bmv2:bmv2"
+          say "--racks $racks --switch bmv2: the ToRs run tor.p4 and the spine spine.p4 on BMv2 (switch/p4/README.md)" ;;
     *) die "--racks $racks runs a fabric: --switch soft or bmv2, not $switch" ;;
   esac
 fi
@@ -186,18 +189,19 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   case $kind in
     soft) module=switch ;;
     bmv2) module=tools.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
-    racks:*)   # racks:R[:PCT[:SPINE]]: the two-tier fabric, PCT % loss on its ToR-spine
-               # links, the spine soft (default) or bmv2 (spine.p4)
-      local r loss spine
-      IFS=: read -r r loss spine <<< "${kind#racks:}"
-      loss=${loss:-0} spine=${spine:-soft}
+    racks:*)   # racks:R[:PCT[:SPINE[:TORS]]]: the two-tier fabric, PCT % loss on its
+               # ToR-spine links, the spine and the ToRs soft (default) or bmv2 (spine.p4, tor.p4)
+      local r loss spine tors
+      IFS=: read -r r loss spine tors <<< "${kind#racks:}"
+      loss=${loss:-0} spine=${spine:-soft} tors=${tors:-soft}
       if ! [[ $r =~ ^[0-9]+$ && $r -ge 2 && $r -le $hosts && $loss =~ ^[0-9]+(\.[0-9]+)?$ \
-              && $spine =~ ^(soft|bmv2)$ ]]; then
-        switch_error="switch kind '$kind': racks:R[:PCT[:soft|bmv2]] with R in 2..$hosts"; return 1
+              && $spine =~ ^(soft|bmv2)$ && $tors =~ ^(soft|bmv2)$ ]]; then
+        switch_error="switch kind '$kind': racks:R[:PCT[:soft|bmv2[:soft|bmv2]]] with R in 2..$hosts"; return 1
       fi
       module=tools.fabric_lab
-      extra=(--racks "$r" --link-loss "$loss" --spine-target "$spine" --spine-port "$((hosts + 1))" --workdir "$LABDIR") ;;
-    *) switch_error="unknown switch kind '$kind' (soft, bmv2 or racks:R[:PCT[:SPINE]])"; return 1 ;;
+      extra=(--racks "$r" --link-loss "$loss" --spine-target "$spine" --tor-target "$tors"
+             --spine-port "$((hosts + 1))" --workdir "$LABDIR") ;;
+    *) switch_error="unknown switch kind '$kind' (soft, bmv2 or racks:R[:PCT[:SPINE[:TORS]]])"; return 1 ;;
   esac
   rm -f "$LABDIR/switch.ready"
   echo "---- $(date -u +%T) starting the $kind switch" >> "$LABDIR/switch.log"

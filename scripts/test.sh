@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
-# switch/p4 compiled by p4c (the switch and the spine program) and the conformance vectors
-# (the switch's, the spine role's) run on BMv2, none skipped; then all
+# switch/p4 compiled by p4c (the switch, the spine and the ToR program) and the conformance
+# vectors (the switch's, the spine's and the ToR's) run on BMv2, none skipped; then all
 # lab tests inside ONE lab boot (scripts/lab.sh: 4 Soft-RoCE hosts behind the software switch;
 # tests/lab/test_bmv2_allreduce.py restarts it as BMv2 and back), and a second boot of 6
 # hosts in 2 racks for the multi-rack tests that need more than 4 ranks (2 x 3, uneven
@@ -25,10 +25,12 @@ if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } 
   # Fresh, into build/p4, in the background: the unit tests overlap it, and those that need
   # the build run last and wait for it (switch/p4/program.py locks the build directory;
   # tests/conftest.py orders them); the lab's BMv2 reuses it (p4c takes 2-3 min here).
-  # Both programs (the switch, then the fabric's spine, one after the other on one core).
-  rm -rf "$ROOT/build/p4" "$ROOT/build/p4-spine"
-  stage "test: p4c compiles switch/p4, switch and spine (beside the unit tests)" \
-    bash -c '"$0" -m switch.p4.program && "$0" -m switch.p4.program --spine' "$PY" >/dev/null &
+  # The three programs (the switch, then the fabric's spine and ToR, one after the other on
+  # one core).
+  rm -rf "$ROOT/build/p4" "$ROOT/build/p4-spine" "$ROOT/build/p4-tor"
+  stage "test: p4c compiles switch/p4, switch, spine and ToR (beside the unit tests)" \
+    bash -c '"$0" -m switch.p4.program && "$0" -m switch.p4.program --spine \
+             && "$0" -m switch.p4.program --tor' "$PY" >/dev/null &
   p4c_pid=$!
 fi
 

@@ -194,17 +194,23 @@ def role_pipeline(args: argparse.Namespace, dp: DataPlane) -> tuple[Any, Target]
         dp.describe_connection = target.describe_connection
         return pipeline, target
     if args.role == "tor":
-        missing = [o for o, v in (("--tor-id", args.tor_id), ("--uplink", args.uplink),
-                                  ("--me", args.me), ("--spine", args.spine)) if v is None]
-        if missing:
-            raise ValueError(f"--role tor needs {', '.join(missing)}")
-        if args.uplink not in dp.ports:
-            raise ValueError(f"--uplink {args.uplink} is not one of the ports {sorted(dp.ports)}")
-        tor = TorPipeline(TorConfig(args.tor_id, args.uplink, args.me, args.spine))
+        tor = TorPipeline(tor_config(args, dp.ports))
         return tor, TorSwitch(TorTarget(tor, dp.static_port_of_mac, dp.port_counters),
                               dict(args.mac), dp.switch_counters)
     spine = SpinePipeline(spine_config(args, dp.ports))
     return spine, SpineSwitch(SpineTarget(spine, dp.port_counters), dp.switch_counters)
+
+
+def tor_config(args: argparse.Namespace, ports: Collection[int]) -> TorConfig:
+    """--role tor's --tor-id, --uplink (one of `ports`), --me and --spine as a TorConfig;
+    ValueError names what is missing or wrong."""
+    missing = [o for o, v in (("--tor-id", args.tor_id), ("--uplink", args.uplink),
+                              ("--me", args.me), ("--spine", args.spine)) if v is None]
+    if missing:
+        raise ValueError(f"--role tor needs {', '.join(missing)}")
+    if args.uplink not in ports:
+        raise ValueError(f"--uplink {args.uplink} is not one of the ports {sorted(ports)}")
+    return TorConfig(args.tor_id, args.uplink, args.me, args.spine)
 
 
 def spine_config(args: argparse.Namespace, ports: Collection[int]) -> SpineConfig:

@@ -28,12 +28,13 @@ def _job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _needs_p4_build(item: pytest.Item) -> bool:
-    """Whether the test uses a compiled program in build/p4 or build/p4-spine (the BMv2
-    conformance vectors, p4c's own warnings checks)."""
+    """Whether the test uses a compiled program in build/p4, build/p4-spine or build/p4-tor
+    (the BMv2 conformance vectors, p4c's own warnings checks)."""
     return (item.path.name in ("test_conformance.py", "test_role_conformance.py")
             and "[bmv2" in item.nodeid
             or item.name in ("test_p4c_compiles_without_unreviewed_warnings",
-                             "test_p4c_compiles_the_spine_without_unreviewed_warnings"))
+                             "test_p4c_compiles_the_spine_without_unreviewed_warnings",
+                             "test_p4c_compiles_the_tor_without_unreviewed_warnings"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -28,7 +28,8 @@ from switch.p4.program import (ISCRC_PRE_WORDS, P4_DIR, contract, generated_sour
                               icrc_words_source, iscrc_words_source, parse_contract,
                               pl_valid_source, unaccepted_warnings)
 from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, LANE_OUTCOMES, MAX_RACKS, MAX_RANKS,
-                             MAX_SLOTS, PATH_MTUS, RING_COUNTERS)
+                             MAX_SLOTS, PATH_MTUS, RING_COUNTERS, TOR_COUNTERS,
+                             TRANSIT_COUNTERS)
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.interswitch import Endpoint
 
@@ -114,6 +115,20 @@ def test_spine_limits_agree_with_the_software_spine() -> None:
     for ids, stride in ((C.lane_counter_ids, C.lctrs), (C.spine_counter_ids, C.sctrs),
                         (C.is_counter_ids, len(C.is_counter_ids))):
         assert sorted(ids.values()) == list(range(len(ids))) and len(ids) <= stride
+
+
+def test_tor_limits_agree_with_the_software_tor() -> None:
+    """tor.p4's counters are the software ToR's (slots_skipped, which grows by more than one
+    per pass, is a register), each id once within its stride; its group's replica ids are
+    none of a lane's or the continuation's."""
+    assert set(C.tor_counter_ids) == set(TOR_COUNTERS) - {"slots_skipped"}
+    assert set(C.transit_counter_ids) == set(TRANSIT_COUNTERS)
+    for ids, stride in ((C.tor_counter_ids, C.tctrs), (C.transit_counter_ids, C.xctrs)):
+        assert sorted(ids.values()) == list(range(len(ids))) and len(ids) <= stride
+    rids = {C.cont_rid, C.part_a_rid, C.part_b_rid, C.fwd_rid}
+    assert len(rids) == 4 and min(rids) >= C.max_ranks
+    steps = int(must(r"#define NR_TOR_STEPS\s+(\d+)", source("limits.p4")).group(1))
+    must(r"^\s*(NR_TOR_STEP ){%d}\s*// NR_TOR_STEPS" % steps, source("tor_advance.p4"), re.M)
 
 
 def test_parse_contract_names_a_missing_constant() -> None:
@@ -251,6 +266,14 @@ def test_p4c_compiles_the_spine_without_unreviewed_warnings() -> None:
     assert unaccepted_warnings(build.log.read_text()) == []
 
 
+def test_p4c_compiles_the_tor_without_unreviewed_warnings() -> None:
+    """The same for the ToR program (build/p4-tor)."""
+    require_tools(p4program.P4C)
+    build = p4program.compile_program(p4program.DEFAULT_TOR_BUILD, p4program.TOR_MAIN)
+    assert build.json.name == "tor.json"
+    assert unaccepted_warnings(build.log.read_text()) == []
+
+
 def test_unaccepted_warnings_are_found() -> None:
     log = ("x.p4(3): [--Wwarn=invalid_header] warning: accessing a field of a potentially "
            "invalid header hdr.reth\n[--Wwarn=deprecated] warning: something\n")
@@ -264,7 +287,7 @@ def register_widths() -> dict[str, int]:
 
 def contribution_layout() -> dict[str, list[str]]:
     """contrib register -> the header fields ingress concatenates into it, MSB first."""
-    agg = source("aggregate.p4")
+    agg = source("contribute.p4")
     defs = {name: expr for name, expr in re.findall(r"bit<\d+> (\w+) = ([^;]*\+\+[^;]*);", agg)}
     out = {}
     for reg, expr in re.findall(r"(contrib_\w+)\.write\(c, ([^;]*)\);", agg, re.S):
@@ -274,7 +297,7 @@ def contribution_layout() -> dict[str, list[str]]:
 
 
 def test_contribution_registers_put_every_bit_back() -> None:
-    egress, widths = source("egress.p4"), register_widths()
+    egress, widths = source("result.p4"), register_widths()
     layout = contribution_layout()
     assert set(layout) == {n for n in widths if n.startswith("contrib_")}
     for reg, fields in layout.items():
@@ -294,7 +317,7 @@ def test_contribution_registers_put_every_bit_back() -> None:
 
 
 def test_egress_rebuilds_every_header_field() -> None:
-    egress = source("egress.p4")
+    egress = source("egress.p4") + source("result.p4")
     written = set(re.findall(r"hdr\.(\w+)\.(\w+)\s*=", egress)) \
         | set(re.findall(r"\.read\(hdr\.(\w+)\.(\w+),", egress))
     for h in ("eth", "ipv4", "udp", "bth", "reth", "immdt"):
@@ -330,8 +353,12 @@ def test_every_source_is_included() -> None:
     main = source("netreduce.p4")
     included = set(re.findall(r'#include "(\w+\.p4)"', "".join(
         p.read_text() for p in P4_DIR.glob("*.p4"))))
-    assert included | {"netreduce.p4", "spine.p4"} == {p.name for p in Path(P4_DIR).glob("*.p4")}
+    assert included | {"netreduce.p4", "spine.p4", "tor.p4"} == \
+        {p.name for p in Path(P4_DIR).glob("*.p4")}
     assert "V1Switch(NrParser(), NrVerifyChecksum(), NrIngress(), NrEgress()" in main
     spine = source("spine.p4")
     assert spine.index("#define NR_ROLE_SPINE") < spine.index("#include")
     assert "V1Switch(NrParser(), NrVerifyChecksum(), NrSpineIngress(), NrSpineEgress()" in spine
+    tor = source("tor.p4")
+    assert tor.index("#define NR_ROLE_TOR") < tor.index("#include")
+    assert "V1Switch(NrParser(), NrVerifyChecksum(), NrTorIngress(), NrTorEgress()" in tor

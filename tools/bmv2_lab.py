@@ -5,8 +5,9 @@ BMv2 port N: host hI on I+1, the controller's port last, as for `python -m switc
 pushes the program, installs the static MAC table and the flood group, and with
 --controller serves the controller's gRPC API with a Bmv2Target; with `--role spine --me
 MAC,IP --tor J=PORT,MAC,IP ...` (as `python -m switch --role spine`) it runs the fabric's
-spine program (spine.p4) instead, served as the software spine is (rings only from a
-fabric's controller). BMv2 does not learn MAC addresses: give every host's --mac (unknown
+spine program (spine.p4) instead, with `--role tor --tor-id J --uplink PORT --me MAC,IP
+--spine MAC,IP` (as `python -m switch --role tor`) its ToR program (tor.p4), each served as
+the software role is (rings only from a fabric's controller). BMv2 does not learn MAC addresses: give every host's --mac (unknown
 destinations are flooded). Runs until SIGTERM/SIGINT; SIGUSR1 prints the port counters and
 writes --stats-file.
 """
@@ -23,14 +24,18 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from switch.cli import build_parser, controller_options, spine_config
+from switch.cli import build_parser, controller_options, spine_config, tor_config
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
-from switch.control.fabric import SpineTarget
-from switch.control.fabric_rpc import SpineSwitch
+from switch.control.bmv2_tor import Bmv2TorTarget
+from switch.control.fabric import SpineTarget, TorTarget
+from switch.control.fabric_rpc import SpineSwitch, TorSwitch
 from switch.control.service import serve
+from switch.control.target import Target
 from switch.dataplane.spine import SpineConfig
-from switch.p4.program import DEFAULT_BUILD, DEFAULT_SPINE_BUILD, SPINE_MAIN, compile_program
+from switch.dataplane.tor import TorConfig
+from switch.p4.program import (DEFAULT_BUILD, DEFAULT_SPINE_BUILD, DEFAULT_TOR_BUILD,
+                               SPINE_MAIN, TOR_MAIN, compile_program)
 from switch.report import report
 
 SIMPLE_SWITCH = "simple_switch_grpc"
@@ -71,25 +76,27 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIM
 class Bmv2Switch:
     """A simple_switch_grpc process on `ports` with switch/p4 pushed, and its Bmv2Target;
     with `spine`, the spine program (spine.p4, built into build/p4-spine by default) and a
-    Bmv2SpineTarget.
+    Bmv2SpineTarget; with `tor`, the ToR program (tor.p4, build/p4-tor) and a Bmv2TorTarget.
 
     Invariant: while the object is open the process runs and `target` is connected;
     `close()` stops what it started (by pid) and is idempotent.
     """
 
-    target: Bmv2Target | Bmv2SpineTarget
+    target: Bmv2Target | Bmv2SpineTarget | Bmv2TorTarget
 
     def __init__(self, ports: dict[int, str], macs: dict[str, int],
                  build_dir: Optional[Path] = None, grpc_port: int = 9559,
                  thrift_port: int = 9090, log: Optional[Path] = None,
-                 spine: Optional[SpineConfig] = None):
+                 spine: Optional[SpineConfig] = None, tor: Optional[TorConfig] = None):
         if shutil.which(SIMPLE_SWITCH) is None:
             raise RuntimeError(f"{SIMPLE_SWITCH} is not on PATH: it comes with "
                                "p4lang/behavioral-model (see switch/p4/README.md)")
-        if spine is None:
-            build = compile_program(build_dir or DEFAULT_BUILD)
-        else:
+        if spine is not None:
             build = compile_program(build_dir or DEFAULT_SPINE_BUILD, SPINE_MAIN)
+        elif tor is not None:
+            build = compile_program(build_dir or DEFAULT_TOR_BUILD, TOR_MAIN)
+        else:
+            build = compile_program(build_dir or DEFAULT_BUILD)
         grpc_addr = f"127.0.0.1:{grpc_port}"
         cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(thrift_port),
                *LOG_OFF]
@@ -101,11 +108,13 @@ class Bmv2Switch:
         try:
             wait_listening(self.proc, grpc_port)
             session = ShellSession(grpc_addr, build)
-            if spine is None:
-                self.target = Bmv2Target(session, ports, macs, ThriftRegisters(thrift_port))
+            registers = ThriftRegisters(thrift_port)
+            if spine is not None:
+                self.target = Bmv2SpineTarget(session, spine, ports, macs, registers)
+            elif tor is not None:
+                self.target = Bmv2TorTarget(session, tor, ports, macs, registers)
             else:
-                self.target = Bmv2SpineTarget(session, spine, ports, macs,
-                                              ThriftRegisters(thrift_port))
+                self.target = Bmv2Target(session, ports, macs, registers)
         except BaseException:
             self._stop_process()
             raise
@@ -127,13 +136,26 @@ class Bmv2Switch:
         self._stop_process()
 
 
+def served(sw: Bmv2Switch) -> Target:
+    """What the process serves: the single switch's target, or a role's, wrapped as the
+    software role is (TorSwitch / SpineSwitch), publishing its program's limits."""
+    t = sw.target
+    if isinstance(t, Bmv2SpineTarget):
+        return SpineSwitch(SpineTarget(t, t.port_counters),       # type: ignore[arg-type]
+                           limits=t.limits())
+    if isinstance(t, Bmv2TorTarget):
+        return TorSwitch(TorTarget(t, t.port_of_mac, t.port_counters),   # type: ignore[arg-type]
+                         t.macs(), limits=t.limits())
+    return t
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = build_parser()
     ap.prog = "python -m tools.bmv2_lab"
     ap.description = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
     ap.add_argument("--build", type=Path, default=None,
                     help=f"where p4c's output goes (default {DEFAULT_BUILD}, with --role "
-                         f"spine {DEFAULT_SPINE_BUILD})")
+                         f"spine {DEFAULT_SPINE_BUILD}, with --role tor {DEFAULT_TOR_BUILD})")
     ap.add_argument("--grpc-port", type=int, default=9559, help="BMv2's P4Runtime port")
     ap.add_argument("--thrift-port", type=int, default=9090, help="BMv2's Thrift port")
     ap.add_argument("--bmv2-log", type=Path, help="simple_switch_grpc's output goes here")
@@ -143,9 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if len(ports) != len(args.port):
         print("bmv2_lab: a port number is given twice", file=sys.stderr)
         return 2
-    if args.role not in ("switch", "spine"):
-        print(f"bmv2_lab: --role {args.role}: BMv2 runs the switch or the spine (the ToR "
-              "role is not in switch/p4 yet)", file=sys.stderr)
+    if args.role not in ("switch", "spine", "tor"):
+        print(f"bmv2_lab: --role {args.role}: BMv2 runs the switch, the spine or a ToR",
+              file=sys.stderr)
         return 2
     if args.tx_loss:
         print("bmv2_lab: --tx-loss: BMv2 has no such thing (lose frames on the peers' side)",
@@ -153,16 +175,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         spine = spine_config(args, ports) if args.role == "spine" else None
+        tor = tor_config(args, ports) if args.role == "tor" else None
         sw = Bmv2Switch(ports, dict(args.mac), args.build, args.grpc_port, args.thrift_port,
-                        args.bmv2_log, spine)
+                        args.bmv2_log, spine, tor)
     except (RuntimeError, ValueError) as e:
         print(f"bmv2_lab: {e}", file=sys.stderr)
         return 1
     stop = threading.Event()
     server = None
-    target = sw.target if spine is None else SpineSwitch(
-        SpineTarget(sw.target, sw.target.port_counters),   # type: ignore[arg-type]
-        limits=sw.target.limits())
+    target = served(sw)
     try:
         if args.controller:
             try:

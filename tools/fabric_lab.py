@@ -6,10 +6,12 @@ Takes the single switch's command line (`--port`, `--mac`, `--controller`, `--to
 cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its own:
 - ToR j (`python -m switch --role tor`) on the host ports of rack j (hosts spread as evenly
   as possible, in port order: `rack_sizes`) keeping their lab port numbers, uplink port
-  UPLINK on a veth `nrkt{j}` whose peer `nrks{j}` is spine port j+1;
+  UPLINK on a veth `nrkt{j}` whose peer `nrks{j}` is spine port j+1; with `--tor-target
+  bmv2` tor.p4 on BMv2 (`python -m tools.bmv2_lab --role tor`, gRPC and Thrift ports of its
+  own) instead;
 - the spine (`--role spine`) on those peers and the spine ports; with `--spine-target bmv2`
-  spine.p4 on BMv2 (`python -m tools.bmv2_lab --role spine`) instead, the fabric then
-  publishing BMv2's pace;
+  spine.p4 on BMv2 (`python -m tools.bmv2_lab --role spine`) instead;
+  with either on BMv2 the fabric publishes BMv2's pace;
 - the fabric's controller (`--role fabric`) on the job's controller address, programming
   the switches through their control APIs on 127.0.0.1 (the lab's token for all; TLS only
   on the job's address: the switch namespace's loopback carries the rest).
@@ -37,8 +39,17 @@ UPLINK = 100
 TOR_CONTROL_PORT = 50100           # ToR j: 127.0.0.1:50100+j; the spine: 127.0.0.1:50199
 SPINE_CONTROL = "127.0.0.1:50199"
 SPINE_GRPC_PORT, SPINE_THRIFT_PORT = 9659, 9190   # a BMv2 spine's (not the lab BMv2's)
+TOR_GRPC_PORT, TOR_THRIFT_PORT = 9700, 9200        # BMv2 ToR j's: + j
 START_TIMEOUT = 60.0
 BMV2_START_TIMEOUT = 280.0    # a stale build/p4-spine compiles first (lab.sh waits 300 s)
+# tor.p4 takes longer (~7.5 min of a loaded 2-core machine, switch/p4/README.md): lab.sh's
+# 300 s wait needs build/p4-tor fresh (scripts/test.sh compiles it before the lab stages)
+BMV2_TOR_START_TIMEOUT = 600.0
+
+
+# where --link-loss acts, by (ToR target, spine target): a BMv2 side cannot drop on purpose
+LOSS_SIDE = {("soft", "soft"): "", ("soft", "bmv2"): " (the ToRs' side)",
+             ("bmv2", "soft"): " (the spine's side)", ("bmv2", "bmv2"): " (nowhere: all BMv2)"}
 
 
 def rack_sizes(hosts: int, racks: int) -> list[int]:
@@ -99,8 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--token-file", type=Path)
     ap.add_argument("--spine-target", choices=("soft", "bmv2"), default="soft",
                     help="the spine: the software role, or spine.p4 on BMv2 (python -m "
-                         "tools.bmv2_lab --role spine; the ToRs stay software: the ToR role "
-                         "is not in switch/p4 yet)")
+                         "tools.bmv2_lab --role spine)")
+    ap.add_argument("--tor-target", choices=("soft", "bmv2"), default="soft",
+                    help="the ToRs: the software role, or tor.p4 on BMv2 (python -m "
+                         "tools.bmv2_lab --role tor; its rings must span racks)")
     ap.add_argument("--tls-cert", type=Path, metavar="PEM",
                     help="the fabric's controller serves TLS with this certificate (the "
                          "switches' own control APIs listen on 127.0.0.1 of the switch "
@@ -162,26 +175,34 @@ class Fabric:
                              f"--port={UPLINK}={tor_if}",
                              *[f"--mac={m}={p}" for m, p in tor_macs.items()],
                              f"--mac={SPINE_MAC}={UPLINK}",
-                             f"--tx-loss={UPLINK}={a.link_loss}",
                              "--controller", f"127.0.0.1:{TOR_CONTROL_PORT + j}"])
         for j, argv in enumerate(tor_args):
-            self.spawn(f"tor{j}", argv)
+            if a.tor_target == "bmv2":
+                # tor.p4 on BMv2 (its first start compiles it: minutes), which cannot lose
+                # frames on purpose: --link-loss acts on the spine's side only
+                self.spawn(f"tor{j}", [*argv, "--grpc-port", str(TOR_GRPC_PORT + j),
+                                       "--thrift-port", str(TOR_THRIFT_PORT + j),
+                                       "--bmv2-log", str(a.workdir / f"fabric-tor{j}-bmv2.log")],
+                           module="tools.bmv2_lab", timeout=BMV2_TOR_START_TIMEOUT)
+            else:
+                self.spawn(f"tor{j}", [*argv, f"--tx-loss={UPLINK}={a.link_loss}"])
         spine = ["--role", "spine", "--me", f"{SPINE_MAC},{SPINE_IP}",
                  *[f"--tor={j}={j + 1},{tor_mac(j)},{tor_ip(j)}" for j in range(len(racks))],
                  *[f"--port={p}={i}" for p, i in sorted(spine_ports.items())],
                  *[f"--mac={m}={p}" for m, p in spine_macs.items()],
                  "--controller", SPINE_CONTROL]
         pace = ["--ack-timeout", str(a.ack_timeout)]
+        if "bmv2" in (a.spine_target, a.tor_target):
+            # The fabric publishes BMv2's pace (docs/benchmarks.md: its per-packet cost).
+            pace = ["--ack-timeout", str(max(a.ack_timeout, BMV2_ACK_TIMEOUT)),
+                    "--max-in-flight", str(BMV2_MAX_IN_FLIGHT)]
         if a.spine_target == "bmv2":
             # spine.p4 on BMv2 (its first start compiles it: minutes); it cannot lose frames
-            # on purpose, so --link-loss acts on the ToRs' side of the links only. The
-            # fabric publishes BMv2's pace (docs/benchmarks.md: its per-packet cost).
+            # on purpose, so --link-loss acts on the ToRs' side of the links only.
             self.spawn("spine", [*spine, "--grpc-port", str(SPINE_GRPC_PORT),
                                  "--thrift-port", str(SPINE_THRIFT_PORT),
                                  "--bmv2-log", str(a.workdir / "fabric-spine-bmv2.log")],
                        module="tools.bmv2_lab", timeout=BMV2_START_TIMEOUT)
-            pace = ["--ack-timeout", str(max(a.ack_timeout, BMV2_ACK_TIMEOUT)),
-                    "--max-in-flight", str(BMV2_MAX_IN_FLIGHT)]
         else:
             self.spawn("spine", [*spine, *[f"--tx-loss={j + 1}={a.link_loss}"
                                            for j in range(len(racks))]])
@@ -193,8 +214,9 @@ class Fabric:
         print(f"fabric_lab: {len(racks)} racks: "
               + "; ".join(f"tor{j} ports {rack} uplink {UPLINK}={self.cables[j]}"
                           for j, rack in enumerate(racks))
-              + f"; spine ({a.spine_target}) ports {sorted(spine_ports)}; link loss "
-              + f"{a.link_loss}%" + (" (ToRs' side)" if a.spine_target == "bmv2" else ""),
+              + f"; ToRs ({a.tor_target}); spine ({a.spine_target}) ports "
+              + f"{sorted(spine_ports)}; link loss {a.link_loss}%" + LOSS_SIDE[a.tor_target,
+                                                                               a.spine_target],
               file=sys.stderr, flush=True)
 
     def stop(self) -> None:

@@ -23,7 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from switch.contract import CONN_COUNTERS, PSN_MASK, RING_COUNTERS, RingSpec, check_ring
+from switch.contract import (CONN_COUNTERS, PSN_MASK, RING_COUNTERS, Connection, RingSpec,
+                             check_ring)
 from switch.control.target import Target, normalize_mac, resolve_ports
 from switch.p4.program import Build, Contract, contract
 
@@ -230,6 +231,33 @@ class Bmv2Device:
                               "flooded": flooded.get(port, (0, 0))[0], "tx_errors": 0}
         return out
 
+    def _ring_counts(self, index: int, lanes: int) -> dict[str, Any]:
+        """Raw counter values of ring `index` of a program with the single switch's ring and
+        connection counters: {"ring": {name: n}, "conns": [{name: n}] per rank (lane)}."""
+        c = self.c
+        conn_ctr = self.session.read_counter("conn_ctr")
+        return {"ring": self._counts("ring_ctr", {n: c.ring_counter_index(index, n)
+                                                  for n in RING_COUNTERS}),
+                "conns": [{n: conn_ctr.get(c.conn_counter_index(index, r, n), (0, 0))[0]
+                           for n in CONN_COUNTERS} for r in range(lanes)]}
+
+    def _reth(self, index: int, rank: int) -> Optional[dict[str, int]]:
+        """The informational RETH of connection `rank` (lane) of ring `index`, over Thrift."""
+        value = (self._read_register("conn_reth", index * self.c.max_ranks + rank)
+                 if self._read_register else None)
+        if not value:
+            return None
+        return {"va": value >> 64, "rkey": value >> 32 & 0xFFFFFFFF, "dma_len": value & 0xFFFFFFFF}
+
+    def _connection_view(self, x: Connection, index: int, lane: int, in_port: int,
+                         out_port: int, now: dict[str, int], base: dict[str, int]
+                         ) -> dict[str, Any]:
+        """A connection as the software target reports it (ConnEntry.as_dict)."""
+        return {"rank": x.rank, "src_ip": x.src_ip, "dst_ip": x.dst_ip, "dst_qpn": x.dst_qpn,
+                "psn0": x.psn0, "in_port": in_port, "out_port": out_port,
+                "reth": self._reth(index, lane),
+                "counters": {n: v - base[n] for n, v in now.items()}}
+
     def close(self) -> None:
         self.session.close()
 
@@ -282,22 +310,6 @@ class Bmv2Target(Bmv2Device, Target):
     def unregister_ring(self, ring_id: str) -> None:
         self._unregister(self._rings, ring_id, "")
 
-    def _ring_counts(self, index: int, world_size: int) -> dict[str, Any]:
-        """Raw counter values of ring `index`: {"ring": {name: n}, "conns": [{name: n}]}."""
-        c = self.c
-        conn_ctr = self.session.read_counter("conn_ctr")
-        return {"ring": self._counts("ring_ctr", {n: c.ring_counter_index(index, n)
-                                                  for n in RING_COUNTERS}),
-                "conns": [{n: conn_ctr.get(c.conn_counter_index(index, r, n), (0, 0))[0]
-                           for n in CONN_COUNTERS} for r in range(world_size)]}
-
-    def _reth(self, index: int, rank: int) -> Optional[dict[str, int]]:
-        value = (self._read_register("conn_reth", index * self.c.max_ranks + rank)
-                 if self._read_register else None)
-        if not value:
-            return None
-        return {"va": value >> 64, "rkey": value >> 32 & 0xFFFFFFFF, "dma_len": value & 0xFFFFFFFF}
-
     def counters(self) -> dict[str, Any]:
         with self._lock:
             rings = {rid: self._ring_view(ring) for rid, ring in self._rings.items()}
@@ -308,13 +320,9 @@ class Bmv2Target(Bmv2Device, Target):
         now = self._ring_counts(ring.index, ring.spec.world_size)
         base = ring.baseline
         counts = {n: v - base["ring"][n] for n, v in now["ring"].items()}
-        conns = []
-        for x, cnow, cbase in zip(ring.spec.connections, now["conns"], base["conns"]):
-            conns.append({"rank": x.rank, "src_ip": x.src_ip, "dst_ip": x.dst_ip,
-                          "dst_qpn": x.dst_qpn, "psn0": x.psn0,
-                          "in_port": ring.ports[x.src_ip], "out_port": ring.ports[x.dst_ip],
-                          "reth": self._reth(ring.index, x.rank),
-                          "counters": {n: v - cbase[n] for n, v in cnow.items()}})
+        conns = [self._connection_view(x, ring.index, x.rank, ring.ports[x.src_ip],
+                                       ring.ports[x.dst_ip], cnow, cbase)
+                 for x, cnow, cbase in zip(ring.spec.connections, now["conns"], base["conns"])]
         # every emission advances next_emit by one, from 0 at registration
         return {"world_size": ring.spec.world_size, "slots": ring.slots,
                 "next_emit": counts["completed"] & PSN_MASK, "counters": counts,

@@ -11,7 +11,8 @@ epoch, N - 1, full bitmap: from here on the ring's partials match), and one spin
 entry per connection between racks (its key -> the requester's ToR port). Unregistering
 removes them in reverse. `plan_spine_ring` computes it as plain data; the P4Runtime
 plumbing (session, static MACs, flood group, epochs, rollback, port counters) is
-`Bmv2Device`'s, shared with the single switch's target.
+`Bmv2Device`'s, shared with the single switch's target, the ring registry and inter-switch
+counters `Bmv2RoleDevice`'s, shared with the ToR's (switch/control/bmv2_role.py).
 
 Invariants: what is installed is what `SpinePipeline.register_ring` would accept, minus
 what the program cannot hold, refused by name (more ToRs than NR_MAX_LANES, a path MTU
@@ -24,11 +25,11 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from switch.contract import LANE_OUTCOMES, PSN_MASK
-from switch.control.bmv2 import Bmv2Device, McGroup, RegisterReader, Session, TableEntry
+from switch.control.bmv2 import McGroup, TableEntry
+from switch.control.bmv2_role import Bmv2RoleDevice, RolePlan, RoleRing
 from switch.dataplane.interswitch import ring_tag
 from switch.dataplane.spine import SpineConfig, check_spine_ring
 from switch.p4.program import Contract
@@ -36,14 +37,6 @@ from switch.p4.program import Contract
 INGRESS = "NrSpineIngress"
 EGRESS = "NrSpineEgress"
 INTERSWITCH = ("drop_corrupt", "drop_unknown_ring", "drop_unknown_tor", "drop_spoofed_transit")
-
-
-@dataclass(frozen=True)
-class SpineRingPlan:
-    """What one ring installs: its multicast group, then `install_order`."""
-
-    group: McGroup
-    install_order: tuple[TableEntry, ...]
 
 
 def _ip(value: int) -> str:
@@ -76,7 +69,7 @@ def check_bmv2_spine_ring(ring_id: str, tor_ids: Sequence[int], slots: int, mtu:
 
 def plan_spine_ring(config: SpineConfig, ring_id: str, tor_ids: Sequence[int], slots: int,
                     routes: dict[int, int], transit: dict[int, int], index: int, epoch: int,
-                    c: Contract) -> SpineRingPlan:
+                    c: Contract) -> RolePlan:
     """The group and table entries of ring `index` (routes: rank -> responder's ToR;
     transit: conn_key -> requester's ToR)."""
     lane = {t: x for x, t in enumerate(tor_ids)}
@@ -105,19 +98,10 @@ def plan_spine_ring(config: SpineConfig, ring_id: str, tor_ids: Sequence[int], s
         for key, t in sorted(transit.items()))
     group = McGroup(c.ring_group_base + index,
                     tuple((config.tors[t][0], x) for x, t in enumerate(tor_ids)))
-    return SpineRingPlan(group, (*lane_out, *lanes, *route_entries, ring, *transit_entries))
+    return RolePlan(group, (*lane_out, *lanes, *route_entries, ring, *transit_entries))
 
 
-@dataclass(frozen=True)
-class _SpineRing:
-    args: tuple[Any, ...]          # (ring_id, tor_ids, slots, mtu, routes, transit)
-    index: int
-    epoch: int
-    plan: SpineRingPlan
-    baseline: dict[str, Any]
-
-
-class Bmv2SpineTarget(Bmv2Device):
+class Bmv2SpineTarget(Bmv2RoleDevice):
     """The spine as `SpinePipeline`'s interface over a BMv2 running spine.p4: register_ring,
     unregister_ring, counters(), `interswitch`, `config`, and `port_counters()`.
 
@@ -126,14 +110,11 @@ class Bmv2SpineTarget(Bmv2Device):
     """
 
     name = "bmv2-spine"
-
-    def __init__(self, session: Session, config: SpineConfig, ports: dict[int, str],
-                 macs: dict[str, int], read_register: Optional[RegisterReader] = None,
-                 c: Optional[Contract] = None):
-        super().__init__(session, ports, macs, read_register, c, ingress=INGRESS)
-        self.config = config
-        self._rings: dict[str, _SpineRing] = {}
-        self._baseline = self._interswitch_raw()
+    ingress = INGRESS
+    config: SpineConfig
+    where = "spine"
+    interswitch_counter = "spine_is_ctr"
+    interswitch_names = INTERSWITCH
 
     def register_ring(self, ring_id: str, tor_ids: Sequence[int], slots: int, mtu: int,
                       routes: dict[int, int], transit: dict[int, int] | None = None) -> None:
@@ -143,28 +124,16 @@ class Bmv2SpineTarget(Bmv2Device):
                                          transit)
         check_bmv2_spine_ring(ring_id, tors, slots, mtu, routes, self.c)
         args = (ring_id, tors, slots, mtu, dict(routes), transit)
-        tag = ring_tag(ring_id)
-        with self._lock:
-            if ring_id in self._rings:
-                if self._rings[ring_id].args == args:
-                    return
-                raise ValueError(f"ring {ring_id} is already registered differently")
-            for other in self._rings.values():
-                if ring_tag(other.args[0]) == tag:
-                    raise ValueError(f"ring {ring_id}: its 32-bit tag {tag:#x} is ring "
-                                     f"{other.args[0]}'s; choose another ring id")
-                if set(transit) & set(other.args[5]):
-                    raise ValueError(f"ring {ring_id}: a connection between racks is already "
-                                     "another ring's")
-            index, epoch = self._new_index({r.index for r in self._rings.values()}, ring_id)
-            plan = plan_spine_ring(self.config, ring_id, tors, slots, routes, transit, index,
-                                   epoch, self.c)
-            baseline = self._ring_raw(index, len(tors))
-            self._write(plan.group, plan.install_order)
-            self._rings[ring_id] = _SpineRing(args, index, epoch, plan, baseline)
 
-    def unregister_ring(self, ring_id: str) -> None:
-        self._unregister(self._rings, ring_id, " at the spine")
+        def clash(other: RoleRing) -> str | None:
+            return ("a connection between racks is already another ring's"
+                    if set(transit) & set(other.args[5]) else None)
+
+        self._register(args, clash,
+                       lambda index, epoch: plan_spine_ring(self.config, ring_id, tors, slots,
+                                                            routes, transit, index, epoch,
+                                                            self.c),
+                       lambda index: self._ring_raw(index, len(tors)))
 
     def limits(self) -> dict[str, Any]:
         """spine.p4's: path MTU 256 only (64 int32 per partial and total), its slots."""
@@ -179,21 +148,6 @@ class Bmv2SpineTarget(Bmv2Device):
                                        {n: c.lane_counter_index(index, x, n)
                                         for n in LANE_OUTCOMES}) for x in range(lanes)]}
 
-    def _interswitch_raw(self) -> dict[str, int]:
-        return self._counts("spine_is_ctr", {n: self.c.is_counter_ids[n] for n in INTERSWITCH})
-
-    @property
-    def interswitch(self) -> dict[str, int]:
-        """SpinePipeline.interswitch: the drops of messages no ring takes, and of spoofs."""
-        now = self._interswitch_raw()
-        return {n: now[n] - self._baseline[n] for n in INTERSWITCH}
-
-    def _next_total(self, ring: _SpineRing, completed: int) -> int:
-        value = self._read_register("ring_next", ring.index) if self._read_register else None
-        if value is None:
-            return completed & PSN_MASK
-        return value & PSN_MASK if value >> 24 == ring.epoch else 0
-
     def counters(self) -> dict[str, Any]:
         """SpinePipeline.counters()'s shape: per ring its ToRs, slots, next_total,
         completed, totals_sent and the lane outcomes (summed and per ToR)."""
@@ -207,14 +161,10 @@ class Bmv2SpineTarget(Bmv2Device):
             per_tor = {str(t): {n: lane[n] - lane0[n] for n in LANE_OUTCOMES}
                        for t, lane, lane0 in zip(tors, now["lanes"], base["lanes"])}
             out[ring_id] = {"tors": list(tors), "slots": slots,
-                            "next_total": self._next_total(ring, counts["completed"]),
+                            "next_total": self._next(ring, counts["completed"]),
                             "counters": {"completed": counts["completed"],
                                          "totals_sent": counts["totals_sent"],
                                          **{n: sum(c[n] for c in per_tor.values())
                                             for n in LANE_OUTCOMES}},
                             "per_tor": per_tor}
         return out
-
-    def port_counters(self) -> dict[int, dict[str, Any]]:
-        """Per port (SpineTarget's port_counters): BMv2's port counters."""
-        return {int(p): c for p, c in self._port_view().items()}

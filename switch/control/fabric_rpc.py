@@ -53,12 +53,14 @@ class TorSwitch(FabricSwitchTarget):
     """What a ToR process serves: its TorTarget, driven by racks from the fabric."""
 
     def __init__(self, tor: TorTarget, static_macs: dict[str, int],
-                 switch_counters: Callable[[], dict[str, int]] = dict):
+                 switch_counters: Callable[[], dict[str, int]] = dict,
+                 limits: Optional[dict[str, Any]] = None):
         self.tor = tor
         self.name = tor.name
         self._static = {normalize_mac(m): p for m, p in static_macs.items()
                         if p != tor.uplink}
         self._switch_counters = switch_counters
+        self._limits = {**_limits(), **(limits or {})}   # a BMv2 ToR's: its program's
 
     def register_in_fabric(self, spec: RingSpec, slots: int, racks: tuple[int, ...]
                            ) -> dict[str, Any]:
@@ -99,7 +101,7 @@ class TorSwitch(FabricSwitchTarget):
         return self._static.get(mac)
 
     def limits(self) -> dict[str, Any]:
-        return _limits()
+        return dict(self._limits)
 
 
 class SpineSwitch(FabricSwitchTarget):

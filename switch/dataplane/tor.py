@@ -47,6 +47,38 @@ class TorConfig:
     spine: Endpoint
 
 
+@dataclass(frozen=True)
+class RackLanes:
+    """A ring's connections as a ToR holds them, each in ring order: lanes are `local` (the
+    rack's requesters: they contribute) then `entering` (requester elsewhere, responder
+    here: their headers come with the total); `leaving` are the local ones whose
+    responder is elsewhere (their headers ride up in the partial)."""
+
+    local: tuple[Connection, ...]
+    entering: tuple[Connection, ...]
+    leaving: tuple[Connection, ...]
+
+
+def check_tor_ring(config: TorConfig, spec: RingSpec, local_ports: dict[str, int]) -> RackLanes:
+    """The rack's lanes of a registration every ToR target can take; ValueError says why not
+    (a target may refuse more: switch/control/bmv2_tor.py)."""
+    rid = spec.ring_id
+    ips = {c.src_ip for c in spec.connections}
+    if not local_ports or set(local_ports) - ips:
+        raise ValueError(f"ring {rid}: local ranks {sorted(local_ports)} are not a "
+                         f"non-empty subset of the ring's {sorted(ips)}")
+    if config.uplink in local_ports.values():
+        raise ValueError(f"ring {rid}: a local rank on the uplink port {config.uplink}")
+    local = tuple(c for c in spec.connections if c.src_ip in local_ports)
+    if len(local) > MAX_RANKS:
+        raise ValueError(f"ring {rid}: {len(local)} ranks in rack {config.tor_id}, "
+                         f"at most {MAX_RANKS}")
+    return RackLanes(local,
+                     tuple(c for c in spec.connections
+                           if c.dst_ip in local_ports and c.src_ip not in local_ports),
+                     tuple(c for c in local if c.dst_ip not in local_ports))
+
+
 class RackPool(AggregatorPool):
     """One ring's slots at a ToR.
 
@@ -217,17 +249,11 @@ class TorPipeline(AggregationPipeline):
     def _register(self, spec: RingSpec, local_ports: dict[str, int], slots: int) -> None:
         rid, uplink = spec.ring_id, self.config.uplink
         ips = {c.src_ip for c in spec.connections}
-        if not local_ports or set(local_ports) - ips:
-            raise ValueError(f"ring {rid}: local ranks {sorted(local_ports)} are not a "
-                             f"non-empty subset of the ring's {sorted(ips)}")
-        if uplink in local_ports.values():
-            raise ValueError(f"ring {rid}: a local rank on the uplink port {uplink}")
+        entering = check_tor_ring(self.config, spec, local_ports).entering
         tag = ring_tag(rid)
         if self._tags.get(tag, (rid,))[0] != rid:
             raise ValueError(f"ring {rid}: its 32-bit tag {tag:#x} is ring "
                              f"{self._tags[tag][0]}'s; choose another ring id")
-        entering = [c for c in spec.connections
-                    if c.dst_ip in local_ports and c.src_ip not in local_ports]
         if rid not in self._rings:                      # its connections must be free here
             for c in spec.connections:
                 if c.src_ip in local_ports or c.dst_ip in local_ports:
@@ -253,9 +279,6 @@ class TorPipeline(AggregationPipeline):
                  ) -> tuple[AggregatorPool, dict[int, ConnEntry]]:
         uplink = self.config.uplink
         local = [c for c in spec.connections if ports[c.src_ip] != uplink]
-        if len(local) > MAX_RANKS:
-            raise ValueError(f"ring {spec.ring_id}: {len(local)} ranks in rack "
-                             f"{self.config.tor_id}, at most {MAX_RANKS}")
         if len(local) == spec.world_size:
             return super()._install(spec, ports, slots)
         entering = [c for c in spec.connections

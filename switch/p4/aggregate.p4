@@ -4,6 +4,7 @@
  * drops it. Counts every outcome in ring_ctr and conn_ctr, exactly as the software
  * target's AggregationPipeline.process does.
  *
+ * The checks are NrVerify's (verify.p4), the addition NrContribute's (contribute.p4).
  * Needs meta.ring, rank, psn0, in_port, out_port (conn_table) and epoch, slot_mask
  * (ring_table). Leaves meta.served = 1 when the packet goes back out as a served
  * retransmission (egress_spec set, payload replaced by the sums); any other packet is
@@ -15,10 +16,12 @@
 
 #include "state.p4"
 #include "payload.p4"
-#include "icrc.p4"
+#include "verify.p4"
+#include "contribute.p4"
 
 control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
-    NrIcrc() icrc;
+    NrVerify() checks;
+    NrContribute() contribute;
 
     /* One outcome of the packet: counted for its ring and its connection. */
     action bump(bit<32> id) {
@@ -29,28 +32,13 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
     apply {
         meta.conn = (bit<32>)meta.ring * NR_MAX_RANKS + (bit<32>)meta.rank;
         conn_ctr.count(meta.conn * NR_CTRS + NR_CTR_PACKETS);
-        bit<8> op = hdr.bth.opcode;
-        bool verified = false;     // passed rules 2-6: rule 7 decides what its slot does
-        if (sm.ingress_port != meta.in_port) {
-            bump(NR_CTR_DROP_WRONG_PORT);
-        } else if (sm.checksum_error == 1) {
-            bump(NR_CTR_DROP_BAD_IPCSUM);
-        } else if (hdr.ipv4.flags[0:0] == 1 || hdr.ipv4.frag != 0) {   // MF, fragment offset
-            bump(NR_CTR_DROP_FRAGMENT);
-        } else if (op < OP_WRITE_FIRST || op > OP_WRITE_ONLY_IMM) {
-            bump(NR_CTR_DROP_BAD_OPCODE);
-        } else if (meta.len_ok == 0 || sm.parser_error != error.NoError) {
-            bump(NR_CTR_DROP_BAD_LENGTH);
+        bit<32> drop;
+        checks.apply(hdr, meta, sm, drop);
+        if (drop != NR_CTR_PACKETS) {
+            bump(drop);
         } else {
-            bit<32> icrc_want;
-            icrc.apply(hdr, meta.words, icrc_want);
-            if (icrc_want != hdr.icrc.v) {
-                bump(NR_CTR_DROP_BAD_ICRC);
-            } else {
-                verified = true;
-            }
-        }
-        if (verified) {
+            /* passed rules 2-6: rule 7 decides what its slot does */
+            bit<8> op = hdr.bth.opcode;
             bit<24> k = hdr.bth.psn - meta.psn0;
             bit<32> gslot = (bit<32>)meta.ring * NR_SLOTS + (bit<32>)(k & meta.slot_mask);
             bit<32> base = gslot * NR_MAX_ELEMS;
@@ -63,7 +51,7 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
             bool live = head[63:48] == meta.epoch && head[47:40] != SLOT_EMPTY;
             bool emitted = head[47:40] == SLOT_EMITTED;
             bit<24> tag = head[23:0];
-            bool contribute = false;
+            bool add = false;
             if (live && tag == k) {
                 if (head[39:24] != shape) {
                     bump(NR_CTR_DROP_MISMATCH);
@@ -79,7 +67,7 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
                         bump(NR_CTR_DROP_DUPLICATE);
                     }
                 } else {
-                    contribute = true;
+                    add = true;
                 }
             } else {
                 /* A new k opens its slot only inside [next_emit, next_emit + N): whatever
@@ -95,7 +83,7 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
                     slot_head.write(gslot, meta.epoch ++ SLOT_OPEN ++ shape ++ k);
                     bitmap = 0;
                     meta.fresh = 1;
-                    contribute = true;
+                    add = true;
                 } else if (ahead < PSN_HALF) {
                     bump(NR_CTR_DROP_OVERRUN);
                 } else {
@@ -103,32 +91,8 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
                 }
             }
 
-            if (contribute) {
-                bit<32> acc;
-                bit<32> keep = 32w0xFFFFFFFF;
-                if (meta.fresh == 1) {
-                    keep = 0;
-                }
-                NR_FOR_EACH_ELEM(NR_ADD_ELEM)
-                slot_bitmap.write(gslot, bitmap | me);
-                bit<32> c = gslot * NR_MAX_RANKS + (bit<32>)meta.rank;
-                contrib_eth.write(c, hdr.eth.dst ++ hdr.eth.src);
-                contrib_ip.write(c, hdr.ipv4.tos ++ hdr.ipv4.id ++ hdr.ipv4.flags
-                                    ++ hdr.ipv4.frag ++ hdr.ipv4.ttl);
-                contrib_udp.write(c, hdr.udp.sport);
-                contrib_bth.write(c, hdr.bth.se ++ hdr.bth.mig ++ hdr.bth.pad ++ hdr.bth.tver
-                                     ++ hdr.bth.pkey ++ hdr.bth.fb ++ hdr.bth.ackreq
-                                     ++ hdr.bth.resv7);
-                if (hdr.reth.isValid()) {
-                    bit<128> reth = hdr.reth.va ++ hdr.reth.rkey ++ hdr.reth.dma_len;
-                    contrib_reth.write(c, reth);
-                    /* a FIRST or ONLY opens a message */
-                    conn_reth.write(meta.conn, reth);
-                    conn_ctr.count(meta.conn * NR_CTRS + NR_CTR_MESSAGES);
-                }
-                if (hdr.immdt.isValid()) {
-                    contrib_imm.write(c, hdr.immdt.imm);
-                }
+            if (add) {
+                contribute.apply(hdr, meta, gslot, bitmap);
                 bump(NR_CTR_AGGREGATED);
             }
         }

@@ -49,11 +49,11 @@ control NrDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.reth);
         pkt.emit(hdr.immdt);
         pkt.emit(hdr.aeth);
-#ifdef NR_ROLE_SPINE
+#ifdef NR_INTERSWITCH
         pkt.emit(hdr.nr_is);
 #endif
         pkt.emit(hdr.pl);
-#ifdef NR_ROLE_SPINE
+#ifdef NR_INTERSWITCH
         pkt.emit(hdr.nr_carried);
         pkt.emit(hdr.rh_base);
         pkt.emit(hdr.rh_e16);

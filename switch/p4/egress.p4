@@ -20,9 +20,12 @@
 #include "state.p4"
 #include "payload.p4"
 #include "icrc.p4"
+#include "result.p4"
 
 control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     NrIcrc() icrc;
+    NrResultHeaders() result_headers;
+    NrResult() result;
 
     action set_replica(bit<32> src_ip, bit<32> dst_ip, bit<24> dest_qp, bit<24> psn0) {
         hdr.ipv4.src = src_ip;
@@ -48,71 +51,9 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
             if (sm.egress_rid == NR_CONT_RID) {
                 meta.replica = 0;
             }
-            hdr.eth.setValid();
-            hdr.ipv4.setValid();
-            hdr.udp.setValid();
-            hdr.bth.setValid();
-            hdr.aeth.setInvalid();
-            hdr.icrc.setValid();
+            result_headers.apply(hdr);
             if (replica_table.apply().hit) {
-                bit<32> c = meta.emit_gslot * NR_MAX_RANKS + (bit<32>)meta.replica;
-                bit<96> eth;
-                contrib_eth.read(eth, c);
-                bit<48> ip;
-                contrib_ip.read(ip, c);
-                bit<40> bth;
-                contrib_bth.read(bth, c);
-
-                hdr.eth.dst = eth[95:48];
-                hdr.eth.src = eth[47:0];
-                hdr.eth.ether_type = ETHERTYPE_IPV4;
-
-                hdr.ipv4.version = 4;
-                hdr.ipv4.ihl = 5;
-                hdr.ipv4.tos = ip[47:40];
-                hdr.ipv4.id = ip[39:24];
-                hdr.ipv4.flags = ip[23:21];
-                hdr.ipv4.frag = ip[20:8];
-                hdr.ipv4.ttl = ip[7:0];
-                hdr.ipv4.protocol = IPPROTO_UDP;
-
-                contrib_udp.read(hdr.udp.sport, c);
-                hdr.udp.dport = ROCE_UDP_PORT;
-                hdr.udp.csum = 0;              // as rxe sends it; the ICRC masks it
-
-                hdr.bth.opcode = meta.emit_opcode;
-                hdr.bth.se = bth[39:39];
-                hdr.bth.mig = bth[38:38];
-                hdr.bth.pad = bth[37:36];
-                hdr.bth.tver = bth[35:32];
-                hdr.bth.pkey = bth[31:16];
-                hdr.bth.fb = bth[15:8];
-                hdr.bth.ackreq = bth[7:7];
-                hdr.bth.resv7 = bth[6:0];
-
-                bit<16> ext = 0;
-                bit<8> op = meta.emit_opcode;
-                if (op == OP_WRITE_FIRST || op == OP_WRITE_ONLY || op == OP_WRITE_ONLY_IMM) {
-                    bit<128> reth;
-                    contrib_reth.read(reth, c);
-                    hdr.reth.setValid();
-                    hdr.reth.va = reth[127:64];
-                    hdr.reth.rkey = reth[63:32];
-                    hdr.reth.dma_len = reth[31:0];
-                    ext = ext + RETH_LEN;
-                } else {
-                    hdr.reth.setInvalid();
-                }
-                if (op == OP_WRITE_LAST_IMM || op == OP_WRITE_ONLY_IMM) {
-                    hdr.immdt.setValid();
-                    contrib_imm.read(hdr.immdt.imm, c);
-                    ext = ext + IMMDT_LEN;
-                } else {
-                    hdr.immdt.setInvalid();
-                }
-                hdr.udp.len = UDP_LEN + BTH_LEN + ext + ((bit<16>)meta.emit_words << 2) + ICRC_LEN;
-                hdr.ipv4.total_len = IPV4_LEN + hdr.udp.len;
-                meta.fix_ipv4 = 1;
+                result.apply(hdr, meta);
                 if (sm.egress_rid != NR_CONT_RID) {
                     meta.fix_icrc = 1;     // a continuation is never sent: no ICRC needed
                 }

@@ -10,6 +10,11 @@
 
 #include "limits.p4"
 
+/* Both roles of the two-tier fabric (spine.p4, tor.p4) speak the inter-switch messages. */
+#if defined(NR_ROLE_SPINE) || defined(NR_ROLE_TOR)
+#define NR_INTERSWITCH
+#endif
+
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<8>  IPPROTO_UDP    = 17;
 const bit<16> ROCE_UDP_PORT  = 4791;
@@ -41,6 +46,9 @@ const bit<16> PL_SHORT_MASK = ~(MAX_PL_BYTES - 1) | 3;
 const bit<8> SLOT_EMPTY   = 0;
 const bit<8> SLOT_OPEN    = 1;   // collecting contributions
 const bit<8> SLOT_EMITTED = 2;   // its result went out; retransmissions are served from it
+#ifdef NR_ROLE_TOR
+const bit<8> SLOT_READY   = 3;   // ToR: the spine's total is in the sums, not emitted yet
+#endif
 const bit<24> PSN_HALF    = 24w0x800000;  // serial arithmetic: a distance below this is "ahead"
 
 /* Ingress dispatch (meta.mode). */
@@ -115,17 +123,21 @@ header icrc_t {
     bit<32> v;   // the CRC-32 byte-reversed: it is stored little-endian on the wire
 }
 
-#ifdef NR_ROLE_SPINE
-/* The inter-switch message (switch/dataplane/interswitch.py), spine build only:
+#ifdef NR_INTERSWITCH
+/* The inter-switch message (switch/dataplane/interswitch.py), fabric roles only:
  *   nr_is | length/4 payload words (hdr.pl) | [nr_carried | RoCE header] | CRC32 (hdr.icrc)
  * A carried RoCE header (hlen bytes: Ethernet up to the payload of a WRITE) is opaque to the
- * spine; it is parsed as fixed chunks by hlen: 54 = base, 58 = base | ext4 (ImmDt),
+ * spine (a ToR reads a total's, to rebuild an entering connection's results); it is parsed
+ * as fixed chunks by hlen: 54 = base, 58 = base | ext4 (ImmDt),
  * 70 = base | ext16 (RETH), 74 = base | ext16 | ext4. */
 const bit<8> IS_VERSION = 1;
 const bit<8> IS_PARTIAL = 1;
 const bit<8> IS_TOTAL   = 2;
 const bit<16> IS_HEADER_LEN  = 16;
 const bit<16> IS_CARRIED_LEN = 4;
+const bit<2> IS_OK          = 0;   // NrIsVerify's verdicts (iscrc.p4)
+const bit<2> IS_CORRUPT     = 1;
+const bit<2> IS_UNSUPPORTED = 2;
 
 header nr_is_t {
     bit<8>  version;
@@ -156,11 +168,11 @@ struct headers_t {
     reth_t              reth;
     immdt_t             immdt;
     aeth_t              aeth;
-#ifdef NR_ROLE_SPINE
+#ifdef NR_INTERSWITCH
     nr_is_t             nr_is;
 #endif
     word_t[NR_MAX_ELEMS] pl;
-#ifdef NR_ROLE_SPINE
+#ifdef NR_INTERSWITCH
     nr_carried_t        nr_carried;
     nr_rh_base_t        rh_base;
     nr_rh_e16_t         rh_e16;
@@ -202,12 +214,40 @@ struct meta_t {
     bit<1>  flood;
     bit<1>  fix_icrc;
     bit<1>  fix_ipv4;
+#ifdef NR_INTERSWITCH
+    bit<1>  is_parsed;     // the message was parsed to its CRC32 (0: too long, > 1 carried, ...)
+    bit<8>  is_carried;    // its carried headers (the parser's copy of hdr.nr_is.carried)
+#endif
 #ifdef NR_ROLE_SPINE
     /* spine (spine_ingress.p4, spine_egress.p4) */
-    bit<1>  is_parsed;     // the message was parsed to its CRC32 (0: too long, > 1 carried, ...)
     bit<8>  lane;          // the sending ToR's lane; egress: the lane a resent total goes to
     bit<1>  total;         // this packet carries slot emit_gslot's total (multicast or resend)
     bit<1>  resend;        // ... to meta.lane only (a repeated partial of a totalled slot)
+#endif
+#ifdef NR_ROLE_TOR
+    /* ToR (tor_ingress.p4, tor_egress.p4): the parser's, then ring_table's set_ring */
+    bit<1>  is_msg;        // an inter-switch message: its payload words end in its carried part
+    bit<24> w2;            // 2W: rule 7 empties the slots up to k - 2W
+    bit<8>  tor_id;
+    bit<9>  uplink;
+    bit<32> tag;           // the ring's inter-switch tag (interswitch.ring_tag)
+    bit<48> me_mac;
+    bit<32> me_ip;
+    bit<48> spine_mac;
+    bit<32> spine_ip;
+    bit<1>  has_leave;     // a local requester whose responder is in another rack ...
+    bit<8>  leave_lane;    // ... its lane (bitmap bit) and rank: its header rides up
+    bit<16> leave_rank;
+    bit<1>  has_enter;     // a remote requester whose responder is here ...
+    bit<8>  enter_lane;    // ... its lane (contrib_* and replica_table index) and rank
+    bit<16> enter_rank;
+    /* what the ring's multicast group carries (egress keeps the replicas asked for) */
+    bit<1>  mcast;
+    bit<1>  part_a;        // the partial of next_emit, again
+    bit<24> part_a_k;
+    bit<1>  part_b;        // the partial of the packet's k (its completion, or again)
+    bit<24> part_b_k;
+    bit<1>  fwd;           // transit: the packet itself to the entering connection's responder
 #endif
 }
 

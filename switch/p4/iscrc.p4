@@ -1,7 +1,7 @@
 /* The CRC32 of an inter-switch message (switch/dataplane/interswitch.py): zlib.crc32 over
  * header (16 bytes) | payload (n words) | carried (rank, hlen, hlen bytes), stored
- * little-endian. One control, used to verify a partial (spine ingress) and to sign a total
- * (spine egress).
+ * little-endian. One control, used to verify a message (NrIsVerify below: a partial at the
+ * spine, a total at a ToR) and to sign one (a total in spine egress, a partial in ToR egress).
  *
  * v1model's hash(HashAlgorithm.crc32) is zlib.crc32 of its fields packed back to back (as
  * icrc.p4 relies on). Two facts of the reflected CRC-32 make it compute this one:
@@ -82,6 +82,50 @@ control NrIsCrc(in headers_t hdr, in bit<8> words, out bit<32> crc_le) {
             }
         }
         crc_le = crc[7:0] ++ crc[15:8] ++ crc[23:16] ++ crc[31:24];   // little-endian on the wire
+    }
+}
+
+/* The checks interswitch.decode makes, in its order, as far as the program parses a message
+ * (shared by the spine's and the ToR's ingress). verdict: IS_CORRUPT for a frame shorter
+ * than its header, payload or carried header, a bad version, reserved field, k, kind or
+ * length, a UDP length unlike what was parsed, or a wrong CRC32; IS_UNSUPPORTED for one
+ * that checks out as far as parsed but was not parsed whole (a payload above
+ * NR_MAX_PL_BYTES, more than one carried header or another hlen: its CRC32 is beyond what
+ * this program hashes); IS_OK otherwise. */
+control NrIsVerify(in headers_t hdr, in meta_t meta, in standard_metadata_t sm,
+                   out bit<2> verdict) {
+    NrIsCrc() crc;
+
+    apply {
+        verdict = IS_OK;
+        if (sm.parser_error != error.NoError) {
+            verdict = IS_CORRUPT;    // shorter than its header, payload or carried header
+        } else if (hdr.nr_is.version != IS_VERSION || hdr.nr_is.reserved != 0
+                   || hdr.nr_is.k[31:24] != 0 || hdr.nr_is.length[1:0] != 0
+                   || (hdr.nr_is.kind != IS_PARTIAL && hdr.nr_is.kind != IS_TOTAL)) {
+            verdict = IS_CORRUPT;
+        } else if (meta.is_parsed == 0) {
+            if ((bit<32>)hdr.udp.len + (bit<32>)(IPV4_LEN + 14) > sm.packet_length) {
+                verdict = IS_CORRUPT;
+            } else {
+                verdict = IS_UNSUPPORTED;
+            }
+        } else {
+            bit<16> carried_len = 0;
+            if (hdr.nr_carried.isValid()) {
+                carried_len = IS_CARRIED_LEN + hdr.nr_carried.hlen;
+            }
+            if (hdr.udp.len != UDP_LEN + IS_HEADER_LEN + hdr.nr_is.length + carried_len
+                               + ICRC_LEN) {
+                verdict = IS_CORRUPT;    // bytes before the CRC32 that are none of the above
+            } else {
+                bit<32> want;
+                crc.apply(hdr, meta.words, want);
+                if (want != hdr.icrc.v) {
+                    verdict = IS_CORRUPT;
+                }
+            }
+        }
     }
 }
 

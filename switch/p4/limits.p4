@@ -68,6 +68,29 @@
 #define NR_ISCTR_DROP_SPOOFED_TRANSIT 3
 #define NR_MAX_TRANSIT      256     // spine: connections between racks (transit entries)
 
+/* ToR (tor.p4; the software ToR's names, switch/contract.py TOR_COUNTERS and
+ * TRANSIT_COUNTERS): tor_ctr index = ring * NR_TCTRS + NR_TCTR_<NAME> (slots_skipped is
+ * the register tor_skipped: it grows by more than one per pass); tor_transit_ctr index =
+ * ring * NR_XCTRS + NR_XCTR_<NAME> (one entering connection per ring); tor_is_ctr index =
+ * NR_ISCTR_DROP_CORRUPT or NR_ISCTR_DROP_UNKNOWN_RING. A ring's multicast group at a ToR
+ * has, besides its result replicas (rid = lane) and the continuation, the replicas below. */
+#define NR_TCTRS                    8
+#define NR_TCTR_PARTIALS_SENT       0
+#define NR_TCTR_PARTIALS_RESENT     1
+#define NR_TCTR_TOTALS              2
+#define NR_TCTR_DROP_TOTAL_UNEXPECTED   3
+#define NR_TCTR_DROP_TOTAL_DUPLICATE    4
+#define NR_TCTR_DROP_TOTAL_LENGTH       5
+#define NR_TCTR_DROP_TOTAL_HEADERS      6
+#define NR_TCTR_DROP_TOTAL_MISDIRECTED  7
+#define NR_XCTRS                    2
+#define NR_XCTR_FORWARDED           0
+#define NR_XCTR_DROP_WRONG_PORT     1
+#define NR_PART_A_RID       0xFFFE  // the partial of next_emit, resent (uplink)
+#define NR_PART_B_RID       0xFFFD  // the partial of the packet's k (uplink)
+#define NR_FWD_RID          0xFFFC  // a transit packet, to its responder's port
+#define NR_TOR_STEPS        4       // ToR: slots rule 7 passes (emits or empties) per pass
+
 /* ---- derived sizes ------------------------------------------------------------------ */
 #define NR_RING_SLOTS       (NR_MAX_RINGS * NR_SLOTS)       // slots of all rings
 #define NR_CONNS            (NR_MAX_RINGS * NR_MAX_RANKS)   // connections of all rings

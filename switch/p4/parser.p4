@@ -1,6 +1,7 @@
 /* Parser: Ethernet / IPv4 (IHL 5) / UDP 4791 / BTH / RETH, ImmDt or AETH / payload / ICRC.
  * The spine build (NR_ROLE_SPINE, spine.p4): UDP 4791 / BTH only, and UDP 4792 / inter-switch
- * header / payload / carried header / CRC32.
+ * header / payload / carried header / CRC32. The ToR build (NR_ROLE_TOR, tor.p4): both, in
+ * full (the payload words of either kind of packet go into hdr.pl).
  *
  * Invariants: only RC RDMA WRITEs get their payload parsed, and only when it is pad-free,
  * a multiple of 4 and at most NR_MAX_ELEMS words (meta.len_ok = 1); anything not parsed
@@ -35,7 +36,7 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
         pkt.extract(hdr.udp);
         transition select(hdr.udp.dport) {
             ROCE_UDP_PORT: parse_bth;
-#ifdef NR_ROLE_SPINE
+#ifdef NR_INTERSWITCH
             IS_UDP_PORT: parse_is;
 #endif
             default: accept;
@@ -92,13 +93,17 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
 
 #endif  /* NR_ROLE_SPINE */
 
-#ifdef NR_ROLE_SPINE
+#ifdef NR_INTERSWITCH
     /* An inter-switch message: its payload words (same loop as a WRITE's), at most one
      * carried header of a RoCE WRITE's lengths, the CRC32 (into hdr.icrc). Anything else
      * (a length not a multiple of 4 or above NR_MAX_PL_BYTES, more than one carried header,
-     * another hlen) stops with meta.is_parsed = 0: spine ingress counts and drops it. */
+     * another hlen) stops with meta.is_parsed = 0: ingress counts and drops it. */
     state parse_is {
         pkt.extract(hdr.nr_is);
+        meta.is_carried = hdr.nr_is.carried;
+#ifdef NR_ROLE_TOR
+        meta.is_msg = 1;
+#endif
         meta.pl_bytes = hdr.nr_is.length;
         transition select(hdr.nr_is.length) {
             MAX_PL_BYTES: parse_words_start;
@@ -108,7 +113,7 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
     }
 
     state parse_is_tail {
-        transition select(hdr.nr_is.carried) {
+        transition select(meta.is_carried) {
             0: parse_is_crc;
             1: parse_carried;
             default: accept;
@@ -145,7 +150,7 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
         meta.is_parsed = 1;
         transition accept;
     }
-#endif  /* NR_ROLE_SPINE */
+#endif  /* NR_INTERSWITCH */
 
     state parse_words_start {
         meta.len_ok = 1;
@@ -156,8 +161,10 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
 
     state parse_words {
         transition select(meta.words_left) {
-#ifdef NR_ROLE_SPINE
+#if defined(NR_ROLE_SPINE)
             0: parse_is_tail;  // the spine parses the payload words of messages only
+#elif defined(NR_ROLE_TOR)
+            0: parse_words_end;
 #else
             0: parse_icrc;
 #endif
@@ -170,6 +177,16 @@ parser NrParser(packet_in pkt, out headers_t hdr, inout meta_t meta,
         meta.words_left = meta.words_left - 1;
         transition parse_words;
     }
+
+#ifdef NR_ROLE_TOR
+    /* the words of a message are followed by its carried part, a WRITE's by its ICRC */
+    state parse_words_end {
+        transition select(meta.is_msg) {
+            1: parse_is_tail;
+            default: parse_icrc;
+        }
+    }
+#endif
 
 #ifndef NR_ROLE_SPINE
     state parse_icrc {

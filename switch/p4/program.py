@@ -1,8 +1,9 @@
 """The v1model program in switch/p4: where it is, its limits and controller contract, its build.
 
-Two programs share the sources: `netreduce.p4`, the single switch (SWITCH, built into
-build/p4), and `spine.p4`, the spine role of a two-tier fabric (SPINE, build/p4-spine: the
-same files compiled with NR_ROLE_SPINE plus the spine_*.p4 and iscrc.p4 controls).
+Three programs share the sources: `netreduce.p4`, the single switch (built into build/p4),
+`spine.p4`, the spine role of a two-tier fabric (build/p4-spine: the same files compiled
+with NR_ROLE_SPINE plus the spine_*.p4, iscrc.p4 and interswitch.p4 controls), and
+`tor.p4`, its ToR role (build/p4-tor: compiled with NR_ROLE_TOR plus the tor_*.p4 controls).
 `contract()` reads switch/p4/limits.p4, the one place the programs' limits and the ids
 the controller must agree on (multicast groups, counter ids) are stated, so the Python
 side never restates them. `generated_sources` writes the per-payload-length actions P4
@@ -11,7 +12,7 @@ switch/p4/iscrc_words.p4 (the inter-switch CRC32's, see iscrc.p4) and switch/p4/
 (an emission's valid payload words, see emit.p4). `compile_program` runs p4c's BMv2
 backend.
 
-    python -m switch.p4.program [--spine] [--out DIR]   # compile; prints the output paths
+    python -m switch.p4.program [--spine | --tor] [--out DIR]   # compile; prints the paths
     python -m switch.p4.program --generate              # rewrite the generated switch/p4 files
 """
 from __future__ import annotations
@@ -30,12 +31,14 @@ from typing import Optional, Sequence
 P4_DIR = Path(__file__).resolve().parent
 MAIN = P4_DIR / "netreduce.p4"
 SPINE_MAIN = P4_DIR / "spine.p4"
+TOR_MAIN = P4_DIR / "tor.p4"
 LIMITS = P4_DIR / "limits.p4"
 ICRC_WORDS = P4_DIR / "icrc_words.p4"
 ISCRC_WORDS = P4_DIR / "iscrc_words.p4"
 PL_VALID = P4_DIR / "pl_valid.p4"
 DEFAULT_BUILD = P4_DIR.parents[1] / "build" / "p4"
 DEFAULT_SPINE_BUILD = P4_DIR.parents[1] / "build" / "p4-spine"
+DEFAULT_TOR_BUILD = P4_DIR.parents[1] / "build" / "p4-tor"
 P4C = "p4c"
 
 _DEFINE = re.compile(r"^#define\s+NR_(\w+)\s+(0x[0-9A-Fa-f]+|\d+)\b", re.M)
@@ -63,6 +66,13 @@ class Contract:
     lane_counter_ids: dict[str, int]    # spine, per (ring, lane): NR_LCTR_<NAME>
     spine_counter_ids: dict[str, int]   # spine, per ring: NR_SCTR_<NAME>
     is_counter_ids: dict[str, int]      # spine, inter-switch drops: NR_ISCTR_<NAME>
+    tctrs: int
+    xctrs: int
+    tor_counter_ids: dict[str, int]     # ToR, per ring: NR_TCTR_<NAME>
+    transit_counter_ids: dict[str, int]  # ToR, per ring's entering connection: NR_XCTR_<NAME>
+    part_a_rid: int                     # ToR: replica ids of a ring's group (limits.p4)
+    part_b_rid: int
+    fwd_rid: int
 
     @property
     def max_payload(self) -> int:
@@ -81,6 +91,12 @@ class Contract:
     def spine_counter_index(self, ring: int, name: str) -> int:
         return ring * self.sctrs + self.spine_counter_ids[name]
 
+    def tor_counter_index(self, ring: int, name: str) -> int:
+        return ring * self.tctrs + self.tor_counter_ids[name]
+
+    def transit_counter_index(self, ring: int, name: str) -> int:
+        return ring * self.xctrs + self.transit_counter_ids[name]
+
 
 def parse_contract(text: str) -> Contract:
     """A Contract from the text of limits.p4; KeyError names a missing constant."""
@@ -92,9 +108,11 @@ def parse_contract(text: str) -> Contract:
     plain = {f: values[f] for f in ("max_rings", "slots", "max_ranks", "max_elems", "max_macs",
                                     "ports", "flood_group", "ring_group_base", "cont_rid",
                                     "ctrs", "max_lanes", "max_transit", "lctrs",
-                                    "sctrs")}
+                                    "sctrs", "tctrs", "xctrs", "part_a_rid", "part_b_rid",
+                                    "fwd_rid")}
     return Contract(**plain, counter_ids=ids("ctr_"), lane_counter_ids=ids("lctr_"),
-                    spine_counter_ids=ids("sctr_"), is_counter_ids=ids("isctr_"))
+                    spine_counter_ids=ids("sctr_"), is_counter_ids=ids("isctr_"),
+                    tor_counter_ids=ids("tctr_"), transit_counter_ids=ids("xctr_"))
 
 
 @cache
@@ -170,12 +188,13 @@ def iscrc_words_source(c: Contract) -> str:
 
 
 def pl_valid_source(c: Contract) -> str:
-    """The text of pl_valid.p4: inside control NrEmit (emit.p4), action `valid_<n>` makes
+    """The text of pl_valid.p4: inside control NrEmit (emit.p4; the ToR's NrTorIngress and
+    NrTorEgress include it too), action `valid_<n>` makes
     payload words 0 .. n-1 valid and the others invalid, for n = 0 .. c.max_elems; the
     const table `pl_valid` runs the one for the emitted slot's `meta.emit_words`."""
     n_max = c.max_elems
     lines = [_GENERATED.format(function="pl_valid_source", control="NrEmit",
-                               includer="emit.p4")
+                               includer="emit.p4; the ToR's tor_ingress.p4, tor_egress.p4")
              + f" * action valid_<n> makes payload words 0 .. n-1 valid, the others invalid,"
              f" n = 0 .. {n_max}. */"]
     for n in range(n_max + 1):
@@ -222,7 +241,8 @@ class Build:
 
 
 def build_paths(out_dir: Path, main: Path = MAIN) -> Build:
-    """What p4c writes for the program `main` (netreduce.p4 or spine.p4) into out_dir."""
+    """What p4c writes for the program `main` (netreduce.p4, spine.p4 or tor.p4) into
+    out_dir."""
     return Build(out_dir / f"{main.stem}.json", out_dir / f"{main.stem}.p4info.txtpb",
                  out_dir / "p4c.log")
 
@@ -234,8 +254,8 @@ def compile_command(out_dir: Path, main: Path = MAIN) -> list[str]:
 
 
 def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN) -> Build:
-    """Compile the program `main` (switch/p4/netreduce.p4, or spine.p4 into its own
-    out_dir, e.g. DEFAULT_SPINE_BUILD) with p4c into out_dir (skipped when the outputs are
+    """Compile the program `main` (switch/p4/netreduce.p4, or spine.p4 / tor.p4 into its own
+    out_dir, e.g. DEFAULT_SPINE_BUILD / DEFAULT_TOR_BUILD) with p4c into out_dir (skipped when the outputs are
     newer than every source); p4c's messages go to `log`; RuntimeError carries them on a
     failure.
     One compile at a time per out_dir (a lock file in it): a caller that comes while another
@@ -261,11 +281,15 @@ def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN) -> Build:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m switch.p4.program",
-                                 description="compile switch/p4/netreduce.p4 (or spine.p4) "
-                                             "for BMv2")
-    ap.add_argument("--spine", action="store_true",
-                    help=f"the spine program, {SPINE_MAIN.name} (default build "
-                         f"{DEFAULT_SPINE_BUILD})")
+                                 description="compile switch/p4/netreduce.p4 (or spine.p4, "
+                                             "tor.p4) for BMv2")
+    role = ap.add_mutually_exclusive_group()
+    role.add_argument("--spine", action="store_true",
+                      help=f"the spine program, {SPINE_MAIN.name} (default build "
+                           f"{DEFAULT_SPINE_BUILD})")
+    role.add_argument("--tor", action="store_true",
+                      help=f"the ToR program, {TOR_MAIN.name} (default build "
+                           f"{DEFAULT_TOR_BUILD})")
     ap.add_argument("--out", type=Path, help=f"default {DEFAULT_BUILD}")
     ap.add_argument("--generate", action="store_true",
                     help=f"rewrite {ICRC_WORDS.name}, {ISCRC_WORDS.name} and {PL_VALID.name} "
@@ -279,6 +303,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.spine:
             b = compile_program(args.out or DEFAULT_SPINE_BUILD, SPINE_MAIN)
+        elif args.tor:
+            b = compile_program(args.out or DEFAULT_TOR_BUILD, TOR_MAIN)
         else:
             b = compile_program(args.out or DEFAULT_BUILD)
     except RuntimeError as e:

@@ -15,10 +15,11 @@
 #define NR_SPINE_EGRESS_P4
 
 #include "spine_state.p4"
-#include "iscrc.p4"
+#include "interswitch.p4"
 
 control NrSpineEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
-    NrIsCrc() crc;
+    NrIsHeaders() headers;
+    NrIsSign() sign;
     action set_lane_out(bit<48> tor_mac, bit<32> tor_ip, bit<8> tor_id, bit<48> me_mac,
                         bit<32> me_ip) {
         hdr.eth.dst = tor_mac;
@@ -45,27 +46,7 @@ control NrSpineEgress(inout headers_t hdr, inout meta_t meta, inout standard_met
                 meta.lane = (bit<8>)sm.egress_rid;
             }
             if (spine_lane_out.apply().hit) {
-                hdr.eth.ether_type = ETHERTYPE_IPV4;
-                hdr.ipv4.version = 4;
-                hdr.ipv4.ihl = 5;
-                hdr.ipv4.tos = 0;
-                hdr.ipv4.id = 0;
-                hdr.ipv4.flags = 2;        // DF
-                hdr.ipv4.frag = 0;
-                hdr.ipv4.ttl = 64;
-                hdr.ipv4.protocol = IPPROTO_UDP;
-                hdr.udp.sport = IS_UDP_PORT;
-                hdr.udp.dport = IS_UDP_PORT;
-                hdr.udp.csum = 0;
-                hdr.nr_is.version = IS_VERSION;
-                hdr.nr_is.kind = IS_TOTAL;
-                hdr.nr_is.carried = 0;
-                hdr.nr_is.reserved = 0;
-                hdr.nr_carried.setInvalid();
-                hdr.rh_base.setInvalid();
-                hdr.rh_e16.setInvalid();
-                hdr.rh_e4.setInvalid();
-                bit<16> carried_len = 0;
+                headers.apply(hdr, IS_TOTAL);
                 bit<32> c = meta.emit_gslot * NR_MAX_LANES + (bit<32>)meta.lane;
                 bit<64> held;
                 spine_carried.read(held, c);
@@ -86,16 +67,9 @@ control NrSpineEgress(inout headers_t hdr, inout meta_t meta, inout standard_met
                             hdr.rh_e4.setValid();
                             spine_rh_e4.read(hdr.rh_e4.b, c);
                         }
-                        carried_len = IS_CARRIED_LEN + hlen;
                     }
                 }
-                hdr.udp.len = UDP_LEN + IS_HEADER_LEN + hdr.nr_is.length + carried_len
-                              + ICRC_LEN;
-                hdr.ipv4.total_len = IPV4_LEN + hdr.udp.len;
-                meta.fix_ipv4 = 1;
-                bit<32> signed;
-                crc.apply(hdr, meta.words, signed);
-                hdr.icrc.v = signed;
+                sign.apply(hdr, meta, meta.words);
                 spine_ring_ctr.count((bit<32>)meta.ring * NR_SCTRS + NR_SCTR_TOTALS_SENT);
             } else {
                 mark_to_drop(sm);          // the ring was unregistered meanwhile

@@ -58,7 +58,7 @@
     NR_SPINE_ADVANCE_STEP NR_SPINE_ADVANCE_STEP NR_SPINE_ADVANCE_STEP NR_SPINE_ADVANCE_STEP
 
 control NrSpineIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
-    NrIsCrc() crc;
+    NrIsVerify() is_verify;
     bit<9> lane_port = 0;        // set by the tables' actions, read only after a hit
     bit<8> route_to = 0;
     bit<9> transit_port = 0;
@@ -152,40 +152,10 @@ control NrSpineIngress(inout headers_t hdr, inout meta_t meta, inout standard_me
         bool l2_fwd = !message;
 
         if (message) {
-            bool corrupt = false;
-            bool unsupported = false;    // checks out as far as parsed; not parsed whole
-            if (sm.parser_error != error.NoError) {
-                corrupt = true;          // shorter than its header, payload or carried header
-            } else if (hdr.nr_is.version != IS_VERSION || hdr.nr_is.reserved != 0
-                       || hdr.nr_is.k[31:24] != 0 || hdr.nr_is.length[1:0] != 0
-                       || (hdr.nr_is.kind != IS_PARTIAL && hdr.nr_is.kind != IS_TOTAL)) {
-                corrupt = true;
-            } else if (meta.is_parsed == 0) {
-                /* a payload above NR_MAX_PL_BYTES, carried > 1 or another hlen: its CRC32
-                 * is beyond what this program hashes */
-                if ((bit<32>)hdr.udp.len + (bit<32>)(IPV4_LEN + 14) > sm.packet_length) {
-                    corrupt = true;
-                } else {
-                    unsupported = true;
-                }
-            } else {
-                bit<16> carried_len = 0;
-                if (hdr.nr_carried.isValid()) {
-                    carried_len = IS_CARRIED_LEN + hdr.nr_carried.hlen;
-                }
-                if (hdr.udp.len != UDP_LEN + IS_HEADER_LEN + hdr.nr_is.length + carried_len
-                                   + ICRC_LEN) {
-                    corrupt = true;      // bytes before the CRC32 that are none of the above
-                } else {
-                    bit<32> want;
-                    crc.apply(hdr, meta.words, want);
-                    if (want != hdr.icrc.v) {
-                        corrupt = true;
-                    }
-                }
-            }
-
-            if (corrupt) {
+            bit<2> verdict;
+            is_verify.apply(hdr, meta, sm, verdict);
+            bool unsupported = verdict == IS_UNSUPPORTED;    // not parsed whole
+            if (verdict == IS_CORRUPT) {
                 spine_is_ctr.count(NR_ISCTR_DROP_CORRUPT);
             } else if (!spine_rings.apply().hit) {
                 spine_is_ctr.count(NR_ISCTR_DROP_UNKNOWN_RING);

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from switch.contract import RingSpec
 from switch.control.bmv2 import Bmv2Target
 from switch.dataplane.spine import SpineConfig
+from switch.dataplane.tor import TorConfig
 from tools.bmv2_lab import Bmv2Switch
 from switch.dataplane.ports import Port, open_port
 from switch.p4.program import DEFAULT_BUILD
@@ -81,16 +82,16 @@ class Bmv2Harness:
             target.register_ring(RingSpec.from_dict(ring["spec"]), ring["slots"])
 
     def start(self, vectors_setup: dict[str, Any], spine: Optional[SpineConfig] = None,
-              log: Path = LOG) -> Bmv2Switch:
-        """Forget the last setup; a fresh switch (the spine program with `spine`) cabled to
-        this harness's ports."""
+              tor: Optional[TorConfig] = None, log: Path = LOG) -> Bmv2Switch:
+        """Forget the last setup; a fresh switch (the spine program with `spine`, the ToR's
+        with `tor`) cabled to this harness's ports."""
         self.close()
         links = {num: _veth_pair(num) for num in vectors_setup["ports"]}
         self.ports = {num: open_port(num, host) for num, (_, host) in links.items()}
         log.parent.mkdir(parents=True, exist_ok=True)
         return Bmv2Switch({num: sw for num, (sw, _) in links.items()},
                           dict(vectors_setup["macs"]), grpc_port=_free_port(),
-                          thrift_port=_free_port(), log=log, spine=spine)
+                          thrift_port=_free_port(), log=log, spine=spine, tor=tor)
 
     def _drain(self) -> None:
         for port in self.ports.values():

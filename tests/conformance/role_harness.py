@@ -6,8 +6,8 @@ every other port), as switch/dataplane/ports.py does.
 
 `tor_args` / `spine_args` turn a role vector's setup (documented in conformance/roles.py)
 into the pipelines' constructor and register_ring arguments, exactly those that
-TorSwitch/SpineSwitch (switch/control/fabric_rpc.py) pass; a BMv2 harness would turn the
-same setup into table entries.
+TorSwitch/SpineSwitch (switch/control/fabric_rpc.py) pass; the BMv2 harness
+(conformance/bmv2_role_harness.py) passes the same to the BMv2 targets.
 
 `counters()` shape, per role (ring id -> ...; rank lists in rank order):
   ToR:   {"interswitch": {"drop_corrupt", "drop_unknown_ring"},
@@ -57,7 +57,9 @@ def spine_args(setup: dict[str, Any]) -> tuple[SpineConfig, list[tuple[Any, ...]
                     for r in setup["rings"]]
 
 
-def _tor_counters(pipeline: TorPipeline) -> dict[str, Any]:
+def tor_counters(pipeline: Any) -> dict[str, Any]:
+    """The harness's counters of a ToR with TorPipeline's interface (`interswitch`,
+    `counters()`): the software one or switch/control/bmv2_tor.py's."""
     rings = {}
     for rid, ring in pipeline.counters().items():
         rings[rid] = {
@@ -130,7 +132,7 @@ class RoleHarness:
 
     def counters(self) -> dict[str, Any]:
         if isinstance(self.pipeline, TorPipeline):
-            return _tor_counters(self.pipeline)
+            return tor_counters(self.pipeline)
         if isinstance(self.pipeline, SpinePipeline):
             return spine_counters(self.pipeline)
         return {}

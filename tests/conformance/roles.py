@@ -999,8 +999,9 @@ def spine_many_carried(s: SpineModel) -> None:
 SCENARIOS: tuple[Callable[[], Vector], ...] = (
     tor_partial_up_total_down, tor_out_of_order_totals_and_gap, tor_duplicates,
     tor_retransmissions_served, tor_bad_totals, tor_wrong_lengths, tor_transit, tor_rule7_skip,
-    tor_skip_lands_on_ready_slot, tor_stale_and_no_overrun, tor_host_link_corruption,
-    tor_corrupt_interswitch, tor_many_carried, tor_forwarding, spine_partials_and_totals,
+    tor_skip_lands_on_ready_slot, tor_stale_and_no_overrun, tor_skip_far_ahead,
+    tor_host_link_corruption, tor_corrupt_interswitch, tor_many_carried, tor_forwarding,
+    spine_partials_and_totals,
     spine_three_tors, spine_duplicate_partials, spine_wrong_port_unknown_ring_and_tor,
     spine_overrun_and_stale, spine_mismatch, spine_mismatched_length, spine_corrupt,
     spine_transit_and_forwarding, spine_many_carried)
