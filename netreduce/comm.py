@@ -33,7 +33,7 @@ import numpy as np
 
 from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
-from flowctl.stream import CompletionError, Stream
+from flowctl.stream import Stream
 from netreduce.algorithms import Algorithm, CallContext
 from netreduce.meta import (CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
                             check_agreement, check_dtype, check_op, control_bytes)
@@ -54,7 +54,6 @@ logger = logging.getLogger(__name__)
 
 RINGS = ("ring", "inc")
 _FAILED_LEAVE_TIMEOUT = 5.0
-PEER_NEWS_WAIT = 2.0       # s a failed transfer waits for the store's news of a dead peer
 
 
 class CommunicatorError(RuntimeError):
@@ -329,15 +328,10 @@ class Communicator:
         except CallRejected:
             raise
         except PeerFailed as exc:
-            raise self._peer_failure(what, exc) from exc
-        except CompletionError as exc:
-            # A peer that dies mid-call takes its QPs with it: a WRITE to it fails (remote
-            # access error) before the store's news of the death arrives. Name the peer.
-            died = self._rendezvous.failure_within(PEER_NEWS_WAIT)
-            if died is None:
-                self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
-                raise self._break(exc)
-            raise self._peer_failure(what, died) from exc
+            raise self._break(PeerFailure(
+                f"netreduce: rank {self.rank}: {what} failed: {exc}; the communicator is "
+                f"unusable (netreduce.finalize(), then netreduce.init() a new one)",
+                exc.ranks)) from exc
         except SwitchNotAggregating as exc:
             error = self._break(SwitchFailure(
                 f"netreduce: rank {self.rank}: {what} failed: the switch at "
@@ -350,14 +344,6 @@ class Communicator:
             self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
             raise self._break(exc)
         self.last_algo, self.last_fallback = taken.algorithm.name, taken.fallback
-
-    def _peer_failure(self, what: str, exc: PeerFailed) -> PeerFailure:
-        """The error naming the failed ranks; the communicator is broken by it."""
-        error = PeerFailure(
-            f"netreduce: rank {self.rank}: {what} failed: {exc}; the communicator is "
-            f"unusable (netreduce.finalize(), then netreduce.init() a new one)", exc.ranks)
-        self._break(error)
-        return error
 
     def _count(self, taken: Route, what: str) -> None:
         """Count the call's route; rank 0 warns the first time "auto" falls back to the

@@ -642,10 +642,6 @@ class Rendezvous:
             self._failures.setdefault(r, why)
         self._failed.set()
 
-    def failure_within(self, timeout: float) -> PeerFailed | None:
-        """The failures known within `timeout` s (at once if already known), or None."""
-        return PeerFailed(dict(self._failures)) if self._failed.wait(timeout) else None
-
     def check_peers(self) -> None:
         """Raise `PeerFailed` if some rank (this one included) is known to have failed."""
         if self._failed.is_set():
