@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 import netreduce
+from flowctl import CompletionError
 from netreduce.tools.reference import Reference, rank_input
 from ring_setup.device import hw_counters
 
@@ -210,7 +211,9 @@ def stall(comm: netreduce.Communicator, seconds: float) -> None:
 
 def die(comm: netreduce.Communicator, victim: int) -> None:
     """Rank `victim` SIGKILLs itself 1 s into a 16 MiB switch call; every other rank must
-    raise PeerFailure naming it (printed with the time from the kill to the error)."""
+    raise PeerFailure naming it (printed with the time from the kill to the error) - or,
+    on the victim's predecessor, whose WRITEs to it fail once its QPs are gone, possibly
+    before the store's news of the death, a CompletionError naming the WRITE to it."""
     x = rank_data(comm.rank, 1 << 22, "int32")
     comm.allreduce(x.copy(), algo="switch")                 # warm: workspace registered
     comm._rendezvous.barrier("before-kill")
@@ -219,7 +222,7 @@ def die(comm: netreduce.Communicator, victim: int) -> None:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
     try:
         comm.allreduce(x, algo="switch")
-    except netreduce.PeerFailure as exc:
+    except (netreduce.PeerFailure, CompletionError) as exc:
         print(f"ERROR {time.time() - t_kill:.2f} {exc}", flush=True)
         netreduce.finalize()             # unusable, but closes (rank 0 unregistered already)
         sys.exit(0)

@@ -92,11 +92,16 @@ def test_a_rank_killed_mid_call_is_named_by_every_other_within_the_target(
         seconds, message = err.split(" ", 1)
         took.append(float(seconds))
         assert float(seconds) < TARGET, err
+        # rank 1 writes to rank 2: its WRITE may fail (remote access error, the dead
+        # process's QPs are gone) before the store's news of the death arrives
+        if r == 1 and re.match(r"flowctl: rank 1, ring 'inc': RDMA WRITE of message \d+ to "
+                               r"rank 2 failed", message):
+            continue
         assert re.search(rf"netreduce: rank {r}: allreduce call #1 \(int32\[4194304\] op=sum "
                          rf"algo=switch\) failed: rank 2: its process died", message), message
         assert "the communicator is unusable" in message, message
-    figure(capsys, f"rank 2 SIGKILLed 1 s into a 16 MiB switch call: ranks 0, 1, 3 raised "
-                   f"PeerFailure naming it after {', '.join(f'{t:.2f}' for t in took)} s")
+    figure(capsys, f"rank 2 SIGKILLed 1 s into a 16 MiB switch call: ranks 0, 1, 3 raised errors "
+                   f"naming it after {', '.join(f'{t:.2f}' for t in took)} s")
 
 
 def test_a_rank_later_than_the_old_stall_timeout_is_waited_for(
