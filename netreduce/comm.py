@@ -308,10 +308,10 @@ class Communicator:
             workspace = self._workspace.ensure(max(
                 a.workspace_bytes(array.size, dtype, self.world_size)
                 for a in call.candidates))
-            lo, hi = call.candidates[0].local_range(array)
+            lo, hi, blocks = call.candidates[0].local_range(array)
             mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
                             op=call.op, algo=call.algo, workspace=workspace.remote(),
-                            lo=lo, hi=hi)
+                            lo=lo, hi=hi, blocks=blocks)
             self._calls += 1
             records = self._meta.exchange(mine)
             check_agreement(records)
@@ -321,7 +321,7 @@ class Communicator:
                 ranges=tuple((m.lo, m.hi) for m in records),
                 workspace=workspace,
                 peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
-                streams=self._streams)
+                streams=self._streams, blocks=tuple(m.blocks for m in records))
             taken = route(call.algo, context, call.op, self.switch.registered)
             self._count(taken, what)
             taken.algorithm.run(context, array, target)

@@ -13,6 +13,11 @@ and a send area as large as a bank. The exchange is an all-gather, done one of t
   the "inc" message sequence stays identical on every rank whatever the call;
 - else around the host ring's stream: at step j rank r forwards the record of rank
   (r - j) mod n into the same slot of its successor's bank.
+Records have a fixed size (RECORD_STRIDE, 256 bytes: an 86-byte header and room for
+MAX_BLOCK_BYTES = 128 bytes of per-block facts, the switch's exponents), whatever the call:
+the message sizes on "inc" must not depend on anything one rank alone knows (e.g. a count
+the ranks disagree on), so every call exchanges n * RECORD_STRIDE bytes per rank through
+the switch (4 ranks: 1 KiB; one packet at MTU 4096, four at BMv2's 256).
 Two banks suffice: a rank can only start call k+2 after its successor started call k+1, i.e.
 finished reading call k's records (through the switch, a bank is written only once every
 rank has contributed, i.e. has finished the previous call).
@@ -35,9 +40,10 @@ from ring_setup.rendezvous import ranks_phrase
 OPS: dict[str, np.ufunc] = {"sum": np.add, "avg": np.add, "max": np.maximum,
                             "min": np.minimum}
 
-_MAGIC = b"NRM2"
-_RECORD = struct.Struct("<4sIQQ8s8s8sQQIdd")
-RECORD_STRIDE = 128
+_MAGIC = b"NRM3"
+_RECORD = struct.Struct("<4sIQQ8s8s8sQQIddH")   # then the `blocks` bytes
+MAX_BLOCK_BYTES = 128     # per-block facts a record carries (the switch: one exponent a block)
+RECORD_STRIDE = 256       # fixed (see the module doc): _RECORD.size (86) + MAX_BLOCK_BYTES fit
 
 
 class CallRejected(Exception):
@@ -90,20 +96,30 @@ class CallMeta:
     workspace: RemoteBuffer
     lo: float = 0.0       # this rank's smallest and largest element, for algorithms that
     hi: float = 0.0       # need them (Algorithm.local_range; exact for int32 and float32)
+    blocks: bytes = b""   # per-block facts of this rank's data (Algorithm.local_range; the
+    #                       switch: one exponent per block), MAX_BLOCK_BYTES at most
 
     def pack(self) -> bytes:
+        """The record: at most RECORD_STRIDE bytes; ValueError for too many `blocks`."""
+        if len(self.blocks) > MAX_BLOCK_BYTES:
+            raise ValueError(f"a call record carries {MAX_BLOCK_BYTES} block bytes at most, "
+                             f"not {len(self.blocks)}")
         return _RECORD.pack(_MAGIC, self.rank, self.seq, self.count, self.dtype.encode(),
                             self.op.encode(), self.algo.encode(), self.workspace.addr,
-                            self.workspace.nbytes, self.workspace.rkey, self.lo, self.hi)
+                            self.workspace.nbytes, self.workspace.rkey, self.lo, self.hi,
+                            len(self.blocks)) + self.blocks
 
     @classmethod
     def unpack(cls, raw: bytes) -> "CallMeta":
-        magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey, lo, hi = _RECORD.unpack(
-            raw[:_RECORD.size])
+        (magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey, lo, hi,
+         size) = _RECORD.unpack(raw[:_RECORD.size])
         if magic != _MAGIC:
             raise ValueError(f"not a call record (magic {magic!r})")
+        if size > MAX_BLOCK_BYTES:
+            raise ValueError(f"a call record with {size} block bytes (at most {MAX_BLOCK_BYTES})")
         text = [s.rstrip(b"\0").decode() for s in (dtype, op, algo)]
-        return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes), lo, hi)
+        blocks = bytes(raw[_RECORD.size:_RECORD.size + size])
+        return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes), lo, hi, blocks)
 
     def describe(self) -> str:
         return f"{self.dtype}[{self.count}] op={self.op} algo={self.algo}"

@@ -144,23 +144,26 @@ def test_ackreq_on_the_last_packet_and_after_65_unacknowledged_ones() -> None:
     c = world.spec.connections[0]
     sent = [((psn_of(f) - c.psn0) & PSN_MASK, bool(f[BTH_OFF + 8] & 0x80))
             for kind, f in capture.frames if kind == "contribution" and on_conn(f, c)]
-    assert [k for k, _ in sent] == list(range(201))             # the metadata, then 200
-    assert [k for k, ackreq in sent if ackreq] == [0, 66, 132, 198, 200]
+    meta = packets(2 * RECORD_STRIDE, cfg)                      # its last one: an AckReq
+    assert [k for k, _ in sent] == list(range(meta + 200))      # the metadata, then 200
+    assert [k - meta for k, ackreq in sent if ackreq] == [-1, 65, 131, 197, 199]
     assert world.rxe_counters()[0]["ack_deferred"] == 5         # one ACK per AckReq
 
 
 def test_no_more_than_129_psns_are_ever_unacknowledged() -> None:
     """rxe_req.c: the requester stops when psn_compare(psn, comp.psn + 128) > 0. With
-    every ACK of rank 0's data lost, rank 0 sends PSNs 1..129 and then only retries them
-    (rxe's timer, completer_retry_err) until the collective timeout: the first rank to see
-    nothing move for 1 s raises StallError, the other PeerFailure naming it."""
+    every ACK of rank 0's data lost, rank 0 sends PSNs meta..meta+128 (after the `meta`
+    packets of the call's metadata) and then only retries them (rxe's timer,
+    completer_retry_err) until the collective timeout: the first rank to see nothing move
+    for 1 s raises StallError, the other PeerFailure naming it."""
     cfg = FlowConfig(mtu=256, msg_size=256 * 256, window=1, recv_depth=8, collective_timeout=1.0)
     holder: dict[str, World] = {}
+    meta = packets(2 * RECORD_STRIDE, cfg)
 
     def lose_rank0_data_acks(kind: str, frame: bytes) -> bool:
         c = holder["world"].spec.connections[0]
         return kind == "ack" and frame[:6] == bytes.fromhex(c.src_mac.replace(":", "")) \
-            and psn_of(frame) != c.psn0
+            and psn_of(frame) != (c.psn0 + meta - 1) & PSN_MASK
     capture = Capture(lose_rank0_data_acks)
     world = holder["world"] = World(2, cfg, slots=512, faults=Faults(drop=capture))
     results = allreduce(world, 300 * 64, "switch")
@@ -168,7 +171,7 @@ def test_no_more_than_129_psns_are_ever_unacknowledged() -> None:
     c = world.spec.connections[0]
     ks = {(psn_of(f) - c.psn0) & PSN_MASK for kind, f in capture.frames
           if kind == "contribution" and on_conn(f, c)}
-    assert ks == set(range(1 + MAX_UNACKED_PSNS))
+    assert ks == set(range(meta + MAX_UNACKED_PSNS))
     assert world.rxe_counters()[0]["completer_retry_err"] >= 10
 
 
@@ -238,13 +241,16 @@ B1_COUNT = 512 * 64                       # 512 data packets per rank
 
 
 def b1_world(slots: int) -> World:
-    """2 ranks; the result of B's (rank 1's) connection at k = 128 is lost twice: once
-    when emitted, once when served to B's first retransmission (after A's NAK), so B's
-    next try comes from its retransmit timer, when A has long sent k + 256 = 384."""
+    """2 ranks; the result of B's (rank 1's) connection at k = 128 (the data packet with
+    PSN offset 128 after a one-packet metadata message: meta - 1 + 128) is lost twice: once when emitted, once
+    when served to B's first retransmission (after A's NAK), so B's next try comes from its
+    retransmit timer, when A has long sent k + 256 = 384."""
+    meta = packets(2 * RECORD_STRIDE, B1_CFG)
+
     def result_128_of_b(kind: str, frame: bytes) -> bool:
         c = world.spec.connections[1]
         return kind == "result" and on_conn(frame, c) and (psn_of(frame) - c.psn0) \
-            & PSN_MASK == 128
+            & PSN_MASK == meta - 1 + 128
     world = World(2, B1_CFG, slots=slots, faults=Faults(drop=LoseFirst(2, result_128_of_b)))
     return world
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from netreduce.algorithms.switch import float_error_bound, quantization_exponent
+from netreduce.algorithms.switch import (block_exponents, element_exponents, float_error_bound,
+                                         local_blocks)
 from netreduce.tools.reference import Reference, rank_input
 
 
@@ -32,12 +33,13 @@ def test_float32_tolerance_is_the_bound_of_the_algorithm_that_ran() -> None:
     ref = Reference(iter(xs))
     wide = np.stack(xs).astype(np.float64)
     exact = wide.sum(axis=0)
-    e = quantization_exponent(4, float(np.abs(wide).max()))
-    assert np.array_equal(ref.tolerance("switch"), float_error_bound(4, e, exact))
+    e = block_exponents(4, [local_blocks(x).blocks for x in xs])
+    assert np.array_equal(ref.tolerance("switch"),
+                          float_error_bound(4, element_exponents(e, 100), exact))
     assert np.allclose(ref.tolerance("ring"), 4 * 2.0**-24 * np.abs(wide).sum(axis=0))
     got = exact.astype(np.float32)
     assert ref.failure(got, "switch") is None
-    assert ref.describe(got, "switch").endswith(f"within the switch quantization 2^{e} bound")
+    assert ref.describe(got, "switch").endswith(f"within the switch quantization 2^{e[0]} bound")
     off = got + np.float32(1e-3)
     assert ref.failure(off, "ring").startswith("100 of 100 elements wrong")
 
@@ -48,7 +50,7 @@ def test_an_average_is_the_sum_over_n_within_the_divided_bound() -> None:
     wide = np.stack(xs).astype(np.float64)
     exact = wide.sum(axis=0) / 3
     assert np.array_equal(ref.want, exact)
-    e = quantization_exponent(3, float(np.abs(wide).max()))
+    e = element_exponents(block_exponents(3, [local_blocks(x).blocks for x in xs]), 100)
     assert np.array_equal(ref.tolerance("switch"), float_error_bound(3, e, exact, divisor=3))
     summed = 3 * 2.0**-24 * np.abs(wide).sum(axis=0)
     assert np.allclose(ref.tolerance("ring"), (summed + 2.0**-24 * (3 * np.abs(exact) + summed)) / 3)

@@ -18,13 +18,22 @@ switch's `check` says the data cannot travel), `run`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Mapping, NamedTuple, Protocol
 
 import numpy as np
 
 from flowctl.link import RemoteBuffer
 from flowctl.stream import Stream
 from netreduce.workspace import RegisteredMemory
+
+
+class DataRange(NamedTuple):
+    """What a rank publishes about its data in the call's metadata (`netreduce.meta.CallMeta`
+    lo, hi, blocks): what the algorithm's `check` and `run` need to agree on."""
+
+    lo: float = 0.0
+    hi: float = 0.0
+    blocks: bytes = b""        # per-block facts, at most netreduce.meta.MAX_BLOCK_BYTES
 
 
 @dataclass(frozen=True)
@@ -38,10 +47,11 @@ class CallContext:
     dtype: np.dtype
     op: np.ufunc                    # folds two contributions
     divisor: int                    # the result is the reduction / divisor (op="avg": n)
-    ranges: tuple[tuple[float, float], ...]   # every rank's `local_range`, by rank
+    ranges: tuple[tuple[float, float], ...]   # every rank's `local_range` (lo, hi), by rank
     workspace: RegisteredMemory     # this call's, `workspace_bytes` large, the algorithm's own
     peer_workspace: RemoteBuffer    # the successor's workspace for this call
     streams: Mapping[str, Stream]   # by ring name
+    blocks: tuple[bytes, ...] = ()  # every rank's `local_range(...).blocks`, by rank
 
 
 class Algorithm(Protocol):
@@ -53,8 +63,8 @@ class Algorithm(Protocol):
 
     def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int: ...
 
-    def local_range(self, array: np.ndarray) -> tuple[float, float]:
-        """What this rank publishes in the call's metadata as (lo, hi)."""
+    def local_range(self, array: np.ndarray) -> DataRange:
+        """What this rank publishes in the call's metadata."""
         ...
 
     def check(self, call: CallContext) -> None:

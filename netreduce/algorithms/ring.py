@@ -31,7 +31,7 @@ import numpy as np
 
 from flowctl.plan import Message
 from flowctl.stream import Outgoing
-from netreduce.algorithms.base import CallContext
+from netreduce.algorithms.base import CallContext, DataRange
 from netreduce.dtypes import accumulator
 
 ALIGN = 64
@@ -94,8 +94,8 @@ class RingAllreduce:
     def check_call(self, dtype: np.dtype, op: str) -> None:
         return None
 
-    def local_range(self, array: np.ndarray) -> tuple[float, float]:
-        return (0.0, 0.0)
+    def local_range(self, array: np.ndarray) -> DataRange:
+        return DataRange()
 
     def check(self, call: CallContext) -> None:
         return None

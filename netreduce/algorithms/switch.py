@@ -22,39 +22,47 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   `AllreduceOverflow` on every rank before any data moves. The bound is conservative: it
   refuses every call where SOME element could overflow given those extremes (the element
   sums themselves may all fit).
-- float32 travels quantized with one scale 2^e for the whole call, agreed by all ranks
-  because each derives it from the same exchanged records (SwitchML-style; see
-  `quantization_exponent`): M = max over ranks and elements of |x|, c = ceil(log2 n),
-  e = 30 - c - floor(log2 M) (31 - c when M = 0; one less above 128 ranks, where rounding
-  could otherwise reach 2^(31-c)). Then q = rint(x * 2^e) satisfies
+- float32 travels quantized with one scale 2^e_b per block of the call, agreed by all
+  ranks because each derives it from the same exchanged records (SwitchML-style, per
+  block). A block is `block_elements(count)` consecutive elements: 1024 (4 KiB of wire
+  words) up to 128 Ki elements, then the smallest power of two that keeps the call within
+  128 blocks (32 Ki elements for a 16 MiB float32 call), so a rank's record carries one
+  int8 per block, 128 bytes at most (`netreduce.meta.MAX_BLOCK_BYTES`). Each rank
+  publishes F = floor(log2 M) of each block's largest |x| (`local_blocks`); with F_b the
+  largest over ranks, M_b < 2^(F_b+1) is the largest |x| of block b over all ranks, and
+  with c = ceil(log2 n): e_b = 30 - c - F_b (one less above 128 ranks, where rounding
+  could otherwise reach 2^(31-c); `block_exponents`). Then q = rint(x * 2^e_b) satisfies
   n * max|q| <= 2^31 - 1, the switch's int32 sums cannot wrap, and the result is
-  (sum of q) * 2^-e rounded to float32, bit-identical on every rank.
-  Error bound, per element, with S the exact sum of the n float32 inputs:
-      |result - S| <= n * 2^-(e+1) * (1 + 2^-24) + 2^-24 * |S| + 2^-150
-  -- n * 2^-(e+1) from rounding each rank's x * 2^e to an integer (<= n^2 * M * 2^-30 by
-  the choice of e), the rest from rounding the exact quantized sum to float32 (relative
-  2^-24; 2^-150 where the result is subnormal). A sum beyond float32's range is +-inf, as
-  with any float32 sum (and so may be one within the bound of that range's edge). NaN and
-  infinities cannot be quantized: `NotQuantizable` on every rank, before any data moves.
+  (sum of q) * 2^-e_b rounded to float32, bit-identical on every rank.
+  Error bound, per element of block b, with S the exact sum of the n float32 inputs:
+      |result - S| <= n * 2^-(e_b+1) * (1 + 2^-24) + 2^-24 * |S| + 2^-150
+  -- n * 2^-(e_b+1) from rounding each rank's x * 2^e_b to an integer (<= n^2 * M_b * 2^-30
+  by the choice of e_b: relative to the largest |x| in the element's BLOCK, not the call),
+  the rest from rounding the exact quantized sum to float32 (relative 2^-24; 2^-150 where
+  the result is subnormal). A block of 1e-6's next to one of 1e4's keeps its precision.
+  A sum beyond float32's range is +-inf, as with any float32 sum (and so may be one within
+  the bound of that range's edge). NaN and infinities cannot be quantized:
+  `NotQuantizable` on every rank, before any data moves.
 - float16 and bfloat16 travel like float32 (every value of theirs is a float32; the
-  scale comes from the same M, quantization happens in float32) as 4-byte int32 words, so
+  scales come from the same M_b, quantization happens in float32) as 4-byte int32 words, so
   the switch carries twice their bytes. The result is rounded once from float64 to float16,
   twice (through float32: ml_dtypes' conversion) to bfloat16, so its bound is the
   quantization term plus that rounding: for float16, with u = 2^-11,
-      |result - S| <= (1 + u) * n * 2^-(e+1) + u * |S| + 2^-25
+      |result - S| <= (1 + u) * n * 2^-(e_b+1) + u * |S| + 2^-25
   and for bfloat16 (u = 2^-8) the float32 bound above, rounded once more:
       (1 + u) * (float32 bound) + u * |S| + 2^-134
-  (`float_error_bound(..., dtype=)`). The quantization term is ~n^2 * M * 2^-30: far
+  (`float_error_bound(..., dtype=)`). The quantization term is ~n^2 * M_b * 2^-30: far
   below the 16-bit rounding, whose relative 2^-11 / 2^-8 dominates. A sum beyond the
   dtype's range (float16: 65504) is +-inf.
-- op="avg" (floating point) travels as the sum; the result is (sum of q) * 2^-e / n, formed
+- op="avg" (floating point) travels as the sum; the result is (sum of q) * 2^-e_b / n, formed
   in float64 (exact but for the division's 2^-53 when n is not a power of two) and rounded
-  once: |result - S/n| <= the bound above with n * 2^-(e+1) / n for the quantization term
+  once: |result - S/n| <= the bound above with n * 2^-(e_b+1) / n for the quantization term
   (`float_error_bound`).
 
 Host passes: one copy into the send area (int32: plain; floats: quantizing), one copy of
 the sum into the caller's output once the transfer is complete (int32: plain; floats:
-chunk by chunk to float64, the exact * 2^-e, / n for avg, one rounding). A message arrives
+chunk by chunk to float64, the exact * 2^-e_b, / n for avg, one rounding), each one numpy
+pass per chunk with the block exponents broadcast over rows of a block. A message arrives
 only after the switch emitted every packet of it, i.e. after it had added every rank's
 packets of it, ours included, exactly once; any later retransmission of our packets of that
 message finds its slot emitted (answered from the slot) or reused (dropped as stale) -- its
@@ -63,13 +71,14 @@ payload is never added again.
 from __future__ import annotations
 
 import math
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from flowctl.stream import Outgoing
-from netreduce.algorithms.base import CallContext
+from netreduce.algorithms.base import CallContext, DataRange
 from netreduce.dtypes import FLOAT32, HALVES, ROUNDINGS_FROM_FLOAT64, after_roundings
-from netreduce.meta import CallRejected, SwitchNotAggregating
+from netreduce.meta import MAX_BLOCK_BYTES, CallRejected, SwitchNotAggregating
 from ring_setup.rendezvous import ranks_phrase
 
 WIRE = np.dtype("<i4")
@@ -90,33 +99,89 @@ class NotQuantizable(CallRejected, ValueError):
 
 
 MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (switch.contract: 32 racks x 32)
+MIN_BLOCK = 1024          # elements: 4 KiB of wire words, one packet at the default MTU
+NO_FLOOR = -128           # the published floor of an all-zero block (and of M < 2^-127)
 
 
-def quantization_exponent(world_size: int, absmax: float) -> int:
-    """The exponent e of the float32 scale 2^e for n = `world_size` ranks whose largest |x|
-    is M = `absmax` (a finite float32 value, >= 0), with c = ceil(log2 n):
-        e = 30 - c - floor(log2 M)        (31 - c when M = 0)       for n <= 128
-        e = 29 - c - floor(log2 M)        (30 - c when M = 0)       for n > 128
-    Invariant: n * rint(M * 2^e) <= 2^31 - 1, so no int32 sum of the q = rint(x * 2^e) can
-    wrap. Why: M < 2^E with E = floor(log2 M) + 1, and the largest float32 below 2^E is
-    2^E - 2^(E-24). For c <= 7, M * 2^e <= 2^(31-c) - 2^(7-c) with 2^(7-c) >= 1, so
-    rint(M * 2^e) <= 2^(31-c) - 1 and n * that <= 2^31 - 1. For c >= 8 that margin is below
-    one half and rint may reach 2^(31-c) (n * 2^(31-c) can exceed 2^31 - 1): one bit less,
-    M * 2^e < 2^(30-c), rint <= 2^(30-c) and n * that <= 2^30. In both cases
-    n * 2^-(e+1) <= n^2 * M * 2^-29 (the module doc's bound, with 2^-30 up to 128 ranks)."""
+def block_elements(count: int) -> int:
+    """Elements per block of a float call of `count` elements: the smallest power of two
+    >= MIN_BLOCK that cuts the call into at most MAX_BLOCK_BYTES (128) blocks (1024 up to
+    128 Ki elements, then growing with the call: 32 Ki for 4 Mi elements). A power of two,
+    so that blocks and `_CHUNK` nest."""
+    need = -(-count // MAX_BLOCK_BYTES)
+    return max(MIN_BLOCK, 1 << max(need - 1, 0).bit_length())
+
+
+def local_blocks(array: np.ndarray) -> DataRange:
+    """This rank's (lo, hi) -- NaN if any element is NaN -- and per block of
+    `block_elements(array.size)` elements the floor F = floor(log2 M) of the block's
+    largest |x| = M as int8 bytes, clamped to [NO_FLOOR, 127] (NO_FLOOR for M = 0 or
+    M < 2^-127): always M < 2^(F+1), the one fact `block_exponents` relies on. One pass
+    each for the per-block minima and maxima (as the call-wide min and max were)."""
+    flat = array.reshape(-1)
+    if flat.size == 0:
+        return DataRange()
+    starts = np.arange(0, flat.size, block_elements(flat.size))
+    lows = np.minimum.reduceat(flat, starts).astype(np.float32)
+    highs = np.maximum.reduceat(flat, starts).astype(np.float32)
+    absmax = np.maximum(-lows, highs)
+    with np.errstate(invalid="ignore"):     # NaN/inf: the call is not quantized (`check`)
+        _, exp = np.frexp(absmax)           # M < 2^exp, M >= 2^(exp-1) when M > 0
+        floors = np.where(absmax > 0, exp - 1, NO_FLOOR).clip(NO_FLOOR, 127)
+    return DataRange(float(lows.min()), float(highs.max()), floors.astype(np.int8).tobytes())
+
+
+def block_exponents(world_size: int, blocks: Sequence[bytes]) -> np.ndarray:
+    """The exponents e_b (int32, one per block) of the scales 2^e_b, agreed by every rank
+    from every rank's `local_blocks` bytes (`blocks`, by rank): with F_b the largest floor
+    published for block b (so every |x| of the block on every rank is below 2^(F_b+1)) and
+    c = ceil(log2 n),
+        e_b = 30 - c - F_b       for n <= 128,      e_b = 29 - c - F_b       for n > 128.
+    Invariant: n * rint(M_b * 2^e_b) <= 2^31 - 1 for M_b the block's largest |x|, so no
+    int32 sum of the q = rint(x * 2^e_b) can wrap. Why: M_b < 2^E with E = F_b + 1, and the
+    largest float32 below 2^E is 2^E - 2^(E-24) (or less). For c <= 7,
+    M_b * 2^e_b <= 2^(31-c) - 2^(7-c) with 2^(7-c) >= 1, so rint(M_b * 2^e_b) <= 2^(31-c) - 1
+    and n * that <= 2^31 - 1. For c >= 8 that margin is below one half and rint may reach
+    2^(31-c): one bit less, M_b * 2^e_b < 2^(30-c), rint <= 2^(30-c), n * that <= 2^30. In
+    both cases n * 2^-(e_b+1) <= n^2 * M_b * 2^-29 (the module doc's bound, 2^-30 up to 128
+    ranks) when M_b >= 2^-127 (else at most n^2 * 2^-157)."""
     if not 1 <= world_size <= MAX_QUANTIZED_RANKS:
         raise ValueError(f"quantization for {world_size} ranks: 1..{MAX_QUANTIZED_RANKS} "
                          "supported")
-    _, exp = math.frexp(absmax)                  # absmax < 2^exp (exp = 0 for 0)
+    floors = np.frombuffer(blocks[0], dtype=np.int8)
+    for other in blocks[1:]:
+        floors = np.maximum(floors, np.frombuffer(other, dtype=np.int8))
     c = (world_size - 1).bit_length()
-    return 31 - c - exp - (c > 7)
+    return (30 - c - (c > 7)) - floors.astype(np.int32)
 
 
-def float_error_bound(world_size: int, exponent: int, exact: np.ndarray,
+def element_exponents(exponents: np.ndarray, count: int) -> np.ndarray:
+    """The exponent of each of a call's `count` elements (that of its block): for bounds."""
+    return np.repeat(exponents, block_elements(count))[:count]
+
+
+def _rows(count: int, exponents: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Cover elements [0, count) in order by (lo, hi, column): at most `_CHUNK` elements
+    lo..hi-1, cut into column.size equal rows that each lie in one block, `column` (shape
+    (rows, 1)) holding each row's block exponent -- so one broadcasting numpy pass scales a
+    whole piece (blocks and _CHUNK are powers of two: one divides the other)."""
+    block = block_elements(count)
+    width = min(block, _CHUNK)
+    for lo in range(0, count, _CHUNK):
+        hi = min(lo + _CHUNK, count)
+        full = lo + (hi - lo) // width * width
+        if full > lo:
+            yield lo, full, exponents[np.arange(lo, full, width) // block, None]
+        if hi > full:
+            yield full, hi, exponents[full // block].reshape(1, 1)
+
+
+def float_error_bound(world_size: int, exponent: int | np.ndarray, exact: np.ndarray,
                       divisor: int = 1, dtype: np.dtype = FLOAT32) -> np.ndarray:
     """The module doc's per-element bound on |result - exact| for a call of `dtype`
-    quantized with 2^`exponent` whose result is the sum / `divisor` (`exact`: the exact
-    results, float64). With q = n * 2^-(e+1) / divisor the quantization error and d = 2^-53
+    quantized with 2^`exponent` (per element: `element_exponents`) whose result is the
+    sum / `divisor` (`exact`: the exact results, float64). With
+    q = n * 2^-(e+1) / divisor the quantization error and d = 2^-53
     the float64 division's rounding (0 when divisor is a power of two: exact), the float64
     value is within q * (1 + d) + d * |exact|, then rounded to `dtype`
     (`netreduce.dtypes.after_roundings`); for float32 and divisor 1 that is the module
@@ -127,30 +192,32 @@ def float_error_bound(world_size: int, exponent: int, exact: np.ndarray,
     return after_roundings(off, exact, ROUNDINGS_FROM_FLOAT64[np.dtype(dtype)])
 
 
-def quantize(src: np.ndarray, e: int, wire: np.ndarray) -> None:
-    """wire = rint(src * 2^e) as int32 (`wire`: flat, src.size elements); src * 2^e is
-    formed in float32, exactly (every float16 and bfloat16 is a float32, and the product's
-    magnitude is below 2^31 / n by the choice of e; what float32 cannot hold is below one
-    half and rounds to 0 either way)."""
+def quantize(src: np.ndarray, exponents: np.ndarray, wire: np.ndarray) -> None:
+    """wire = rint(x * 2^e_b) as int32 for each x of block b (`exponents`: one per block of
+    `block_elements(src.size)`; `wire`: flat, src.size elements); x * 2^e_b is formed in
+    float32, exactly (every float16 and bfloat16 is a float32, and the product's magnitude
+    is below 2^31 / n by the choice of e_b; what float32 cannot hold is below one half and
+    rounds to 0 either way)."""
     flat = src.reshape(-1)
-    for lo in range(0, flat.size, _CHUNK):
-        q = np.ldexp(flat[lo:lo + _CHUNK], e, dtype=np.float32)
-        wire[lo:lo + _CHUNK] = np.rint(q, out=q)
+    for lo, hi, column in _rows(flat.size, exponents):
+        q = np.ldexp(flat[lo:hi].reshape(column.size, -1), column, dtype=np.float32)
+        wire[lo:hi] = np.rint(q, out=q).reshape(-1)
 
 
-def dequantize(summed: np.ndarray, e: int, divisor: int, dst: np.ndarray,
+def dequantize(summed: np.ndarray, exponents: np.ndarray, divisor: int, dst: np.ndarray,
                workspace: np.ndarray) -> None:
-    """dst = summed * 2^-e / divisor (`summed`: flat int32 sums), exact in float64 but for
-    the division and rounded once to dst's dtype (+-inf beyond its range). A `dst` that is
-    not contiguous is formed in `workspace` (bytes, at least dst.nbytes, free) and copied."""
+    """dst = s * 2^-e_b / divisor for each sum s of block b (`summed`: flat int32 sums),
+    exact in float64 but for the division and rounded once to dst's dtype (+-inf beyond
+    its range). A `dst` that is not contiguous is formed in `workspace` (bytes, at least
+    dst.nbytes, free) and copied."""
     flat = dst.reshape(-1) if dst.flags.c_contiguous else \
         workspace[:dst.nbytes].view(dst.dtype)
     with np.errstate(over="ignore"):
-        for lo in range(0, summed.size, _CHUNK):
-            sums = np.ldexp(summed[lo:lo + _CHUNK], -e, dtype=np.float64)
+        for lo, hi, column in _rows(summed.size, exponents):
+            sums = np.ldexp(summed[lo:hi].reshape(column.size, -1), -column, dtype=np.float64)
             if divisor != 1:
                 np.divide(sums, divisor, out=sums)
-            flat[lo:lo + _CHUNK] = sums
+            flat[lo:hi] = sums.reshape(-1)
     if not dst.flags.c_contiguous:
         np.copyto(dst, flat.reshape(dst.shape))
 
@@ -187,16 +254,18 @@ class SwitchAllreduce:
     def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int:
         return 2 * recv_offset(wire_bytes(count, world_size))
 
-    def local_range(self, array: np.ndarray) -> tuple[float, float]:
+    def local_range(self, array: np.ndarray) -> DataRange:
         if array.size == 0:
-            return (0.0, 0.0)
-        return (float(array.min()), float(array.max()))
+            return DataRange()
+        if array.dtype == np.int32:
+            return DataRange(float(array.min()), float(array.max()))
+        return local_blocks(array)
 
     def check(self, call: CallContext) -> None:
         if call.dtype == np.int32:
             self._check_int32_sum(call)
         else:
-            self._exponent(call)
+            self._check_finite(call)
 
     @staticmethod
     def _check_int32_sum(call: CallContext) -> None:
@@ -211,7 +280,7 @@ class SwitchAllreduce:
                 f"those two sums). Use int64 with algo='ring', or scale the data")
 
     @staticmethod
-    def _exponent(call: CallContext) -> int:
+    def _check_finite(call: CallContext) -> None:
         bad = [r for r, (lo, hi) in enumerate(call.ranges)
                if not (math.isfinite(lo) and math.isfinite(hi))]
         if bad:
@@ -219,8 +288,6 @@ class SwitchAllreduce:
                 f"allreduce call #{call.seq}: algo='switch' quantizes {call.dtype} to int32 "
                 f"and cannot carry NaN or infinity (in the data of {ranks_phrase(bad)}); nothing "
                 f"moved. Use algo='ring'")
-        absmax = max(max(-lo, hi) for lo, hi in call.ranges)
-        return quantization_exponent(call.world_size, absmax)
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
         nbytes = wire_bytes(call.count, call.world_size)
@@ -235,8 +302,8 @@ class SwitchAllreduce:
         if call.dtype == np.int32:
             np.copyto(data.reshape(src.shape), src)
         else:
-            e = self._exponent(call)
-            quantize(src, e, data)
+            exponents = block_exponents(call.world_size, call.blocks)
+            quantize(src, exponents, data)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes)
@@ -249,7 +316,7 @@ class SwitchAllreduce:
         if call.dtype == np.int32:
             np.copyto(dst, summed[:call.count].reshape(dst.shape))
         else:
-            dequantize(summed[:call.count], e, call.divisor, dst, whole)
+            dequantize(summed[:call.count], exponents, call.divisor, dst, whole)
 
 
 SWITCH = SwitchAllreduce()

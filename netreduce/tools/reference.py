@@ -8,7 +8,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from netreduce.algorithms.switch import float_error_bound, quantization_exponent
+from netreduce.algorithms.switch import (NO_FLOOR, block_elements, block_exponents,
+                                         element_exponents, float_error_bound, local_blocks)
 from netreduce.dtypes import HALVES, ROUNDING, accumulator, after_roundings
 
 
@@ -27,7 +28,8 @@ class Reference:
     """The result of `op` ("sum", or "avg": the sum / n) over `inputs` (one array per rank,
     int32, float32, float16 or bfloat16) and how far a result may be from it. int32: exactly
     numpy's (wrapping) sum. Floats: within the error bound of the algorithm that ran --
-    "switch": its quantization bound (`float_error_bound`; README "In-network allreduce:
+    "switch": its quantization bound with the per-block scales the switch path derives from
+    the same inputs (`float_error_bound`; README "In-network allreduce:
     what travels, accuracy, overflow"); "ring": n-1 additions in the accumulator dtype
     (float32 for all three), each rounding by at most u = 2^-24 of a partial sum no larger
     than m = sum(|x_i|), so |sum - S| <= n * u * m; an average divides that sum by n there,
@@ -38,19 +40,21 @@ class Reference:
         """`inputs` (at least one array, all of one shape and dtype) is consumed one array
         at a time: a generator keeps memory at a few arrays, whatever the number of ranks."""
         self.world_size = 0
-        self.absmax = 0.0
+        self.floors = np.zeros(0, dtype=np.int8)   # per block: the largest of the inputs'
         for x in inputs:
             if not self.world_size:
                 self.dtype = x.dtype
                 self.exact = x.dtype == np.int32
                 self.want = np.zeros(x.shape, dtype=np.int32 if self.exact else np.float64)
                 self.magnitude = np.zeros(0 if self.exact else x.shape)
+                blocks = 0 if self.exact else -(-x.size // block_elements(x.size))
+                self.floors = np.full(blocks, NO_FLOOR, dtype=np.int8)
             self.world_size += 1
             self.want += x                          # int32 wraps like numpy's int32 sum
             if not self.exact:
-                wide = np.abs(x.astype(np.float64))
-                self.magnitude += wide
-                self.absmax = max(self.absmax, float(wide.max(initial=0.0)))
+                self.magnitude += np.abs(x.astype(np.float64))
+                self.floors = np.maximum(self.floors, np.frombuffer(local_blocks(x).blocks,
+                                                                    dtype=np.int8))
         self.divisor = self.world_size if op == "avg" else 1
         if self.divisor != 1:
             self.want /= self.divisor
@@ -60,7 +64,7 @@ class Reference:
         if self.exact:
             return np.zeros(self.want.shape)
         if algo == "switch":
-            e = quantization_exponent(self.world_size, self.absmax)
+            e = element_exponents(self.exponents(), self.want.size).reshape(self.want.shape)
             return float_error_bound(self.world_size, e, self.want, self.divisor, self.dtype)
         u = ROUNDING[accumulator(self.dtype)][0]
         off = self.world_size * u * self.magnitude
@@ -69,6 +73,10 @@ class Reference:
         if self.dtype in HALVES:
             return after_roundings(off, self.want, (ROUNDING[self.dtype],))
         return off
+
+    def exponents(self) -> np.ndarray:
+        """The switch path's per-block exponents for these inputs (floats only)."""
+        return block_exponents(self.world_size, [self.floors.tobytes()])
 
     def wrong(self, got: np.ndarray, algo: str) -> np.ndarray:
         """Indices of the elements of `got` outside the tolerance."""
@@ -82,8 +90,12 @@ class Reference:
         if self.exact:
             return "exact"
         err = float(np.abs(got.astype(np.float64) - self.want).max(initial=0.0))
-        kind = (f"switch quantization 2^{quantization_exponent(self.world_size, self.absmax)}"
-                if algo == "switch" else f"{self.dtype} ring rounding")
+        if algo == "switch":
+            e = sorted(set(self.exponents().tolist())) or [0]
+            scales = f"2^{e[0]}" if len(e) == 1 else f"2^{e[0]}..2^{e[-1]} (per block)"
+            kind = f"switch quantization {scales}"
+        else:
+            kind = f"{self.dtype} ring rounding"
         return f"max error {err:.3g}, within the {kind} bound"
 
     def failure(self, got: np.ndarray, algo: str) -> str | None:

@@ -11,7 +11,8 @@
     allreduce_worker.py rank0-killed --until FILE   (rank 0 SIGKILLs itself, ring registered)
     allreduce_worker.py switch-restart --until FILE (calls until the switch restarts)
     allreduce_worker.py inc-spec
-    allreduce_worker.py floats [--sizes N,...]   (issue 22: NaN under auto, avg, 16-bit floats)
+    allreduce_worker.py floats [--sizes N,...]   (issue 22: NaN under auto, avg, 16-bit floats,
+                                                  per-block scales)
 
 Prints "OK ..." lines the tests look for; a failed check exits non-zero with the reason.
 Every rank's data is a function of its rank, so each rank computes the reference itself
@@ -31,6 +32,7 @@ import numpy as np
 
 import netreduce
 from flowctl import CompletionError
+from netreduce.algorithms.switch import MIN_BLOCK, block_elements
 from netreduce.tools.reference import Reference, rank_input
 from ring_setup.device import hw_counters
 
@@ -126,12 +128,47 @@ def poisoned(rank: int, count: int) -> np.ndarray:
     return x
 
 
+MIXED_POWERS = (-6, 4, -6, -6, 4, -6)   # the blocks of `mixed_blocks`: 1e-6's and 1e4's
+
+
+def mixed_blocks(rank: int) -> np.ndarray:
+    """float32 `rank_data` whose blocks (switch path: 1024 elements) are scaled by 10^p for
+    p in MIXED_POWERS (the last block short)."""
+    count = (len(MIXED_POWERS) - 1) * MIN_BLOCK + 77
+    scale = np.repeat(10.0 ** np.array(MIXED_POWERS), block_elements(count))[:count]
+    return (rank_data(rank, count, "float32") * scale).astype(np.float32)
+
+
+def per_block_check(comm: netreduce.Communicator) -> None:
+    """A float32 sum over the switch of blocks of 1e-6's next to blocks of 1e4's: every
+    element within the per-block bound (`Reference`), and within 2^-20 of the largest
+    |sum| of its own block (at 4 ranks one scale per call allowed about 6e-4 there: far
+    more than the 1e-6 blocks' values)."""
+    n = comm.world_size
+    got = comm.allreduce(mixed_blocks(comm.rank), algo="switch")
+    ref = Reference(mixed_blocks(r) for r in range(n))
+    failure = ref.failure(got, "switch")
+    if failure is not None:
+        sys.exit(f"FAIL per-block float32[{got.size}]: {failure}")
+    block = block_elements(got.size)
+    worst = 0.0
+    for lo in range(0, got.size, block):
+        want = ref.want[lo:lo + block]
+        err = np.abs(got[lo:lo + block].astype(np.float64) - want).max()
+        worst = max(worst, err / np.abs(want).max())
+    if worst > 2.0**-20:
+        sys.exit(f"FAIL per-block: an error of {worst:.3g} of its block's largest sum")
+    print(f"OK blocks: 1e-6 next to 1e4, largest error {worst:.3g} of its block's largest "
+          f"sum", flush=True)
+
+
 def floats(comm: netreduce.Communicator, sizes: list[int]) -> None:
     """Issue 22 in one job (needs 3+ ranks and the registered ring): algo="auto" on NaN/Inf
     data runs the ring on every rank (bit-identical to algo="ring", NaN and +inf where
-    they belong, the rest within the ring's bound); then at each of `sizes`, over the switch
-    and over the ring: op="avg" of float32, float16 and bfloat16, and op="sum" of the
-    16-bit ones, each within its bound; prints the communicator's STATS."""
+    they belong, the rest within the ring's bound); a call mixing blocks of 1e-6 and 1e4
+    within the per-block bound (`per_block_check`); then at each of `sizes`, over the
+    switch and over the ring: op="avg" of float32, float16 and bfloat16, and op="sum" of
+    the 16-bit ones, each within its bound; prints the communicator's STATS."""
     if not comm.switch.registered or comm.world_size < 3:
         sys.exit(f"FAIL: needs 3+ ranks and the ring registered: {comm.switch.describe()}")
     count = 1000
@@ -150,6 +187,7 @@ def floats(comm: netreduce.Communicator, sizes: list[int]) -> None:
     if failure is not None:
         sys.exit(f"FAIL: auto with NaN: {failure}")
     print("OK nan: auto ran the ring", flush=True)
+    per_block_check(comm)
     for op, dtypes in (("avg", ("float32", "float16", "bfloat16")),
                        ("sum", ("float16", "bfloat16"))):
         for dtype in dtypes:

@@ -182,10 +182,11 @@ def test_ib_write_bw_passes_unchanged_while_a_ring_is_registered(tmp_path: Path)
 def test_floats_nan_under_auto_avg_and_16_bit_through_switch_and_ring() -> None:
     """Issue 22, one 4-rank job (allreduce_worker.py floats): algo="auto" with NaN and +inf
     in two ranks' data returns the ring's result on every rank (last_algo "ring", fallback
-    "non-finite"; rank 0 warns once); op="avg" of float32/float16/bfloat16 and op="sum" of
-    float16/bfloat16 over the switch and over the ring at 1000 elements (the out= path)
-    and 65537 (in place, two messages), each within its bound; every rank counted the same
-    routes."""
+    "non-finite"; rank 0 warns once); a float32 sum over the switch mixing blocks of 1e-6
+    and 1e4 within the per-block bound (and 2^-20 of each block's largest sum); op="avg" of
+    float32/float16/bfloat16 and op="sum" of float16/bfloat16 over the switch and over the
+    ring at 1000 elements (the out= path) and 65537 (in place, two messages), each within
+    its bound; every rank counted the same routes."""
     sizes = [1000, 65537]
     result = run_worker(4, "floats", "--sizes", ",".join(map(str, sizes)), timeout=900)
     assert result.ok, f"exit {result.exit_code}"
@@ -194,8 +195,9 @@ def test_floats_nan_under_auto_avg_and_16_bit_through_switch_and_ring() -> None:
         output = result.ranks[r].output
         assert lines(result, r, "OK nan: auto ran the ring") and lines(result, r, "OK floats"), \
             output
+        assert lines(result, r, "OK blocks: 1e-6 next to 1e4"), output
         (stats,) = lines(result, r, "STATS ")
-        assert json.loads(stats) == {"calls": {"ring": calls + 2, "switch": calls},
+        assert json.loads(stats) == {"calls": {"ring": calls + 2, "switch": calls + 1},
                                      "fallbacks": {"non-finite": 1}}, stats
         warned = [line for line in output if "runs over the host ring although the switch is "
                   "registered: the data holds NaN or infinity" in line]
