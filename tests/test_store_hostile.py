@@ -44,9 +44,14 @@ class Raw:
         self.sock.sendall((obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n")
 
     def ask(self, obj: Any) -> dict[str, Any] | None:
-        self.send(obj)
-        line = self.reader.readline()
-        return json.loads(line) if line else None       # None: the store hung up
+        """The store's answer, or None when it hung up (a request sent after its close may
+        meet a reset rather than an end of stream: both mean the same)."""
+        try:
+            self.send(obj)
+            line = self.reader.readline()
+        except (ConnectionResetError, BrokenPipeError):
+            return None
+        return json.loads(line) if line else None
 
     def hello(self, rank: int, secret: bytes = SECRET, world: int = WORLD) -> dict[str, Any] | None:
         return self.ask({"op": "hello", "rank": rank, "world_size": world, "nonce": "n1",
