@@ -68,7 +68,8 @@ def warm_target(argv: list[str], python: str) -> tuple[str, str, list[str]]:
         raise Refused("no command")
     exe = shutil.which(argv[0]) or argv[0]
     if _interpreter(exe) != _interpreter(python):
-        if _shebang(exe) and _interpreter(_shebang(exe)) == _interpreter(python):
+        named = _shebang(exe)
+        if named and _interpreter(named) == _interpreter(python):
             return "path", os.path.abspath(exe), argv[1:]      # e.g. a console script
         raise Refused(f"{argv[0]} is not the fork server's interpreter {python} "
                       "nor a script of it")
@@ -106,13 +107,12 @@ class Job:
     args: list[str]
 
     def run(self) -> None:
+        sys.argv = [self.target, *self.args]    # -m: runpy puts the module's path in [0]
         if self.kind == "module":
-            sys.argv = [self.target, *self.args]       # runpy puts the module's path in [0]
             sys.path[0] = os.getcwd()
             sys.modules.pop(self.target, None)         # preloaded: runs afresh, as cold
             runpy.run_module(self.target, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [self.target, *self.args]
             sys.path[0] = os.path.dirname(os.path.abspath(self.target))
             runpy.run_path(self.target, run_name="__main__")
 
@@ -125,6 +125,13 @@ def _send(conn: socket.socket, message: Mapping[str, object]) -> None:
         conn.sendall(_HEADER.pack(len(data)) + data)
     except OSError:            # the client went away: its child runs on, reaped by us
         pass
+
+
+def _peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                        struct.calcsize("3i")))
+    return pid, uid, gid
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -194,11 +201,6 @@ def _child(job: Job, request: dict, fds: list[int]) -> Job:
     return job
 
 
-def _exit_code(status: int) -> int:
-    """subprocess's convention: the exit code, or -N for a death by signal N."""
-    return os.waitstatus_to_exitcode(status)
-
-
 def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
           ready: IO[str] | None = None) -> Job:
     """Import `preload`, listen on `path` and serve until SIGTERM (then exit). Returns only
@@ -233,9 +235,7 @@ def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
         for key, _ in sel.select(timeout=1.0):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                        struct.calcsize("3i"))
-                _pid, peer_uid, _gid = struct.unpack("3i", creds)
+                _pid, peer_uid, _gid = _peer_credentials(conn)
                 try:
                     if peer_uid != uid:
                         raise Refused(f"uid {peer_uid} may not use this fork server")
@@ -268,7 +268,8 @@ def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
                 sel.unregister(pidfd)
                 os.close(pidfd)
                 _, status = os.waitpid(pid, 0)
-                _send(conn, {"exit": _exit_code(status)})
+                # subprocess's convention: the exit code, or -N for a death by signal N
+                _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
                 conn.close()
     log.info("fork server on %s: stopped after %d children", path, served)
     listener.close()
@@ -351,8 +352,7 @@ class WarmProcess:
 
 
 def _check_netns(conn: socket.socket, netns: str) -> None:
-    pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(
-        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    pid, _uid, _gid = _peer_credentials(conn)
     ours, theirs = os.stat(netns), os.stat(f"/proc/{pid}/ns/net")
     if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
         raise Refused(f"the fork server (pid {pid}) runs in another network namespace than "
