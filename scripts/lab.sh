@@ -160,7 +160,10 @@ else
   [ -n "$kver" ] || die "no VM kernel under /lib/modules/*/vmlinuz: run scripts/install.sh"
   command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing: run scripts/install.sh"
   say "vm lab: kernel $kver under TCG, $hosts hosts on virtio NICs, switch on taps in $SWNS"
-  qemu_opts="-accel tcg,thread=$tcg"
+  # the guest sees the code read-only (cached views, lab_guest.sh): compile it here, once
+  "$PY" -m compileall -q "$ROOT"/{netreduce,flowctl,ring_setup,switch,tools,tests,examples} >/dev/null || true
+  # nrroot: / once more, read-only, for the guest's cached views (scripts/lab_guest.sh)
+  qemu_opts="-accel tcg,thread=$tcg -virtfs local,path=/,mount_tag=nrroot,security_model=none,readonly=on,multidevs=remap"
   for ((i = 0; i < hosts; i++)); do
     ip -n "$SWNS" tuntap add "nrtap$i" mode tap
     ip -n "$SWNS" link set "nrtap$i" mtu "$mtu" txqueuelen 10000 up
@@ -283,6 +286,7 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
   printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$racks" "$tenant_tokens"
   printf 'export NR_FORKSERVERS=/run/netreduce-forkservers\n'
+  printf 'export NR_LAB_VENV=%q\n' "$VENV"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
