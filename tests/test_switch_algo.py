@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from typing import Any
 
 import ml_dtypes
@@ -18,11 +19,13 @@ from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl.plan import MessagePlan
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
-from netreduce.algorithms.switch import (INT32_MAX, MIN_BLOCK, block_elements, block_exponents,
-                                         dequantize, element_exponents, float_error_bound,
-                                         local_blocks, quantize, wire_bytes)
+from netreduce.algorithms.base import DataRange
+from netreduce.algorithms.switch import (INT32_MAX, MIN_BLOCK, SWITCH, block_elements,
+                                         block_exponents, call_exponent, dequantize,
+                                         element_exponents, float_error_bound, local_blocks,
+                                         one_scale_per_call, quantize, wire_bytes)
 from netreduce.meta import MAX_BLOCK_BYTES
-from netreduce.tools.reference import Reference, rank_input
+from netreduce.tools.reference import SWITCH_PER_CALL, Reference, rank_input
 from ring_setup.rendezvous import ranks_phrase
 from test_comm import CFG, rank_data, run_ranks
 
@@ -208,6 +211,32 @@ def test_nan_or_infinity_cannot_be_quantized() -> None:
     (err,) = {r[0] for r in results}
     assert err.startswith("NotQuantizable: allreduce call #0: algo='switch' quantizes float32 "
                           "to int32 and cannot carry NaN or infinity (in the data of ranks 1, 2)")
+
+
+def test_ranks_disagreeing_on_one_scale_per_call_are_refused_alike(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 as if in `one_scale_per_call` (call-wide min and max, no block exponents: the
+    rank threads share SWITCH, so a thread-local stands in for the context), the others
+    per block: refused on every rank before any data moves, the communicator usable."""
+    mode = threading.local()
+    per_block = SWITCH.local_range
+
+    def local_range(array: np.ndarray) -> DataRange:
+        if getattr(mode, "per_call", False):
+            return DataRange(float(array.min()), float(array.max()))
+        return per_block(array)
+    monkeypatch.setattr(SWITCH, "local_range", local_range)
+
+    def make(rank: int) -> np.ndarray:
+        mode.per_call = rank == 1
+        return np.arange(3000, dtype=np.float32)
+
+    results, _ = refused(3, make)
+    assert {r[1:] for r in results} == {(True, 3, 1)}
+    assert {r[0] for r in results} == {
+        "AllreduceMismatch: allreduce call #0: ranks disagree on the quantization: one scale "
+        "per block on ranks 0, 2, one per call on the others (`one_scale_per_call` is for "
+        "benchmarks, entered by every rank alike); nothing moved"}
 
 
 def test_ranks_disagreeing_on_the_algorithm_are_a_mismatch() -> None:
@@ -555,3 +584,50 @@ def test_a_block_of_1e_minus_6_next_to_one_of_1e4_keeps_its_precision() -> None:
             assert np.all(err[small] <= 2.0**-20 * top[small])
             call_max = max(float(np.abs(data(r, dtype)).max()) for r in range(n))
             assert n * n * call_max * 2.0**-30 > 50 * top[small].max()   # per call: useless
+
+
+def test_one_scale_per_call_for_benchmarks_runs_the_quantizer_before_per_block_scales() -> None:
+    """`one_scale_per_call` (entered around all the rank threads: they share SWITCH): the
+    records carry no block exponents, every element is scaled by the call's one exponent --
+    bit for bit the quantizer with `call_exponent` -- within the per-call bound
+    (`Reference`, SWITCH_PER_CALL) and, for the 1e-6 blocks next to 1e4 ones, far outside
+    the per-block one; float32 and bfloat16, sum and avg. Outside it: per block again."""
+    n = 3
+    count = 3 * MIN_BLOCK + 100
+    powers = np.repeat(np.array([-6.0, 4, -6, -6]), MIN_BLOCK)[:count]
+
+    def data(rank: int, dtype: str) -> np.ndarray:
+        return (rank_input([23, rank], count, "float32") * 10.0**powers).astype(dtype)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        return {(dtype, op): comm.allreduce(data(comm.rank, dtype), op=op, algo="switch")
+                for dtype in ("float32", "bfloat16") for op in ("sum", "avg")}
+
+    with one_scale_per_call():
+        assert SWITCH.local_range(data(0, "float32")).blocks == b""
+        results, _, _ = with_switch(n, body)
+    assert SWITCH.per_block and SWITCH.local_range(data(0, "float32")).blocks != b""
+    assert not any(isinstance(r, Exception) for r in results), results
+    small = powers == -6
+    for dtype in ("float32", "bfloat16"):
+        xs = [data(r, dtype) for r in range(n)]
+        e = call_exponent(n, [(float(x.min()), float(x.max())) for x in xs])
+        assert e == agreed_exponents(xs).min()
+        total = np.zeros(count, dtype=np.int64)
+        wire = np.empty(count, dtype=np.int32)
+        for x in xs:
+            quantize(x, e, wire)
+            total += wire
+        for op, divisor in (("sum", 1), ("avg", n)):
+            want = np.empty(count, dtype=xs[0].dtype)
+            dequantize(total.astype(np.int32), e, divisor, want, np.empty(want.nbytes, np.uint8))
+            ref = Reference(iter(xs), op=op)
+            for res in results:
+                got = res[dtype, op]
+                assert got.tobytes() == want.tobytes()
+                assert ref.failure(got, SWITCH_PER_CALL) is None
+            if dtype == "float32":
+                assert ref.wrong(got, "switch").size > 0
+                assert ref.wrong(got, SWITCH_PER_CALL).size == 0
+                assert np.all(ref.wrong(got, "switch") < count) and \
+                    np.all(small[ref.wrong(got, "switch")])

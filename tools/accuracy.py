@@ -14,12 +14,13 @@ Data sets (each rank its own data, the same on every run):
             batch 64, seed 0) at step 0 and after 200 steps of SGD with the exact average,
             one rank per batch stream, cut into DDP-like buckets (parameters in reverse
             order, greedily up to the example's 0.1 MB bucket cap); one call per bucket
-Algorithms: "switch, per call" is the quantizer with every block given the call's one
-exponent (what the switch path did before per-block scales); "switch, per block" is the
-switch path as it is; "ring" sums each chunk in float32 in the host ring's order (chunk c
-starts at rank c, then c+1, ...; netreduce/algorithms/ring.py) and rounds once to the
-dtype. gloo's ring allreduce adds float32 the same way in its own order: the "ring"
-column models it too. int32 is exact on every path (overflow is refused, not wrapped).
+Algorithms: "switch, per call" is the quantizer with the call's one exponent (what the
+switch path did before per-block scales; `one_scale_per_call` runs it for benchmarks);
+"switch, per block" is the switch path as it is; "ring" sums each chunk in float32 in the
+host ring's order (chunk c starts at rank c, then c+1, ...; netreduce/algorithms/ring.py)
+and rounds once to the dtype. gloo's ring allreduce adds float32 the same way in its own
+order: the "ring" column models it too. int32 is exact on every path (overflow is refused,
+not wrapped).
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from typing import Callable, Iterator
 import ml_dtypes
 import numpy as np
 
-from netreduce.algorithms.switch import block_exponents, dequantize, local_blocks, quantize
+from netreduce.algorithms.switch import (block_exponents, call_exponent, dequantize,
+                                         local_blocks, quantize)
 from netreduce.dtypes import BFLOAT16, FLOAT16, FLOAT32, accumulator
 from netreduce.tools.reference import rank_input
 
@@ -58,10 +60,12 @@ READING = (
 
 def switch_sum(xs: list[np.ndarray], per_block: bool) -> np.ndarray:
     """The switch path's result for the ranks' inputs `xs` (float dtypes): quantized with
-    the agreed per-block exponents, or with the call's one exponent in every block."""
-    exponents = block_exponents(len(xs), [local_blocks(x).blocks for x in xs])
-    if not per_block:
-        exponents = np.full_like(exponents, exponents.min())
+    the agreed per-block exponents, or with the call's one exponent (`call_exponent`, what
+    `one_scale_per_call` runs)."""
+    if per_block:
+        exponents = block_exponents(len(xs), [local_blocks(x).blocks for x in xs])
+    else:
+        exponents = call_exponent(len(xs), [(float(x.min()), float(x.max())) for x in xs])
     total = np.zeros(xs[0].size, dtype=np.int64)
     wire = np.empty(xs[0].size, dtype=np.int32)
     for x in xs:

@@ -59,6 +59,13 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   once: |result - S/n| <= the bound above with n * 2^-(e_b+1) / n for the quantization term
   (`float_error_bound`).
 
+One scale per call, the quantizer before per-block scales, is kept for benchmarks only
+(`one_scale_per_call`; `netreduce bench --algos switch-call` runs it beside the per-block one
+in the same boot): every rank publishes its call-wide min and max and no block exponents,
+and e = 30 - c - F from the largest |x| of the whole call scales every element (the bound
+above with M the call's largest |x|). Which one a call uses is read from the agreed records
+(block exponents published or not), and ranks that disagree are refused on every rank.
+
 Host passes: one copy into the send area (int32: plain; floats: quantizing), one copy of
 the sum into the caller's output once the transfer is complete (int32: plain; floats:
 chunk by chunk to float64, the exact * 2^-e_b, / n for avg, one rounding), each one numpy
@@ -71,6 +78,8 @@ payload is never added again.
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -78,7 +87,7 @@ import numpy as np
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext, DataRange
 from netreduce.dtypes import FLOAT32, HALVES, ROUNDINGS_FROM_FLOAT64, after_roundings
-from netreduce.meta import MAX_BLOCK_BYTES, CallRejected, SwitchNotAggregating
+from netreduce.meta import MAX_BLOCK_BYTES, AllreduceMismatch, CallRejected, SwitchNotAggregating
 from ring_setup.rendezvous import ranks_phrase
 
 WIRE = np.dtype("<i4")
@@ -124,11 +133,17 @@ def local_blocks(array: np.ndarray) -> DataRange:
     starts = np.arange(0, flat.size, block_elements(flat.size))
     lows = np.minimum.reduceat(flat, starts).astype(np.float32)
     highs = np.maximum.reduceat(flat, starts).astype(np.float32)
-    absmax = np.maximum(-lows, highs)
+    return DataRange(float(lows.min()), float(highs.max()),
+                     log2_floors(np.maximum(-lows, highs)).tobytes())
+
+
+def log2_floors(absmax: np.ndarray) -> np.ndarray:
+    """floor(log2 M) of each M of `absmax` (float32, >= 0, NaN/inf allowed: such a call is
+    not quantized) as int8, clamped to [NO_FLOOR, 127], NO_FLOOR for M = 0 or M < 2^-127:
+    always M < 2^(F+1)."""
     with np.errstate(invalid="ignore"):     # NaN/inf: the call is not quantized (`check`)
         _, exp = np.frexp(absmax)           # M < 2^exp, M >= 2^(exp-1) when M > 0
-        floors = np.where(absmax > 0, exp - 1, NO_FLOOR).clip(NO_FLOOR, 127)
-    return DataRange(float(lows.min()), float(highs.max()), floors.astype(np.int8).tobytes())
+        return np.where(absmax > 0, exp - 1, NO_FLOOR).clip(NO_FLOOR, 127).astype(np.int8)
 
 
 def block_exponents(world_size: int, blocks: Sequence[bytes]) -> np.ndarray:
@@ -155,6 +170,15 @@ def block_exponents(world_size: int, blocks: Sequence[bytes]) -> np.ndarray:
     return (30 - c - (c > 7)) - floors.astype(np.int32)
 
 
+def call_exponent(world_size: int, ranges: Sequence[tuple[float, float]]) -> np.ndarray:
+    """One scale per call (`one_scale_per_call`): the exponent `block_exponents` gives a
+    single block holding the largest |x| of every rank's (lo, hi) (`ranges`, finite), as a
+    0-d array: `quantize` and `dequantize` then scale every element with it."""
+    top = max(max(-lo, hi) for lo, hi in ranges)
+    floor = log2_floors(np.array([top], dtype=np.float32))
+    return block_exponents(world_size, [floor.tobytes()]).reshape(())
+
+
 def element_exponents(exponents: np.ndarray, count: int) -> np.ndarray:
     """The exponent of each of a call's `count` elements (that of its block): for bounds."""
     return np.repeat(exponents, block_elements(count))[:count]
@@ -164,7 +188,12 @@ def _rows(count: int, exponents: np.ndarray) -> Iterator[tuple[int, int, np.ndar
     """Cover elements [0, count) in order by (lo, hi, column): at most `_CHUNK` elements
     lo..hi-1, cut into column.size equal rows that each lie in one block, `column` (shape
     (rows, 1)) holding each row's block exponent -- so one broadcasting numpy pass scales a
-    whole piece (blocks and _CHUNK are powers of two: one divides the other)."""
+    whole piece (blocks and _CHUNK are powers of two: one divides the other). A 0-d
+    `exponents` (`call_exponent`) scales every piece alike, one row each."""
+    if exponents.ndim == 0:
+        for lo in range(0, count, _CHUNK):
+            yield lo, min(lo + _CHUNK, count), exponents.reshape(1, 1)
+        return
     block = block_elements(count)
     width = min(block, _CHUNK)
     for lo in range(0, count, _CHUNK):
@@ -194,10 +223,10 @@ def float_error_bound(world_size: int, exponent: int | np.ndarray, exact: np.nda
 
 def quantize(src: np.ndarray, exponents: np.ndarray, wire: np.ndarray) -> None:
     """wire = rint(x * 2^e_b) as int32 for each x of block b (`exponents`: one per block of
-    `block_elements(src.size)`; `wire`: flat, src.size elements); x * 2^e_b is formed in
-    float32, exactly (every float16 and bfloat16 is a float32, and the product's magnitude
-    is below 2^31 / n by the choice of e_b; what float32 cannot hold is below one half and
-    rounds to 0 either way)."""
+    `block_elements(src.size)`, or 0-d: one for all; `wire`: flat, src.size elements);
+    x * 2^e_b is formed in float32, exactly (every float16 and bfloat16 is a float32, and
+    the product's magnitude is below 2^31 / n by the choice of e_b; what float32 cannot
+    hold is below one half and rounds to 0 either way)."""
     flat = src.reshape(-1)
     for lo, hi, column in _rows(flat.size, exponents):
         q = np.ldexp(flat[lo:hi].reshape(column.size, -1), column, dtype=np.float32)
@@ -238,6 +267,20 @@ class SwitchAllreduce:
 
     name = "switch"
 
+    def __init__(self) -> None:
+        self._per_call = 0                  # `one_scale_per_call` contexts open
+        self._lock = threading.Lock()
+
+    @property
+    def per_block(self) -> bool:
+        """False inside `one_scale_per_call` (benchmarks): floats publish no block
+        exponents and travel with one scale per call."""
+        return self._per_call == 0
+
+    def count_per_call(self, step: int) -> None:
+        with self._lock:
+            self._per_call += step
+
     @staticmethod
     def supports(dtype: np.dtype, op: str) -> bool:
         return dtype in DTYPES and op in OPS
@@ -257,7 +300,7 @@ class SwitchAllreduce:
     def local_range(self, array: np.ndarray) -> DataRange:
         if array.size == 0:
             return DataRange()
-        if array.dtype == np.int32:
+        if array.dtype == np.int32 or not self.per_block:
             return DataRange(float(array.min()), float(array.max()))
         return local_blocks(array)
 
@@ -266,6 +309,17 @@ class SwitchAllreduce:
             self._check_int32_sum(call)
         else:
             self._check_finite(call)
+            self._check_scales(call)
+
+    @staticmethod
+    def _check_scales(call: CallContext) -> None:
+        per_block = [r for r, b in enumerate(call.blocks) if b]
+        if per_block and len(per_block) < len(call.blocks):
+            raise AllreduceMismatch(
+                f"allreduce call #{call.seq}: ranks disagree on the quantization: one scale "
+                f"per block on {ranks_phrase(per_block)}, one per call on the others "
+                f"(`one_scale_per_call` is for benchmarks, entered by every rank alike); "
+                f"nothing moved")
 
     @staticmethod
     def _check_int32_sum(call: CallContext) -> None:
@@ -302,7 +356,8 @@ class SwitchAllreduce:
         if call.dtype == np.int32:
             np.copyto(data.reshape(src.shape), src)
         else:
-            exponents = block_exponents(call.world_size, call.blocks)
+            exponents = block_exponents(call.world_size, call.blocks) if any(call.blocks) \
+                else call_exponent(call.world_size, call.ranges)
             quantize(src, exponents, data)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
@@ -320,3 +375,20 @@ class SwitchAllreduce:
 
 
 SWITCH = SwitchAllreduce()
+
+
+@contextmanager
+def one_scale_per_call() -> Iterator[None]:
+    """For benchmarks only, not an option of `allreduce`: within it, this process's float
+    calls through the switch quantize with one scale for the whole call, as the switch path
+    did before per-block scales (module doc), so that one run measures both
+    (`netreduce bench --algos switch-call`). Every rank must enter it for the same calls
+    (ranks that disagree get `AllreduceMismatch`, alike). It holds for every communicator of
+    the process while any thread is inside: rank threads of one process (tests) may each
+    enter it around the same call, since a call returns only after every rank published
+    its records; a call made outside it by one of them while another is inside is not."""
+    SWITCH.count_per_call(1)
+    try:
+        yield
+    finally:
+        SWITCH.count_per_call(-1)

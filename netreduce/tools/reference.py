@@ -12,6 +12,9 @@ from netreduce.algorithms.switch import (NO_FLOOR, block_elements, block_exponen
                                          element_exponents, float_error_bound, local_blocks)
 from netreduce.dtypes import HALVES, ROUNDING, accumulator, after_roundings
 
+SWITCH_PER_CALL = "switch-call"     # the switch path with one scale per call (benchmarks:
+#                                     netreduce.algorithms.switch.one_scale_per_call)
+
 
 def rank_input(key: int | Sequence[int], count: int, dtype: str) -> np.ndarray:
     """The input seeded by `key` (e.g. [seed, rank]): int32 uniform in [-2^20, 2^20) (the
@@ -30,7 +33,8 @@ class Reference:
     numpy's (wrapping) sum. Floats: within the error bound of the algorithm that ran --
     "switch": its quantization bound with the per-block scales the switch path derives from
     the same inputs (`float_error_bound`; README "In-network allreduce:
-    what travels, accuracy, overflow"); "ring": n-1 additions in the accumulator dtype
+    what travels, accuracy, overflow"); `SWITCH_PER_CALL`: the same with the call's one
+    scale (the smallest of those exponents); "ring": n-1 additions in the accumulator dtype
     (float32 for all three), each rounding by at most u = 2^-24 of a partial sum no larger
     than m = sum(|x_i|), so |sum - S| <= n * u * m; an average divides that sum by n there,
     one more rounding of u * (|S| + n * u * m) / n; a 16-bit result is then rounded once to
@@ -63,8 +67,8 @@ class Reference:
         """The largest |got - want| allowed per element (zeros for int32)."""
         if self.exact:
             return np.zeros(self.want.shape)
-        if algo == "switch":
-            e = element_exponents(self.exponents(), self.want.size).reshape(self.want.shape)
+        if algo in ("switch", SWITCH_PER_CALL):
+            e = element_exponents(self.exponents(algo), self.want.size).reshape(self.want.shape)
             return float_error_bound(self.world_size, e, self.want, self.divisor, self.dtype)
         u = ROUNDING[accumulator(self.dtype)][0]
         off = self.world_size * u * self.magnitude
@@ -74,9 +78,13 @@ class Reference:
             return after_roundings(off, self.want, (ROUNDING[self.dtype],))
         return off
 
-    def exponents(self) -> np.ndarray:
-        """The switch path's per-block exponents for these inputs (floats only)."""
-        return block_exponents(self.world_size, [self.floors.tobytes()])
+    def exponents(self, algo: str = "switch") -> np.ndarray:
+        """The switch path's exponent of each block for these inputs (floats only): its own
+        ("switch"), or the call's one exponent in every block (`SWITCH_PER_CALL`)."""
+        exponents = block_exponents(self.world_size, [self.floors.tobytes()])
+        if algo == SWITCH_PER_CALL and exponents.size:
+            exponents = np.full_like(exponents, exponents.min())
+        return exponents
 
     def wrong(self, got: np.ndarray, algo: str) -> np.ndarray:
         """Indices of the elements of `got` outside the tolerance."""
@@ -90,8 +98,8 @@ class Reference:
         if self.exact:
             return "exact"
         err = float(np.abs(got.astype(np.float64) - self.want).max(initial=0.0))
-        if algo == "switch":
-            e = sorted(set(self.exponents().tolist())) or [0]
+        if algo in ("switch", SWITCH_PER_CALL):
+            e = sorted(set(self.exponents(algo).tolist())) or [0]
             scales = f"2^{e[0]}" if len(e) == 1 else f"2^{e[0]}..2^{e[-1]} (per block)"
             kind = f"switch quantization {scales}"
         else:
