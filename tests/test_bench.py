@@ -21,6 +21,8 @@ from netreduce.tools.bench.report import (Collector, Record, Result, Summary, do
                                     quartiles, ratios, table, validate)
 from netreduce.tools.bench.worker import rank_input, run, size_reference
 from netreduce.tools.launch import LaunchResult, RankResult
+from fakefabric import FakeController, FakeFabric
+from netreduce.algorithms.switch import SWITCH
 from test_comm import run_ranks
 
 JOB_LINE = re.compile(r"Job\(s\) #(-?\d+)# finished\. Duration: #(\d+)# ns "
@@ -110,15 +112,41 @@ def test_rates_busbw_and_ratios() -> None:
     assert ring.median_ns == 3000 and ring.busbw_gbps == pytest.approx(ring.algbw_gbps * 1.5)
     assert ratios(results) == [
         {"size_bytes": MiB, "switch_over_ring": pytest.approx(2.4),
-         "switch_over_link": pytest.approx(0.8), "per_round":
-         {"switch_over_ring": None, "switch_over_link": None}},        # 2 jobs vs 3 and 1
+         "switch_over_link": pytest.approx(0.8), "switch_over_per_call": None, "per_round":
+         {"switch_over_ring": None, "switch_over_link": None,          # 2 jobs vs 3 and 1
+          "switch_over_per_call": None}},
         {"size_bytes": 2 * MiB, "switch_over_ring": None, "switch_over_link": None,
-         "per_round": {"switch_over_ring": None, "switch_over_link": None}}]
+         "switch_over_per_call": None,
+         "per_round": {"switch_over_ring": None, "switch_over_link": None,
+                       "switch_over_per_call": None}}]
     rows = table(results)
     assert "switch/ring" in rows[0] and rows[1].split()[:2] == ["1", "MiB"]
     assert rows[1].split()[-2:] == ["2.400", "0.800"]
     assert rows[2].split()[-2:] == ["-", "-"]
     assert len(rows) == 3                       # no round-by-round block without pairs
+
+
+def test_per_block_over_per_call_quantization_is_a_ratio_of_its_own() -> None:
+    """The "switch-call" column (one scale per call) against "switch" (per block): the
+    medians' ratio and round by round, in the table's round-by-round block."""
+    results = [Result("link", MiB, 4, [1000, 1000, 1000]),
+               Result("switch", MiB, 4, [2000, 4000, 2100]),
+               Result("switch-call", MiB, 4, [1900, 4000, 2100])]
+    (r,) = ratios(results)
+    assert r["switch_over_per_call"] == pytest.approx(2100 / 2100)
+    assert r["per_round"]["switch_over_per_call"] == pytest.approx([0.95, 1.0, 1.0])
+    rows = table(results)
+    assert rows[-1].split()[:4] == ["1", "MiB", "switch/per_call", "1.000"]
+
+
+def test_switch_call_is_a_float32_column_that_needs_the_switch() -> None:
+    plan = BenchPlan(workers=4, sizes=(MiB,), algos=("switch-call",), dtype="float32")
+    assert plan.needs_switch and plan.columns == ("link", "switch-call")
+    assert not BenchPlan(workers=4, sizes=(MiB,), algos=("ring",)).needs_switch
+    with pytest.raises(ValueError, match="switch-call compares the float quantizers: use "
+                                         "--dtype float32"):
+        BenchPlan(workers=4, sizes=(MiB,), algos=("switch", "switch-call"))
+    assert parse_algos("switch,switch-call") == ["switch", "switch-call"]
 
 
 def test_round_by_round_ratios_pair_job_i_of_each_column() -> None:
@@ -347,6 +375,35 @@ def test_the_worker_measures_link_and_ring_and_verifies_on_the_fake_fabric() -> 
             (algo, size, job) for size in plan.sizes for job in (-1, 0, 1)
             for algo in ("link", "ring")]
         assert all(r.ok and r.ns > 0 for r in records)
+
+
+def test_the_worker_runs_both_quantizers_through_the_fake_switch_and_verifies_each() -> None:
+    """float32 through the (fake) switch per block and one scale per call ("switch-call"),
+    each verified against its own bound, the per-call jobs with no block exponents."""
+    plan = BenchPlan(workers=3, sizes=(40000,), algos=("switch", "switch-call"), jobs=1,
+                     warmup=1, dtype="float32")
+    fabric = FakeFabric()
+    published: list[bytes] = []
+    per_block = SWITCH.local_range
+
+    def local_range(array: np.ndarray) -> Any:
+        if array.size > 1:                   # not the barrier's
+            published.append(per_block(array).blocks)
+        return per_block(array)
+
+    def body(comm: Any, host: Any) -> list[Record]:
+        records: list[Record] = []
+        run(comm, plan, records.append)
+        return records
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SWITCH, "local_range", local_range)
+        per_rank = run_ranks(3, body, fabric=fabric, controller=FakeController(fabric))
+    for records in per_rank:
+        assert isinstance(records, list), records
+        assert [r.algo for r in records] == ["link", "switch", "switch-call"] * 2
+        assert all(r.ok for r in records)
+    assert [bool(b) for b in published] == [True] * 3 + [False] * 3 + [True] * 3 + [False] * 3
 
 
 def test_spine_bytes_per_call_in_the_table_the_json_and_the_plot(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ every size it measures, in one run through the same switch:
   link    every rank RDMA-WRITEs M bytes to its successor at once over the host "ring" QPs,
           which the switch only forwards: the per-rank rate B, the in-network ceiling
           (time >= M/B; a ring allreduce needs >= 2(n-1)/n * M/B);
-  ALGO    allreduce of M bytes with each --algos algorithm,
+  ALGO    allreduce of M bytes with each --algos algorithm (`switch-call`, float32 only:
+          the switch with one quantization scale per call, the quantizer before per-block
+          scales, so that one run compares the two: ratio switch/per_call),
 each --warmup untimed then --jobs timed jobs, every job started by a barrier, timed as the
 slowest rank, and verified against numpy. Output: one "Job(s) #i# finished. Duration: #ns#
 ns Goodput: #x# Gbps." line per job, Min/Max/Median/Mean/Std dev per size and algorithm,

@@ -11,8 +11,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from netreduce.tools.reference import SWITCH_PER_CALL
+
 DTYPES = ("int32", "float32")
-ALGOS = ("switch", "ring")        # what `--algos` may name (netreduce.algorithms)
+ALGOS = ("switch", "ring", SWITCH_PER_CALL)  # what `--algos` may name: netreduce.algorithms,
+#   and "switch-call": the switch with one quantization scale per call (float32; the
+#   quantizer before per-block scales, netreduce.algorithms.switch.one_scale_per_call)
+SWITCH_ALGOS = ("switch", SWITCH_PER_CALL)   # the columns that need a registered switch
 LINK = "link"                     # the forwarding-mode ring WRITE measurement (not an algo)
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _SIZE = re.compile(r"(\d+)\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
@@ -73,6 +78,9 @@ class BenchPlan:
             raise ValueError(f"bench: dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
         if not self.sizes or not self.algos:
             raise ValueError("bench: no sizes or no algorithms to measure")
+        if SWITCH_PER_CALL in self.algos and self.dtype == "int32":
+            raise ValueError(f"bench: {SWITCH_PER_CALL} compares the float quantizers: "
+                             f"use --dtype float32")
         itemsize = np.dtype(self.dtype).itemsize
         odd = [s for s in self.sizes if s % itemsize]
         if odd:
@@ -83,6 +91,10 @@ class BenchPlan:
     def columns(self) -> tuple[str, ...]:
         """What is measured at every size, in order."""
         return (LINK, *self.algos)
+
+    @property
+    def needs_switch(self) -> bool:
+        return any(a in SWITCH_ALGOS for a in self.algos)
 
     @property
     def units(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from netreduce.tools.bench.plan import LINK, format_size
+from netreduce.tools.reference import SWITCH_PER_CALL
 
 PREFIX = "NRBENCH "        # a worker's stdout line carrying one Record
 CPU = "cpu_"               # Record.counters keys holding CPU time by state
@@ -206,18 +207,22 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def ratios(results: list[Result]) -> list[dict[str, Any]]:
-    """Per size: in-network over ring and in-network over the link, in algbw of the medians
-    (None where one of them was not measured), and the same ratios round by round."""
+    """Per size: in-network over ring, over the link and (float32) per-block over per-call
+    quantization (`SWITCH_PER_CALL`), in algbw of the medians (None where one of them was
+    not measured), and the same ratios round by round."""
     sizes = sorted({r.size_bytes for r in results})
     out = []
     for size in sizes:
         switch = _find(results, "switch", size)
         ring, link = _find(results, "ring", size), _find(results, LINK, size)
+        per_call = _find(results, SWITCH_PER_CALL, size)
         out.append({"size_bytes": size,
                     "switch_over_ring": _ratio(switch, ring),
                     "switch_over_link": _ratio(switch, link),
+                    "switch_over_per_call": _ratio(switch, per_call),
                     "per_round": {"switch_over_ring": _per_round(switch, ring),
-                                  "switch_over_link": _per_round(switch, link)}})
+                                  "switch_over_link": _per_round(switch, link),
+                                  "switch_over_per_call": _per_round(switch, per_call)}})
     return out
 
 
@@ -275,7 +280,7 @@ def table(results: list[Result]) -> list[str]:
                      "[quartiles]")
         for size, name, values in paired:
             q1, q2, q3 = quartiles(values)
-            lines.append(f"{format_size(size):>9}  {name.replace('_over_', '/'):<12}"
+            lines.append(f"{format_size(size):>9}  {name.replace('_over_', '/'):<16}"
                          f"{q2:.3f} [{q1:.3f}, {q3:.3f}]  over {len(values)} rounds")
     return lines
 
@@ -287,8 +292,10 @@ RESULT_KEYS = {"algo": str, "size_bytes": int, "jobs": list, "median_ns": (int, 
                "algbw_gbps": float, "busbw_gbps": float, "verified": bool, "rxe": dict,
                "vm_cpu": dict}
 RATIO_KEYS = {"size_bytes": int, "switch_over_ring": (float, type(None)),
-              "switch_over_link": (float, type(None)), "per_round": dict}
-PER_ROUND_KEYS = {"switch_over_ring": (list, type(None)), "switch_over_link": (list, type(None))}
+              "switch_over_link": (float, type(None)),
+              "switch_over_per_call": (float, type(None)), "per_round": dict}
+PER_ROUND_KEYS = {"switch_over_ring": (list, type(None)), "switch_over_link": (list, type(None)),
+                  "switch_over_per_call": (list, type(None))}
 
 
 def _check(obj: Any, keys: dict[str, Any], where: str) -> None:

@@ -49,7 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="int32")
     p.add_argument("--algos", type=_option(parse_algos), default=None,
                    help=f"comma-separated allreduce algorithms from {','.join(ALGOS)} "
-                        f"(default: switch,ring if ${SWITCH_ENV} is set, else ring)")
+                        f"(default: switch,ring if ${SWITCH_ENV} is set, else ring; "
+                        f"switch-call: float32 through the switch with one quantization "
+                        f"scale per call, as before per-block scales, to compare with "
+                        f"switch in one run)")
     p.add_argument("--jobs", type=int, default=5, help="timed jobs per size and algorithm")
     p.add_argument("--warmup", type=int, default=1, help="untimed jobs before them")
     p.add_argument("--window", type=int, default=2,

@@ -17,16 +17,18 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from typing import Callable, Protocol
 
 import numpy as np
 
 import netreduce
+from netreduce.algorithms.switch import one_scale_per_call
 from netreduce.registration import SWITCH_ENV
 from netreduce.tools.bench.link import LinkProbe
 from netreduce.tools.bench.plan import LINK, BenchPlan
 from netreduce.tools.bench.report import CPU, SPINE, Record
-from netreduce.tools.reference import Reference, rank_input as seeded_input
+from netreduce.tools.reference import SWITCH_PER_CALL, Reference, rank_input as seeded_input
 from ring_setup.device import hw_counters
 from switch.api.client import ControllerClient
 
@@ -52,22 +54,28 @@ class Measured(Protocol):
 
 
 class AllreduceJob:
-    def __init__(self, comm: netreduce.Communicator, algo: str, x: np.ndarray,
+    """An allreduce with the column's algorithm; `SWITCH_PER_CALL`: algo="switch" inside
+    `one_scale_per_call` (every rank runs the same columns, so every rank enters it)."""
+
+    def __init__(self, comm: netreduce.Communicator, column: str, x: np.ndarray,
                  reference: Reference) -> None:
-        self.comm, self.algo, self.x, self.reference = comm, algo, x, reference
+        self.comm, self.column, self.x, self.reference = comm, column, x, reference
+        self.algo = "switch" if column == SWITCH_PER_CALL else column
+        self.scales = one_scale_per_call if column == SWITCH_PER_CALL else nullcontext
         self.out = np.empty_like(x)
 
     def prepare(self) -> None:
         self.out.fill(0)                  # a job that wrote nothing cannot pass the check
 
     def run(self) -> None:
-        self.comm.allreduce(self.x, algo=self.algo, out=self.out)
+        with self.scales():
+            self.comm.allreduce(self.x, algo=self.algo, out=self.out)
         if self.comm.last_algo != self.algo:
             raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator ran "
                                f"{self.comm.last_algo!r}")
 
     def check(self) -> bool:
-        return self.reference.failure(self.out, self.algo) is None
+        return self.reference.failure(self.out, self.column) is None
 
 
 class LinkJob:
@@ -124,7 +132,7 @@ def _moved(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], None]) -> None:
     """The whole plan on this rank (collective: every rank runs it alike)."""
-    if "switch" in plan.algos and not comm.switch.registered:
+    if plan.needs_switch and not comm.switch.registered:
         raise RuntimeError(f"bench: algo 'switch' asked for, but there is no switch: "
                            f"{comm.switch.note}")
     token = np.zeros(1, dtype=np.int32)
@@ -167,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     netreduce.log_to_stderr()
     comm = netreduce.init(mtu=plan.mtu, msg_size=plan.msg_size, window=plan.window,
                           ack_timeout=plan.ack_timeout,
-                          switch=None if "switch" in plan.algos else "")  # None: $NR_CONTROLLER
+                          switch=None if plan.needs_switch else "")  # None: $NR_CONTROLLER
     run(comm, plan, lambda record: print(record.line(), flush=True))
     netreduce.finalize()
     return 0
