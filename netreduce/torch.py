@@ -10,6 +10,12 @@
 network when the communicator's ring is registered with a switch, else the host ring),
 asynchronously: it returns at once and the call runs on the communicator's progress
 thread in the order DDP issued it, overlapping the rest of the backward pass.
+`bf16_allreduce_hook` is torch's `bf16_compress_hook` (ddp_comm_hooks.default_hooks) with
+netreduce reducing: every rank's bucket is rounded to bfloat16 before the reduction, the
+bfloat16 average comes back into the bucket. It saves no wire bytes today (the switch adds
+int32 words, the ring moves float32): it gives torch's bf16-compressed numerics, not speed.
+(Not named `bf16_compress_hook`: DDP refuses a hook of that __name__ unless torch has
+CUDA 11+ and NCCL 2.10+, or XPU and XCCL, whatever the hook does.)
 
 Non-finite gradients: a float32 bucket holding NaN or Inf cannot travel quantized through
 the switch. Under algo="auto" the communicator routes that call over the host ring
@@ -67,22 +73,41 @@ def _resolve(state: HookState | Communicator | None) -> tuple[Communicator, str]
     return state or get_communicator(), "auto"
 
 
-def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
-    """Average `bucket.buffer()` over all ranks in place (a NaN/Inf float32 bucket goes
-    over the host ring, with a warning: see the module doc) and return it."""
-    buffer = bucket.buffer()
+def _average(comm: Communicator, tensor: torch.Tensor, index: int, algo: str) -> None:
+    """Average `tensor` (DDP bucket `index`) over all ranks in place; a NaN/Inf bucket goes
+    over the host ring, with a warning (see the module doc)."""
     try:
-        comm.allreduce(buffer, op="avg", algo=algo)
+        comm.allreduce(tensor, op="avg", algo=algo)
         non_finite = comm.last_fallback == NON_FINITE
     except NotQuantizable:            # algo="switch" refuses what "auto" would route
-        comm.allreduce(buffer, op="avg", algo="ring")
+        comm.allreduce(tensor, op="avg", algo="ring")
         non_finite = True
     if non_finite:
-        warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {bucket.index()} "
-                      f"({buffer.numel()} x {buffer.dtype}) holds NaN or Inf, which the "
+        warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {index} "
+                      f"({tensor.numel()} x {tensor.dtype}) holds NaN or Inf, which the "
                       f"switch cannot carry: reduced over the host ring instead",
-                      NonFiniteGradientWarning, stacklevel=2)
+                      NonFiniteGradientWarning, stacklevel=3)
+
+
+def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
+    """Average `bucket.buffer()` over all ranks in place and return it."""
+    buffer = bucket.buffer()
+    _average(comm, buffer, bucket.index(), algo)
     return buffer
+
+
+def average_bucket_bf16(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
+    """torch's bf16_compress_hook's numerics: `bucket.buffer()` rounded to bfloat16 on every
+    rank (what each rank contributes), averaged over all ranks as bfloat16 (netreduce's
+    op="avg": the sum, divided by n, rounded once to bfloat16), and the average written back
+    into the buffer in its own dtype (exactly: every bfloat16 is a float32). Returns the
+    buffer. torch's hook divides each rank's bfloat16 by n before the sum and gloo rounds
+    every partial sum to bfloat16; here the only roundings are the contributions' and the
+    result's (plus the switch's quantization, ~n^2 * 2^-30 of the block's largest |x|)."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16)
+    _average(comm, compressed, bucket.index(), algo)
+    return buffer.copy_(compressed)
 
 
 def _ddp_future(work: Work) -> torch.futures.Future[torch.Tensor]:
@@ -105,6 +130,16 @@ def allreduce_hook(state: HookState | Communicator | None,
     comm, algo = _resolve(state)
     return _ddp_future(comm.submit(lambda: average_bucket(comm, bucket, algo),
                                    f"DDP gradient bucket {bucket.index()}"))
+
+
+def bf16_allreduce_hook(state: HookState | Communicator | None,
+                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """torch's `bf16_compress_hook` reduced by netreduce (`average_bucket_bf16`; state as
+    `allreduce_hook` takes it): queued on the progress thread -- the cast to bfloat16, the
+    average, the cast back -- and its future returned at once."""
+    comm, algo = _resolve(state)
+    return _ddp_future(comm.submit(lambda: average_bucket_bf16(comm, bucket, algo),
+                                   f"DDP gradient bucket {bucket.index()} (bfloat16)"))
 
 
 def allreduce_hook_sync(state: HookState | Communicator | None,

@@ -18,7 +18,9 @@ import pytest
 from conftest import UNDER_CI
 from fakefabric import FakeController, FakeFabric, FakeHost
 from netreduce.comm import Communicator, CommunicatorError, PeerFailure
+from netreduce.dtypes import BFLOAT16
 from netreduce.meta import AllreduceMismatch
+from netreduce.tools.reference import Reference
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from test_comm import CFG, free_port, rank_data, run_ranks
 
@@ -32,6 +34,7 @@ except ImportError:                     # pragma: no cover - CI installs the tor
                 allow_module_level=True)
 
 import netreduce.torch as nrtorch     # noqa: E402 - after the torch check
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
 
 
 def test_import_netreduce_never_imports_torch() -> None:
@@ -279,6 +282,80 @@ def test_the_hook_averages_buckets_through_the_switch_and_nan_over_the_ring(
                 f"or Inf, which the switch cannot carry: reduced over the host ring instead")
 
 
+def as_bfloat16(x: np.ndarray) -> np.ndarray:
+    """`x` rounded to bfloat16 by torch (what `tensor.to(torch.bfloat16)` gives), as numpy."""
+    return torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(BFLOAT16)
+
+
+def torchs_bf16_hook_over_gloo(xs: list[np.ndarray]) -> np.ndarray:
+    """What torch's bf16_compress_hook over gloo computes: each rank's bucket rounded to
+    bfloat16 and divided by n there, the n parts added in bfloat16 (every addition rounded)."""
+    parts = [torch.from_numpy(x).to(torch.bfloat16).div_(len(xs)) for x in xs]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total.float().numpy()
+
+
+def torch_bf16_compress_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """torch's own bf16_compress_hook, under another name: DDP refuses a hook named so
+    without CUDA and NCCL (by its __name__), although gloo reduces bfloat16. (No
+    annotations: DDP checks them, and this module's are postponed strings.)"""
+    return default_hooks.bf16_compress_hook(state, bucket)
+
+
+def mixed_magnitudes(rank: int, count: int, nan_rank: int | None) -> np.ndarray:
+    """`hook_data`, its blocks of 1024 elements scaled by 1e-2, 1e-1, ... in turn."""
+    scale = 10.0 ** (np.arange(count) // 1024 - 2)
+    return (hook_data(rank, count, nan_rank) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("nan_rank", [None, 2])
+@pytest.mark.parametrize("algo", ["auto", "ring"])
+def test_the_bf16_hook_rounds_every_rank_to_bfloat16_then_averages(
+        algo: str, nan_rank: int | None) -> None:
+    """netreduce.torch.bf16_allreduce_hook on 3 ranks (n not a power of two): the float32
+    bucket comes back holding bfloat16 values, the average of the ranks' bfloat16-rounded
+    buckets within the switch's (algo="auto") or the ring's bfloat16 bound, and at least as
+    close to it as torch's own hook over gloo; a NaN bucket goes over the ring (with a
+    warning under "auto")."""
+    n, count = 3, 5000
+    fabric = FakeFabric()
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        bucket = Bucket(7, torch.from_numpy(mixed_magnitudes(comm.rank, count, nan_rank)))
+        value = nrtorch.bf16_allreduce_hook(nrtorch.HookState(comm, algo), bucket).wait()
+        assert value is bucket.buffer() and value.dtype == torch.float32
+        return value.numpy().copy(), comm.last_algo
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = run_ranks(n, body, fabric=fabric, controller=FakeController(fabric))
+    warned = sorted(str(w.message) for w in caught
+                    if w.category is nrtorch.NonFiniteGradientWarning)
+    inputs = [as_bfloat16(mixed_magnitudes(r, count, nan_rank)) for r in range(n)]
+    finite = np.all([np.isfinite(x.astype(np.float32)) for x in inputs], axis=0)
+    reference = Reference([x[finite] for x in inputs], op="avg")
+    ran = "ring" if algo == "ring" or nan_rank is not None else "switch"
+    theirs = torchs_bf16_hook_over_gloo([mixed_magnitudes(r, count, nan_rank)
+                                         for r in range(n)])
+    for value, last in results:
+        assert last == ran and value.tobytes() == results[0][0].tobytes()
+        assert np.array_equal(value.astype(BFLOAT16).astype(np.float32), value,
+                              equal_nan=True)                  # bfloat16 values
+        assert np.array_equal(np.isfinite(value), finite)
+        got = value[finite].astype(BFLOAT16)
+        assert reference.failure(got, ran) is None, reference.failure(got, ran)
+        ours = np.abs(value[finite] - reference.want)
+        assert ours.max() <= np.abs(theirs[finite] - reference.want).max()
+    if nan_rank is None or algo == "ring":       # asked for the ring: nothing to warn of
+        assert warned == []
+    else:
+        assert len(warned) == n and warned[0].startswith(
+            "netreduce: rank 0: DDP gradient bucket 7 (5000 x torch.bfloat16) holds NaN or "
+            "Inf, which the switch cannot carry: reduced over the host ring instead")
+
+
 def test_the_rendezvous_passes_its_port_through_torchs_store() -> None:
     n = 3
     torch_port = free_port()
@@ -302,42 +379,80 @@ def test_the_rendezvous_passes_its_port_through_torchs_store() -> None:
     del master
 
 
-def test_ddp_with_the_hook_averages_like_ddp_over_gloo() -> None:
-    """Real DDP (a gloo process group per rank thread, several buckets): one step with the
-    asynchronous hook through the (fake) switch gives gloo's averaged gradients."""
-    n = 2
+def ddp_grads(comm: Communicator, pg: Any, seeding: threading.Lock, hook: Any = None,
+              state: Any = None) -> list[torch.Tensor]:
+    """One backward pass of a small model under DDP over `pg` (several buckets), with
+    `hook` registered (with `state`) if given: the averaged gradients."""
+    with seeding:                 # torch's RNG is process-wide: same init everywhere
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg,
+                                                    bucket_cap_mb=0.001)
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+    x = torch.from_numpy(rank_data(comm.rank, 8 * 16, "float32").reshape(8, 16))
+    ddp(x).square().sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def gloo_group(store: Any, rank: int, n: int) -> Any:
+    """A process group over gloo for one rank thread (no default group: one per thread)."""
+    pg = dist.ProcessGroup(store, rank, n)
+    gloo = dist.ProcessGroupGloo(store, rank, n, timedelta(seconds=20))
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    return pg
+
+
+def ddp_on_rank_threads(n: int, body: Any) -> list[Any]:
+    """`body(comm, pg, seeding)` on n rank threads, each with a gloo process group (one
+    store) and a communicator on one fake fabric and switch: what each returned."""
     store = dist.HashStore()
     fabric = FakeFabric()
     seeding = threading.Lock()
 
-    def grads(comm: Communicator, pg: Any, hook: bool) -> list[torch.Tensor]:
-        with seeding:                 # torch's RNG is process-wide: same init everywhere
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                        torch.nn.Linear(32, 4))
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg,
-                                                        bucket_cap_mb=0.001)
-        if hook:
-            ddp.register_comm_hook(nrtorch.HookState(comm), nrtorch.allreduce_hook)
-        x = torch.from_numpy(rank_data(comm.rank, 8 * 16, "float32").reshape(8, 16))
-        ddp(x).square().sum().backward()
-        return [p.grad.clone() for p in model.parameters()]
+    def rank(comm: Communicator, host: FakeHost) -> Any:
+        return body(comm, gloo_group(store, comm.rank, n), seeding)
 
-    def body(comm: Communicator, host: FakeHost) -> Any:
-        pg = dist.ProcessGroup(store, comm.rank, n)      # per thread: no default group
-        gloo = dist.ProcessGroupGloo(store, comm.rank, n, timedelta(seconds=20))
-        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
-        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-        want = grads(comm, pg, hook=False)
-        got = grads(comm, pg, hook=True)
+    results = run_ranks(n, rank, fabric=fabric, controller=FakeController(fabric))
+    assert not any(isinstance(r, Exception) for r in results), results
+    return results
+
+
+def test_ddp_with_the_hook_averages_like_ddp_over_gloo() -> None:
+    """Real DDP (a gloo process group per rank thread, several buckets): one step with the
+    asynchronous hook through the (fake) switch gives gloo's averaged gradients."""
+    def body(comm: Communicator, pg: Any, seeding: threading.Lock) -> Any:
+        want = ddp_grads(comm, pg, seeding)
+        got = ddp_grads(comm, pg, seeding, nrtorch.allreduce_hook, nrtorch.HookState(comm))
         return want, got, comm.last_algo
 
-    results = run_ranks(n, body, fabric=fabric, controller=FakeController(fabric))
-    assert not any(isinstance(r, Exception) for r in results), results
-    for want, got, algo in results:
+    for want, got, algo in ddp_on_rank_threads(2, body):
         assert algo == "switch"
         for w, g in zip(want, got):
             assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (g, w)
+
+
+def test_ddp_with_the_bf16_hook_averages_like_torchs_bf16_hook_over_gloo() -> None:
+    """Real DDP on 2 rank threads: torch's own bf16_compress_hook over gloo against
+    netreduce's, over the ring (bit for bit: with 2 ranks both round the exact sum of two
+    bfloat16 halves once) and through the (fake) switch (within one bfloat16 rounding, or
+    the quantization's 2^-20 of the largest gradient for the smallest ones)."""
+    def body(comm: Communicator, pg: Any, seeding: threading.Lock) -> Any:
+        want = ddp_grads(comm, pg, seeding, torch_bf16_compress_hook, pg)
+        ring = ddp_grads(comm, pg, seeding, nrtorch.bf16_allreduce_hook,
+                         nrtorch.HookState(comm, "ring"))
+        switch = ddp_grads(comm, pg, seeding, nrtorch.bf16_allreduce_hook, comm)
+        return want, ring, switch, comm.last_algo
+
+    for want, ring, switch, algo in ddp_on_rank_threads(2, body):
+        assert algo == "switch"
+        for w, r, s in zip(want, ring, switch):
+            assert torch.equal(r, w), (r, w)
+            assert torch.equal(s.bfloat16().float(), s)
+            top = float(w.abs().max())
+            assert torch.all((s - w).abs() <= 2**-8 * w.abs() + 2**-20 * top), (s, w)
 
 
 RDZV_UNDER_TORCHRUN = """
