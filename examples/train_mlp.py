@@ -16,9 +16,14 @@ teacher; rank r draws its own batches from (seed, rank, step). Modes (`--modes`)
   nocomm      a hook that returns the local gradient (no communication: compute time)
   backend     no hook: DDP over a `dist.new_group(backend="netreduce")` process group
               (netreduce.torch.ProcessGroupNetreduce; not in the default modes)
+  gloo-bf16   DDP over gloo with torch's own bf16_compress_hook: buckets rounded to
+              bfloat16 before the reduction (not in the default modes)
+  switch-bf16 netreduce.torch.bf16_allreduce_hook, algo="auto": the same numerics, reduced
+              by netreduce (not in the default modes)
 The modes run interleaved (step s of every mode, then step s + 1), so that step times
 compare within one run. Rank 0 prints the loss every `--log-every` steps and a summary: median step time per mode,
-max |loss - gloo's loss| over all steps and ranks, max |parameter - gloo's| at the end, and
+max |loss - gloo's loss| over all steps and ranks, max |parameter - gloo's| at the end (the
+bf16 modes also against gloo-bf16, when it ran), and
 how much of the communication the asynchronous hook hides:
 (sync - async) / (sync - nocomm). `--max-param-diff D` exits 1 if a netreduce mode ends
 more than D from gloo's parameters (lab tests).
@@ -35,12 +40,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
 import netreduce
 import netreduce.torch as nrtorch
 
 FEATURES, CLASSES = 64, 10
 MODES = ("gloo", "switch", "ring", "switch-sync", "nocomm")
-EXTRA_MODES = ("backend",)
+EXTRA_MODES = ("backend", "gloo-bf16", "switch-bf16")
+BF16_REFERENCE = "gloo-bf16"     # what the bf16 modes are also compared with
 
 
 def mlp(hidden: int) -> nn.Module:
@@ -62,12 +70,21 @@ def local_hook(state: None, bucket: dist.GradBucket) -> torch.futures.Future[tor
     return future
 
 
+def gloo_bf16_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """torch's own bf16_compress_hook over the default (gloo) group, under another name:
+    DDP refuses a hook named bf16_compress_hook unless torch has CUDA and NCCL (it checks
+    the hook's __name__), although gloo reduces bfloat16."""
+    return default_hooks.bf16_compress_hook(state, bucket)
+
+
 def hook_for(mode: str, comm: netreduce.Communicator) -> tuple[Any, Any] | None:
     return {"gloo": None,
             "switch": (nrtorch.HookState(comm, "auto"), nrtorch.allreduce_hook),
             "ring": (nrtorch.HookState(comm, "ring"), nrtorch.allreduce_hook),
             "switch-sync": (nrtorch.HookState(comm, "auto"), nrtorch.allreduce_hook_sync),
-            "nocomm": (None, local_hook)}[mode]
+            "nocomm": (None, local_hook),
+            "gloo-bf16": (None, gloo_bf16_hook),
+            "switch-bf16": (nrtorch.HookState(comm, "auto"), nrtorch.bf16_allreduce_hook)}[mode]
 
 
 class Run:
@@ -124,7 +141,18 @@ def ran(mode: str, comm: netreduce.Communicator, group: Any) -> str:
     """What reduced the last bucket."""
     if mode == "backend":
         return f"backend: {getattr(group, 'comm', comm).last_algo}"
-    return {"gloo": "gloo", "nocomm": "none"}.get(mode, str(comm.last_algo))
+    return {"gloo": "gloo", "gloo-bf16": "gloo", "nocomm": "none"}.get(mode,
+                                                                       str(comm.last_algo))
+
+
+def differences(run: tuple[list[float], list[float], torch.Tensor],
+                reference: tuple[list[float], list[float], torch.Tensor]) -> tuple[float, float]:
+    """(max |loss - reference's| over all steps and ranks, max |parameter - reference's| at
+    the end over all ranks) of two modes' results (collective: every rank calls it)."""
+    losses, _, params = run
+    ref_losses, _, ref_params = reference
+    return (global_max(max(abs(a - b) for a, b in zip(losses, ref_losses))),
+            global_max(float((params - ref_params).abs().max())))
 
 
 def global_max(value: float) -> float:
@@ -157,19 +185,21 @@ def main() -> int:
     results = train(modes, comm, args)
     failed = False
     if "gloo" in results:
-        ref_losses, _, ref_params = results["gloo"]
         if comm.rank == 0:
             print(f"summary over {comm.world_size} ranks, {args.steps} steps "
                   f"(step times: median after the first 5 steps):", flush=True)
         for mode, (losses, times, params) in results.items():
-            loss_diff = global_max(max(abs(a - b) for a, b in zip(losses, ref_losses)))
-            param_diff = global_max(float((params - ref_params).abs().max()))
+            loss_diff, param_diff = differences(results[mode], results["gloo"])
             median = statistics.median(times[5:] or times)
+            line = (f"  {mode:11s} {median * 1e3:8.1f} ms/step  final loss {losses[-1]:.6f}  "
+                    f"max |loss - gloo| {loss_diff:.3g}  max |param - gloo| {param_diff:.3g}")
+            if mode.endswith("-bf16") and mode != BF16_REFERENCE and BF16_REFERENCE in results:
+                loss_bf16, param_bf16 = differences(results[mode], results[BF16_REFERENCE])
+                line += (f"  max |loss - {BF16_REFERENCE}| {loss_bf16:.3g}  "
+                         f"max |param - {BF16_REFERENCE}| {param_bf16:.3g}")
             if comm.rank == 0:
-                print(f"  {mode:11s} {median * 1e3:8.1f} ms/step  final loss {losses[-1]:.6f}  "
-                      f"max |loss - gloo| {loss_diff:.3g}  max |param - gloo| {param_diff:.3g}",
-                      flush=True)
-            if mode not in ("gloo", "nocomm") and args.max_param_diff is not None \
+                print(line, flush=True)
+            if mode not in ("gloo", "nocomm", "gloo-bf16") and args.max_param_diff is not None \
                     and param_diff > args.max_param_diff:
                 print(f"FAIL {mode}: parameters {param_diff:.3g} from gloo's "
                       f"(> {args.max_param_diff:g})", flush=True)

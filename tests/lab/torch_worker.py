@@ -5,9 +5,14 @@ one launch checks everything (torch imports slowly under TCG), in this order:
   1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
      netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
      of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
-     float32 quantization error is ~1e-8 per step);
-  2. a NaN in rank 1's batch: the hook warns and gives gloo's gradients (NaN included);
-  3. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
+     float32 quantization error is ~1e-8 per step); DDP with netreduce's bf16 hook
+     through the switch ends within 5e-4 of DDP over gloo with torch's bf16_compress_hook
+     and of gloo (their bfloat16 roundings part them by ~6e-5 after 5 steps; a missing
+     rank's gradients by ~6e-3: offline simulation of the example, 4 ranks);
+  2. one step's gradients with the bf16 hook through the switch: bfloat16 values, each
+     within the two hooks' roundings of torch's bf16_compress_hook over gloo;
+  3. a NaN in rank 1's batch: the hook warns and gives gloo's gradients (NaN included);
+  4. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
 
 Prints "OK ..." lines the test looks for; a failed check exits non-zero with the reason.
 """
@@ -18,6 +23,7 @@ import types
 import os
 import signal
 import sys
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +37,8 @@ import netreduce
 import netreduce.torch as nrtorch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from train_mlp import batch, global_max, mlp, train  # noqa: E402
+from train_mlp import (batch, differences, gloo_bf16_hook, global_max, local_hook,  # noqa: E402
+                       mlp, train)
 
 
 def grads_after_one_step(comm: netreduce.Communicator, hook: bool, poison: bool
@@ -45,6 +52,47 @@ def grads_after_one_step(comm: netreduce.Communicator, hook: bool, poison: bool
         x[3, 7] = float("nan")
     nn.CrossEntropyLoss()(model(x), y).backward()
     return [p.grad.clone() for p in model.module.parameters()]
+
+
+def one_step(comm: netreduce.Communicator, hook: object, state: object) -> list[torch.Tensor]:
+    """Gradients after one backward pass of DDP with `hook` (and its `state`)."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(mlp(64), bucket_cap_mb=0.01)
+    model.register_comm_hook(state, hook)
+    x, y = batch(0, comm.rank, 0, 16)
+    nn.CrossEntropyLoss()(model(x), y).backward()
+    return [p.grad.clone() for p in model.module.parameters()]
+
+
+def bf16_gradients(comm: netreduce.Communicator) -> None:
+    """netreduce's bf16 hook through the switch against torch's bf16_compress_hook over
+    gloo, element by element. With b_r each rank's gradient rounded to bfloat16 and
+    A = sum |b_r| / n: gloo's n - 1 additions in bfloat16 (each rank's b_r / n is exact for
+    n = 4) each round by at most u * A (u = 2^-8, bfloat16's unit roundoff), netreduce's one
+    rounding of the average by u * A plus the switch's quantization, below 2^-29 of the
+    largest |b_r| <= n * A, and the float32 step of its rounding: so
+    |ours - torch's| <= n * u * A + 2^-22 * max(A) (the second term with room to spare)."""
+    start = time.monotonic()
+    local = one_step(comm, local_hook, None)
+    theirs = one_step(comm, gloo_bf16_hook, None)
+    ours = one_step(comm, nrtorch.bf16_allreduce_hook, nrtorch.HookState(comm))
+    if comm.last_algo != "switch":
+        sys.exit(f"FAIL bf16: the bf16 hook ran {comm.last_algo}, not the switch")
+    worst = 0.0
+    for g, o, t in zip(local, ours, theirs):
+        mean_abs = g.bfloat16().float().abs()
+        dist.all_reduce(mean_abs)
+        mean_abs /= comm.world_size
+        if not torch.equal(o.bfloat16().float(), o):
+            sys.exit("FAIL bf16: the bf16 hook's gradients are not bfloat16 values")
+        bound = comm.world_size * 2.0**-8 * mean_abs + 2.0**-22 * float(mean_abs.max())
+        if not torch.all((o - t).abs() <= bound):
+            sys.exit(f"FAIL bf16: gradients {float((o - t).abs().max()):.3g} from torch's "
+                     f"bf16_compress_hook over gloo, beyond the roundings' bound")
+        worst = max(worst, float(((o - t).abs() / mean_abs.clamp_min(1e-30)).max()))
+    print(f"OK bf16 gradients: switch, within the bound of torch's bf16_compress_hook over "
+          f"gloo (largest difference {worst:.3g} of the mean |gradient|; "
+          f"{time.monotonic() - start:.1f} s)", flush=True)
 
 
 def nan(comm: netreduce.Communicator) -> None:
@@ -85,7 +133,8 @@ def die(comm: netreduce.Communicator, victim: int) -> None:
 def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
     args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
                                  bucket_cap_mb=0.1, log_every=1)
-    results = train(["gloo", "switch", "ring", "backend"], comm, args)
+    results = train(["gloo", "switch", "ring", "backend", "gloo-bf16", "switch-bf16"], comm,
+                    args)
     want = results["gloo"][2]
     for mode in ("switch", "ring", "backend"):
         got = results[mode][2]
@@ -93,6 +142,17 @@ def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
         if diff > 1e-5:
             sys.exit(f"FAIL {mode}: parameters {diff:.3g} from gloo's after {steps} steps")
         print(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps", flush=True)
+    figures = []
+    for reference in ("gloo-bf16", "gloo"):
+        loss, param = differences(results["switch-bf16"], results[reference])
+        if param > 5e-4:
+            sys.exit(f"FAIL switch-bf16: parameters {param:.3g} from {reference}'s after "
+                     f"{steps} steps")
+        figures.append(f"max |loss - {reference}| {loss:.3g}, max |param - {reference}| "
+                       f"{param:.3g}")
+    spent = sum(sum(results[m][1]) for m in ("gloo-bf16", "switch-bf16"))
+    print(f"OK switch-bf16: {'; '.join(figures)} after {steps} steps ({spent:.1f} s of "
+          f"steps in the two bf16 modes)", flush=True)
 
 
 def main() -> None:
@@ -104,6 +164,7 @@ def main() -> None:
     netreduce.log_to_stderr()
     comm = netreduce.init()
     like_gloo(comm, args.steps)
+    bf16_gradients(comm)
     nan(comm)
     if args.victim is None:
         netreduce.finalize()
