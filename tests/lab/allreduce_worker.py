@@ -1,7 +1,7 @@
 """One rank of a lab allreduce test, run by `python -m netreduce.tools.launch` (one per host).
 
     allreduce_worker.py correctness [--sizes N,N,...] [--timed N] [--algo ring|switch|auto]
-    allreduce_worker.py switch [--sizes N,...] [--timed N] [--compare N]
+    allreduce_worker.py switch [--sizes N,...] [--timed N]
     allreduce_worker.py hold --until FILE
     allreduce_worker.py mismatch {count|dtype}
     allreduce_worker.py missing-rank --timeout S
@@ -89,12 +89,11 @@ def switch_ring_counters(comm: netreduce.Communicator) -> dict:
         return client.counters()["rings"][comm.switch.ring_id]["counters"]
 
 
-def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compare: int,
+def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int,
                dtypes: tuple[str, ...] = DTYPES) -> None:
     """algo="switch" over `sizes` (each of `dtypes`); an int32 call that may overflow
     is refused on every rank and leaves the communicator usable (one more 5-element call);
-    rank 0 prints the ring's switch counters. Then, with `compare`, int32[compare] is timed
-    over the switch and over the host ring, alternately, twice each (workspace warm)."""
+    rank 0 prints the ring's switch counters."""
     if not comm.switch.registered:
         sys.exit(f"FAIL: the 'inc' ring is not registered: {comm.switch.describe()}")
     correctness(comm, sizes, timed, "switch", dtypes)
@@ -110,8 +109,6 @@ def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compa
     reduce_and_check(comm, 5, "int32", "switch", False)
     if comm.rank == 0:
         print(f"SWITCH_RING {json.dumps(switch_ring_counters(comm))}", flush=True)
-    for algo in ("switch", "ring", "switch", "ring") if compare else ():
-        reduce_and_check(comm, compare, "int32", algo, True)
     print("OK switch", flush=True)
 
 
@@ -325,8 +322,6 @@ def main() -> None:
     p.add_argument("--dtypes", default=",".join(DTYPES), help="correctness, switch: each "
                    "size as each of these")
     p.add_argument("--algo", default="ring", help="correctness: ring, switch or auto")
-    p.add_argument("--compare", type=int, default=0,
-                   help="switch: then time int32[N] over the switch and the ring (0: no)")
     p.add_argument("--until", help="hold: the file whose existence ends the hold")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--collective-timeout", type=float, default=1800.0,
@@ -355,7 +350,7 @@ def main() -> None:
     dtypes = tuple(args.dtypes.split(","))
     modes = {
         "correctness": lambda: correctness(comm, sizes, args.timed, args.algo, dtypes),
-        "switch": lambda: in_network(comm, sizes, args.timed, args.compare, dtypes),
+        "switch": lambda: in_network(comm, sizes, args.timed, dtypes),
         "hold": lambda: hold(comm, args.until, 600),
         "mismatch": lambda: mismatch(comm, args.what),
         "stall": lambda: stall(comm, args.collective_timeout),
