@@ -79,8 +79,10 @@ def test_a_job_of_several_calls_reports_its_time_per_call_and_round_trips() -> N
         for job in (-1, 0, 1, 2):
             r.add(Record(algo, 4, job, per_call * 8, True, calls=8))
         results.append(r)
-    switch = results[1]
+    switch, rtt = results[1], results[3]
     assert switch.jobs == [2000, 2000, 2000] and switch.calls == 32 and switch.per_job == 8
+    assert rtt.algbw_gbps == gbps(8, 1000)                  # the 8-byte ping, not the row's size
+    assert rtt.job_lines()[0].endswith(f"Goodput: #{gbps(8, 1000):.4f}# Gbps.")
     assert switch.summary_lines()[0] == "switch 4 B (3 jobs of 8 calls, 4 workers):"
     assert switch.to_json()["calls_per_job"] == 8
     (r,) = ratios(results)

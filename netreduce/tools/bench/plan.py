@@ -16,6 +16,7 @@ DTYPES = ("int32", "float32")
 ALGOS = ("switch", "ring")        # what `--algos` may name (netreduce.algorithms)
 LINK = "link"                     # the forwarding-mode ring WRITE measurement (not an algo)
 RTT = "rtt"                       # the RC round trip between ranks 0 and 1 (not an algo)
+RTT_BYTES = 8                     # what its ping-pong WRITEs carry, whatever the row's size
 SWEEP = "4:16M:4"                 # --sweep's sizes: 4 B to 16 MiB by powers of 4
 AUTO_CALLS_BYTES = 256 * 1024     # --iters auto: about this many bytes per job...
 AUTO_CALLS_MAX = 16               # ...in at most this many calls

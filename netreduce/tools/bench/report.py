@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from netreduce.tools.bench.plan import LINK, RTT, format_size
+from netreduce.tools.bench.plan import LINK, RTT, RTT_BYTES, format_size
 
 PREFIX = "NRBENCH "        # a worker's stdout line carrying one Record
 CPU = "cpu_"               # Record.counters keys holding CPU time by state
@@ -148,10 +148,15 @@ class Result:
         total = sum(ticks.values())
         return {k: v / total for k, v in sorted(ticks.items(), key=lambda kv: -kv[1])}
 
+    @property
+    def moved_bytes(self) -> int:
+        """What one call moves per rank: the row's size, but RTT_BYTES for the rtt column."""
+        return RTT_BYTES if self.algo == RTT else self.size_bytes
+
     def job_lines(self) -> list[str]:
         """One SwitchML allreduce_benchmark line per timed job (its time per call)."""
         return [f"Job(s) #{i}# finished. Duration: #{ns}# ns Goodput: "
-                f"#{gbps(self.size_bytes, ns):.4f}# Gbps." for i, ns in enumerate(self.jobs)]
+                f"#{gbps(self.moved_bytes, ns):.4f}# Gbps." for i, ns in enumerate(self.jobs)]
 
     @property
     def median_ns(self) -> float:
@@ -159,7 +164,7 @@ class Result:
 
     @property
     def algbw_gbps(self) -> float:
-        return gbps(self.size_bytes, self.median_ns)
+        return gbps(self.moved_bytes, self.median_ns)
 
     @property
     def busbw_gbps(self) -> float:
@@ -178,7 +183,7 @@ class Result:
                  f"{self.workers} workers{'' if self.verified else ', VERIFICATION FAILED'}):"]
         for name, ns in (("Min", s.min), ("Max", s.max), ("Median", s.median),
                          ("Mean", s.mean)):
-            lines.append(f"  {name}: #{ns:.0f}# ns Goodput: #{gbps(self.size_bytes, ns):.4f}# "
+            lines.append(f"  {name}: #{ns:.0f}# ns Goodput: #{gbps(self.moved_bytes, ns):.4f}# "
                          f"Gbps.")
         lines.append(f"  Std dev: #{s.std:.0f}# ns")
         if self.rxe:

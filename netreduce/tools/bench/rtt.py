@@ -25,10 +25,10 @@ import numpy as np
 
 from flowctl.link import Completion, Link, RemoteBuffer
 from netreduce.comm import Communicator
+from netreduce.tools.bench.plan import RTT_BYTES   # 8: as the ib_write_lat reference
 from netreduce.workspace import RegisteredMemory
 from ring_setup.endpoints import QPEndpoint, RingEndpoint
 
-RTT_BYTES = 8                 # as the ib_write_lat reference: an 8-byte WRITE
 RTT_PINGS = 8                 # round trips per job at least (a job's calls, if more)
 RING = "rtt"                  # the QP pair's name (Host.create_ring)
 TIMEOUT = 60.0                # s one round trip may take before the job fails (a hang)
