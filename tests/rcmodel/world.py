@@ -31,11 +31,25 @@ from ring_setup.rendezvous import PeerFailed
 from rcmodel.fabric import Fabric, FaultRates, Faults
 from rcmodel.rxe import QP, Device, Peer, QPAttr
 from rcmodel.sim import Simulation, Turns
-from rcmodel.tiers import TwoTierFabric
+from rcmodel.tiers import ThreeTierFabric, TwoTierFabric
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
 from switch.contract import DEFAULT_SLOTS, RingSpec
 from switch.dataplane.pipeline import AggregationPipeline
+
+
+def host_ip(rank: int) -> str:
+    """The lab's address of host `rank` (10.77.0.(rank+1)); past 253, 10.77.q.(m+1) with
+    q, m = divmod(rank, 254), so the scale study's 1024 ranks are distinct too."""
+    if rank < 254:
+        return f"10.77.0.{rank + 1}"
+    q, m = divmod(rank, 254)
+    return f"10.77.{q}.{m + 1}"
+
+
+def host_mac(rank: int) -> str:
+    """The lab's MAC of host `rank` (02:4e:52:00:00:(rank+1)), 16 bits of it past 254."""
+    return f"02:4e:52:00:{(rank + 1) >> 8:02x}:{(rank + 1) & 0xFF:02x}"
 
 
 class ModelLink:
@@ -45,6 +59,7 @@ class ModelLink:
                  predecessor: int) -> None:
         self.turns, self.rank, self.send, self.recv = turns, rank, send, recv
         self.successor, self.predecessor = successor, predecessor
+        send.on_event = recv.on_event = lambda: turns.poke(rank)   # what `wait` waits for
 
     def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
         self.send.post_write(index, src, dst)
@@ -123,7 +138,11 @@ class World:
     give values near 2^24 to cross the PSN wrap). `slots=None` registers the "inc" ring
     with the controller's default; `switch=False` registers nothing (the ring forwards).
     `racks` (rack sizes, contiguous ranks): a two-tier fabric instead of the one switch
-    (rcmodel.tiers), its ToR-spine links with `uplink_faults`.
+    (rcmodel.tiers), its ToR-spine links with `uplink_faults`; with `pods` (racks per pod)
+    three tiers (rcmodel.tiers.ThreeTierFabric, rcmodel.pod). `max_ranks` widens the one
+    switch's per-ring limit (switch.contract.MAX_RANKS, its slot bitmap's width) for the
+    scale study's "one switch of n ports" (rcmodel.scale); the software pipeline's bitmap
+    is a Python int, so nothing else changes.
     """
 
     def __init__(self, n: int, config: FlowConfig, *, faults: Faults = Faults(),
@@ -132,24 +151,29 @@ class World:
                  psn0s: Optional[dict[tuple[int, str], int]] = None,
                  max_time: float = 600.0, max_events: int = 2_000_000,
                  racks: Optional[Sequence[int]] = None,
-                 uplink_faults: FaultRates = FaultRates()) -> None:
+                 uplink_faults: FaultRates = FaultRates(),
+                 max_ranks: Optional[int] = None,
+                 pods: Optional[Sequence[int]] = None) -> None:
         self.n, self.config = n, config
         self.sim = Simulation(max_time, max_events)
         self.turns = Turns(self.sim)
         self.pipeline = AggregationPipeline()
+        if max_ranks is not None:
+            self.pipeline.max_ranks = max_ranks
         self.fabric: Fabric | TwoTierFabric
         if racks is None:
             self.fabric = Fabric(self.sim, self.pipeline, faults)
         else:
             if sum(racks) != n:
                 raise ValueError(f"racks {list(racks)} hold {sum(racks)} ranks, not {n}")
-            self.fabric = TwoTierFabric(self.sim, racks, faults, uplink_faults)
+            self.fabric = (TwoTierFabric(self.sim, racks, faults, uplink_faults) if pods is None
+                           else ThreeTierFabric(self.sim, racks, pods, faults, uplink_faults))
         attr = attr or QPAttr(mtu=config.mtu)
         draw = random.Random(seed)
         psn0s = psn0s or {}
         self.devices = []
         for r in range(n):
-            dev = Device(f"rxe{r}", f"10.77.0.{r + 1}", f"02:4e:52:00:00:{r + 1:02x}", self.sim)
+            dev = Device(f"rxe{r}", host_ip(r), host_mac(r), self.sim)
             dev.nic = self.fabric.attach(r + 1, dev.mac, dev.receive)
             self.devices.append(dev)
         qps = {(r, ring): (self.devices[r].create_qp(
@@ -211,6 +235,8 @@ class World:
     def switch_counters(self) -> dict[str, Any]:
         """The "inc" ring's counters, as the controller reports them (on a two-tier fabric:
         its ToRs' sums, with `racks` and each switch's own counters, `switches`)."""
+        if isinstance(self.fabric, ThreeTierFabric):
+            return self.fabric.ring_counters(self.spec.ring_id)
         if isinstance(self.fabric, TwoTierFabric):
             return self.fabric.target.counters()["rings"][self.spec.ring_id]
         return self.pipeline.counters()[self.spec.ring_id]
