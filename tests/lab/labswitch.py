@@ -1,4 +1,5 @@
-"""Which switch the lab runs, asked from the hosts' side: `use_switch`, `restart_switch`.
+"""Which switch the lab runs, asked from the hosts' side: `use_switch`, `restart_switch`,
+`restart_tor` (one ToR of the fabric).
 
 scripts/lab.sh runs the switch outside the hosts (in namespace nrlab, on the machine) and a
 supervisor beside it that restarts it on request: this module writes "ID KIND" to
@@ -87,6 +88,27 @@ def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) ->
     _, _, pid = rest.partition(" ")
     target = _ping(kind, t0 + timeout)
     return LabSwitch(kind, int(pid), target, time.monotonic() - t0)
+
+
+def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
+    """Restart ToR `j` of the lab's fabric (the switch kind "racks:..."), fresh state, same
+    ports (tools/fabric_lab.py serves it: fabric.request / fabric.reply in $NR_LAB_DIR);
+    returns the seconds it took, once the fabric's controller answers Ping from h0."""
+    kind = current_switch()
+    if not kind.startswith("racks:"):
+        raise LabSwitchError(f"restart_tor({j}): the lab runs a {kind!r} switch, not a fabric")
+    d = lab_dir()
+    rid = uuid.uuid4().hex[:12]
+    t0 = time.monotonic()
+    tmp = d / f"fabric.request.{rid}"
+    tmp.write_text(f"{rid} tor {j}\n")
+    tmp.rename(d / "fabric.request")
+    status, _, rest = _wait_reply(d / "fabric.reply", rid, f"tor {j}",
+                                  t0 + timeout).partition(" ")
+    if status != "ok":
+        raise LabSwitchError(f"restart_tor({j}): tools/fabric_lab.py says: {rest}")
+    _ping(kind, t0 + timeout)
+    return time.monotonic() - t0
 
 
 def use_switch(kind: str, timeout: float = RESTART_TIMEOUT) -> LabSwitch | None:

@@ -188,11 +188,12 @@ def survive_job(tmp_path: Path, restart: Callable[[], float], *args: str,
 
 
 def check_survived(result: LaunchResult, n: int, calls: int, size: int,
-                   config: FlowConfig = FlowConfig()) -> dict[str, Any]:
+                   exact: bool = True) -> dict[str, Any]:
     """Every rank exact on every call (the worker exits otherwise), alike; two fallbacks
     and two returns logged once each by rank 0 and counted alike; the first fallback at
-    the big call; the last calls through the switch, whose counters show exactly the
-    packets of the calls since the ring was registered the second time."""
+    the big call; the last calls through the switch, whose counters show (`exact`: one
+    switch, no loss inside it) exactly the packets of the calls since the ring was
+    registered the second time, with the "inc" ring's knobs rank 0 printed."""
     assert result.ok, f"exit {result.exit_code}"
     routes, stats = [], []
     for r in range(n):
@@ -214,8 +215,15 @@ def check_survived(result: LaunchResult, n: int, calls: int, size: int,
     counters = json.loads(counters)
     assert f"ring {ring_id} registered" in back[1], (ring_id, back[1])
     last = len(routes[0]) - routes[0][::-1].index("ring")      # switch calls since then
+    knobs = re.search(r"inc mtu=(\d+), msg_size=(\d+), window=(\d+)",
+                      next(line for line in out if line.startswith("joined ")))
+    assert knobs, out[:5]
+    config = FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]))
     p = (calls - last) * (meta_packets(n, config) + data_packets(size, n, config))
-    assert counters["completed"] == p and counters["aggregated"] == n * p, (counters, p)
+    if exact:
+        assert counters["completed"] == p and counters["aggregated"] == n * p, (counters, p)
+    else:
+        assert counters["completed"] >= p and counters["aggregated"] >= n * p, (counters, p)
     for drop in STRUCTURAL_DROPS:
         assert counters[drop] == 0, counters
     return {"routes": routes[0], "stats": stats[0], "counters": counters, "fell": fell,
@@ -244,6 +252,33 @@ def test_a_switch_restarted_during_a_call_and_between_calls_costs_no_call(
                    f"{job:.0f} s; routes {''.join(a[0] for a in got['routes'])}; call times "
                    f"{', '.join(f'{t:.1f}' for t in times)} s; stats {got['stats']}; "
                    f"fallbacks: {got['fell']}; returns: {got['back']}")
+
+
+@pytest.mark.parametrize("kind", ["bmv2", "racks:2"])
+def test_a_bmv2_switch_or_a_fabric_tor_restarted_costs_no_call(
+        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same on BMv2 (the whole switch restarted) and on the two-rack software fabric
+    (ToR 0, rank 0's, restarted alone: the fabric's controller hears the ToR lost the ring
+    at its next renewal and says so to the job's): smaller calls (BMv2 runs path MTU 256),
+    12 of 64 Ki int32 (one of 256 Ki during the first restart), no GIL hold."""
+    from tests.lab.labswitch import restart_switch, restart_tor, use_switch
+    use_switch(kind)
+    try:
+        restart = (lambda: restart_tor(0)) if kind.startswith("racks") \
+            else (lambda: restart_switch(kind).seconds)
+        t0 = time.monotonic()
+        size, calls = 1 << 16, 12
+        result, took = survive_job(tmp_path, restart, "--size", str(size), "--big",
+                                   str(1 << 18), "--calls", str(calls), "--gil", "0")
+        job = time.monotonic() - t0
+        got = check_survived(result, 4, calls, size, exact=kind == "bmv2")
+    finally:
+        use_switch("soft")
+    figure(capsys, f"{kind}: {'ToR 0' if kind.startswith('racks') else 'the switch'} "
+                   f"restarted during a 1 MiB call and between calls (restarts took "
+                   f"{took[0]:.1f}, {took[1]:.1f} s): 4 ranks, {calls} calls exact, job "
+                   f"{job:.0f} s; routes {''.join(a[0] for a in got['routes'])}; stats "
+                   f"{got['stats']}; ring counters {got['counters']}")
 
 
 CLOSED_DEVICE = """
