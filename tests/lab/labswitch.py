@@ -75,14 +75,8 @@ def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) ->
         raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh can start only "
                              f"{available_switches()} here (bmv2 needs p4c and "
                              f"simple_switch_grpc on its PATH: scripts/install.sh)")
-    d = lab_dir()
-    rid = uuid.uuid4().hex[:12]
     t0 = time.monotonic()
-    tmp = d / f"switch.request.{rid}"
-    tmp.write_text(f"{rid} {kind}\n")
-    tmp.rename(d / "switch.request")
-    reply = _wait_reply(d / "switch.reply", rid, kind, t0 + timeout)
-    status, _, rest = reply.partition(" ")
+    status, _, rest = _ask("switch", kind, t0 + timeout).partition(" ")
     if status != "ok":
         raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh says: {rest}")
     _, _, pid = rest.partition(" ")
@@ -97,14 +91,8 @@ def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
     kind = current_switch()
     if not kind.startswith("racks:"):
         raise LabSwitchError(f"restart_tor({j}): the lab runs a {kind!r} switch, not a fabric")
-    d = lab_dir()
-    rid = uuid.uuid4().hex[:12]
     t0 = time.monotonic()
-    tmp = d / f"fabric.request.{rid}"
-    tmp.write_text(f"{rid} tor {j}\n")
-    tmp.rename(d / "fabric.request")
-    status, _, rest = _wait_reply(d / "fabric.reply", rid, f"tor {j}",
-                                  t0 + timeout).partition(" ")
+    status, _, rest = _ask("fabric", f"tor {j}", t0 + timeout).partition(" ")
     if status != "ok":
         raise LabSwitchError(f"restart_tor({j}): tools/fabric_lab.py says: {rest}")
     _ping(kind, t0 + timeout)
@@ -116,6 +104,17 @@ def use_switch(kind: str, timeout: float = RESTART_TIMEOUT) -> LabSwitch | None:
     if current_switch() == kind:
         return None
     return restart_switch(kind, timeout)
+
+
+def _ask(who: str, what: str, deadline: float) -> str:
+    """Put "ID `what`" in $NR_LAB_DIR/`who`.request (by a rename) and return the text
+    after "ID " of the answer in `who`.reply."""
+    d = lab_dir()
+    rid = uuid.uuid4().hex[:12]
+    tmp = d / f"{who}.request.{rid}"
+    tmp.write_text(f"{rid} {what}\n")
+    tmp.rename(d / f"{who}.request")
+    return _wait_reply(d / f"{who}.reply", rid, what, deadline)
 
 
 def _wait_reply(path: Path, rid: str, kind: str, deadline: float) -> str:
