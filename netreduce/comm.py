@@ -694,11 +694,11 @@ class Communicator:
         self._host.close()
 
     def _quiesce(self, timeout: float) -> None:
-        """Before leaving after a call through the switch: wait (up to `timeout` s) until
+        """Before leaving a ring registered with a switch: wait (up to `timeout` s) until
         every rank is closing too, settling a switch-away notice that arrives meanwhile --
-        a rank without a good seal for that last call needs this rank's wire words of it.
-        Alike on every rank (every rank's last call is the same call)."""
-        if self._broken is not None or self._away is not None or self._last_switch is None:
+        a rank without a good seal for the last call needs this rank's wire words of it.
+        Alike on every rank (`switch.registered` is)."""
+        if self._broken is not None or not self.switch.registered:
             return
         with self._running:
             try:
