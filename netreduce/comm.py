@@ -681,8 +681,10 @@ class Communicator:
             return
         self._closing = True
         self._finish_async_calls(timeout)
+        t0 = time.monotonic()
         self._quiesce(timeout)
         self._closed = True
+        timeout = max(1.0, timeout - (time.monotonic() - t0))   # one wait for the others
         if self._broken is not None:       # the others know: no long wait for a dead peer
             timeout = min(timeout, _FAILED_LEAVE_TIMEOUT)
         self._rendezvous.close(timeout)
