@@ -557,7 +557,12 @@ class Communicator:
         timeout = self.config.collective_timeout
         old = self._rings.get("inc")
         if old is not None:
-            old.close()
+            try:
+                old.close()
+            except Exception as exc:    # noqa: BLE001 - in ERROR, unused: leaking it is safe
+                logger.warning("netreduce: rank %d: the old 'inc' QPs could not be destroyed "
+                               "(they stay in ERROR until the device closes): %s",
+                               self.rank, exc)
         qps = self._host.create_ring("inc", self.inc_config)
         theirs = self._rendezvous.gather(f"inc.{gen}", _ring_endpoint_dict(qps.local()),
                                          timeout, waiting_for=f"rebuilt 'inc' ({gen})")
