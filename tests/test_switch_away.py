@@ -239,3 +239,27 @@ def test_algo_switch_while_the_switch_is_away_is_refused_alike_and_leaves_it_usa
             e.startswith("allreduce: algo='switch': the switch at fake-controller:1 is away (")
             and "nothing moved" in e for e in errors), errors
         assert (x, algo) == ([3] * COUNT, "ring")
+
+
+def test_the_wire_words_survive_the_next_call_growing_the_workspace() -> None:
+    """Like the test above, but the good rank's next call is large enough to grow its
+    workspace before its metadata exchange: the old buffer (its wire words of call 1,
+    where its predecessor's recovery ring writes) stays registered until the settle."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    fabric.switch.cut = lambda ring, index: 1 if index == 3 else None   # call 1's data
+    big = 40_000                                  # 160 KB of int32: past the 64 KiB start
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        out = []
+        for c, count in enumerate((COUNT, COUNT, big)):
+            x = (np.arange(count, dtype=np.int32) * (comm.rank + 1) + 1000 * c)
+            y = comm.allreduce(x, out=np.zeros_like(x))
+            out.append((y.tolist() == (np.arange(count) * 6 + 3000 * c).tolist(),
+                        comm.last_algo))
+        return out, comm.stats()["switch"]
+
+    for got in run_ranks(3, body, cfg=CFG, fabric=fabric, controller=controller):
+        assert not isinstance(got, BaseException), got
+        assert got == ([(True, "switch"), (True, "switch"), (True, "ring")],
+                       {"fallbacks": 1, "returns": 0, "recovered": 1}), got
