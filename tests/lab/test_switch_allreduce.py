@@ -197,7 +197,8 @@ def test_floats_nan_under_auto_avg_and_16_bit_through_switch_and_ring() -> None:
         assert lines(result, r, "OK blocks: 1e-6 next to 1e4"), output
         (stats,) = lines(result, r, "STATS ")
         assert json.loads(stats) == {"calls": {"ring": calls + 2, "switch": calls + 1},
-                                     "fallbacks": {"non-finite": 1}}, stats
+                                     "fallbacks": {"non-finite": 1},
+                                     "switch": {"fallbacks": 0, "returns": 0, "recovered": 0}}, stats
         warned = [line for line in output if "runs over the host ring although the switch is "
                   "registered: the data holds NaN or infinity" in line]
         assert len(warned) == (1 if r == 0 else 0), output

@@ -316,6 +316,13 @@ class QP:
         self._timer = None
         self._flush()
 
+    def to_error(self) -> None:
+        """ibv_modify_qp(ERROR): outstanding WQEs complete flushed; from then on requests
+        are dropped unanswered and nothing is sent (the peer's requester retries)."""
+        self.error = True
+        self._timer = None
+        self._flush()
+
     def _flush(self) -> None:
         while self.sq:
             self._complete(self.send_cq,

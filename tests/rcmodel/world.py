@@ -23,11 +23,11 @@ from typing import Any, Callable, Optional, Sequence
 import flowctl.stream
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
-from flowctl.stream import Stream
+from flowctl.stream import LIVENESS_POLL, Stream
 from netreduce.comm import RINGS, Communicator
 from netreduce.meta import control_bytes
 from netreduce.registration import SwitchStatus
-from ring_setup.rendezvous import PeerFailed
+from ring_setup.rendezvous import PeerFailed, RendezvousTimeout
 from rcmodel.fabric import Fabric, FaultRates, Faults
 from rcmodel.rxe import QP, Device, Peer, QPAttr
 from rcmodel.sim import Simulation, Turns
@@ -94,29 +94,63 @@ class ModelLink:
 
 
 @dataclass
+class ModelRingQPs:
+    """What the communicator does to a rank's QPs of one ring after setup: ERROR, destroy."""
+
+    send: QP
+    recv: QP
+
+    def to_error(self) -> None:
+        self.send.to_error()
+        self.recv.to_error()
+
+    def close(self) -> None:
+        self.to_error()
+
+
+@dataclass
 class ModelHost:
-    """What netreduce.comm.Host needs for `Workspace` (register) and error messages."""
+    """What netreduce.comm.Host needs for `Workspace` (register), error messages and
+    `Communicator.close`."""
 
     device: Device
 
     def register(self, nbytes: int) -> Any:
         return self.device.register(nbytes)
 
+    def close(self) -> None:
+        """Nothing to free: the model's device lives as long as its World."""
+
+
+
+class ModelStore:
+    """What the ranks' rendezvous share: failures, switch-away notices, gathered keys."""
+
+    def __init__(self) -> None:
+        self.failures: dict[int, str] = {}
+        self.notices: dict[int, str] = {}
+        self.keys: dict[str, dict[int, Any]] = {}
 
 
 class ModelRendezvous:
-    """The rendezvous as the communicator uses it after setup: liveness only.
+    """The rendezvous as the communicator uses it after setup: liveness, switch-away notices
+    and the gathers that settle them.
 
-    Every rank shares one `failures` map, as the real store's watch does: a rank that aborts
+    Every rank shares one `ModelStore`, as the real store's watch does: a rank that aborts
     (its call failed) is seen at once by every other rank's `check_peers`, so the others
-    fail fast with `PeerFailure` naming it (ring_setup/rendezvous.py). No process dies in
-    the model, so nothing else ever lands in it.
+    fail fast with `PeerFailure` naming it (ring_setup/rendezvous.py); a notice is seen at
+    once through `notice_epoch` (a rank's "inc" stream checks it while it waits). Notices
+    are never pushed to listeners: a model rank has no progress thread, so only ranks in a
+    call settle (the tests' bodies end with a call on every rank). A gather waits on the
+    simulated clock (`Turns`). No process dies in the model.
     """
 
-    def __init__(self, rank: int, world_size: int, failures: dict[int, str]) -> None:
+    def __init__(self, rank: int, world_size: int, store: ModelStore, turns: Turns) -> None:
         self.rank = rank
         self.world_size = world_size
-        self._failures = failures
+        self._store = store
+        self._failures = store.failures
+        self._turns = turns
 
     def abort(self, reason: str) -> None:
         self._failures.setdefault(self.rank, reason)
@@ -124,6 +158,35 @@ class ModelRendezvous:
     def check_peers(self) -> None:
         if self._failures:
             raise PeerFailed(self._failures)
+
+    @property
+    def notices(self) -> dict[int, str]:
+        return self._store.notices
+
+    @property
+    def notice_epoch(self) -> int:
+        return max(self._store.notices, default=0)
+
+    def notice(self, epoch: int, reason: str) -> None:
+        self._store.notices.setdefault(epoch, reason)
+
+    def on_notice(self, listener: Callable[[int, str], None]) -> None:
+        """Never called in the model (see the class doc)."""
+
+    def gather(self, name: str, value: Any, timeout: float, *, waiting_for: str,
+               until: Optional[Callable[[], bool]] = None) -> Optional[list[Any]]:
+        got = self._store.keys.setdefault(name, {})
+        got.setdefault(self.rank, value)
+        end = self._turns.sim.now + timeout
+        while len(got) < self.world_size:
+            self.check_peers()
+            if until is not None and until():
+                return None
+            if self._turns.sim.now >= end:
+                raise RendezvousTimeout(f"model: ranks {sorted(set(range(self.world_size)) - set(got))} never {waiting_for}")
+            self._turns.wait(self.rank, min(LIVENESS_POLL, end - self._turns.sim.now),
+                             lambda: len(got) == self.world_size or bool(self._failures))
+        return [got[r] for r in range(self.world_size)]
 
     def watch(self) -> None:
         """The model needs no watcher: `failures` is shared."""
@@ -208,9 +271,9 @@ class World:
                                                         enumerate(self.devices)}, self.slots)
             status = SwitchStatus("model", self.spec.ring_id, self.slots)
         self.comms = []
-        failures: dict[int, str] = {}           # what the store would tell every rank
+        self.store = ModelStore()               # what the store would tell every rank
         for r, dev in enumerate(self.devices):
-            rendezvous = ModelRendezvous(r, n, failures)
+            rendezvous = ModelRendezvous(r, n, self.store, self.turns)
             streams = {ring: Stream(ModelLink(self.turns, r, *qps[r, ring], (r + 1) % n,
                                               (r - 1) % n), config, f"rank {r}, ring {ring!r}",
                                     liveness=rendezvous.check_peers)
@@ -218,7 +281,8 @@ class World:
             self.comms.append(Communicator(
                 rendezvous=rendezvous, host=ModelHost(dev),
                 config=config, endpoints=self.endpoints, streams=streams,
-                control=controls[r], switch=status, controller=None))
+                control=controls[r], switch=status, controller=None,
+                rings={ring: ModelRingQPs(*qps[r, ring]) for ring in RINGS}))
 
     def run(self, body: Callable[[Communicator], Any]) -> list[Any]:
         """body(comm) on every rank; each rank's result or exception (see the module doc)."""
@@ -239,4 +303,4 @@ class World:
             return self.fabric.ring_counters(self.spec.ring_id)
         if isinstance(self.fabric, TwoTierFabric):
             return self.fabric.target.counters()["rings"][self.spec.ring_id]
-        return self.pipeline.counters()[self.spec.ring_id]
+        return self.fabric.pipeline.counters()[self.spec.ring_id]
