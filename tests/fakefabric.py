@@ -23,6 +23,7 @@ import random
 import threading
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -106,6 +107,7 @@ class FakeRingQPs:
         self.send_psn, self.recv_psn = random.getrandbits(24), random.getrandbits(24)
         self.dest_qpn: int | None = None
         self.posted = 0                 # WRITEs posted on this ring's send QP (all time)
+        self.error = False              # to_error() or close(): nothing moves any more
 
     def local(self) -> RingEndpoint:
         return RingEndpoint(QPEndpoint(self.send_qpn, self.send_psn),
@@ -119,6 +121,17 @@ class FakeRingQPs:
         self.fabric.receivers[self.recv_qpn] = link
         return link
 
+    def to_error(self) -> None:
+        """Like QPs in ERROR: our WRITEs not yet delivered are dropped, and WRITEs to us are
+        never executed nor answered (their senders wait, as rxe's retry forever)."""
+        with self.fabric.lock:
+            self.error = True
+
+    def close(self) -> None:
+        with self.fabric.lock:
+            self.error = True
+            self.fabric.receivers.pop(self.recv_qpn, None)
+
 
 class FakeLink:
     """flowctl.link.Link for one rank of a fake ring."""
@@ -131,6 +144,7 @@ class FakeLink:
         self.recv_cq: deque[Completion] = deque()
         self.recv_posted = 0
         self.in_switch = 0          # WRITEs the fake switch holds until their sum is complete
+        self.held_src: dict[int, LocalBuffer] = {}   # their sources, by message index
         self.max_in_flight = 0      # most WRITEs posted and not yet polled at once
         self.armed = 0              # arm() calls
         self.waits: list[float] = []   # wait() timeouts
@@ -154,7 +168,12 @@ class FakeLink:
             if fabric.frozen:
                 return
             assert self.qps.dest_qpn is not None, "post before connect"
-            target = fabric.receivers[self.qps.dest_qpn]
+            target = fabric.receivers.get(self.qps.dest_qpn)
+            if self.qps.error:
+                self.wire.clear()
+                return
+            if target is None or target.qps.error:      # never executed, never answered
+                return
             for _ in range(fabric.deliver_per_poll):
                 if not self.wire or target.recv_posted == 0:
                     return
@@ -210,6 +229,11 @@ class FakeSwitch:
         self.world: dict[str, int] = {}
         self.pending: dict[tuple[str, int], dict[int, tuple]] = {}
         self.messages: dict[str, int] = {}
+        # cut(ring id, message index) -> k or None: a switch that dies while it emits that
+        # message's sums: the first k receivers (in rank order of the senders) get the sum,
+        # the others their sender's own payload (what the restarted switch forwards), and
+        # every ring is forgotten
+        self.cut: Callable[[str, int], int | None] | None = None
 
     def register(self, spec: RingSpec) -> None:
         for c in spec.connections:
@@ -221,6 +245,21 @@ class FakeSwitch:
     def unregister(self, ring_id: str) -> None:
         self.rings = {q: v for q, v in self.rings.items() if v[0] != ring_id}
         del self.world[ring_id]
+
+    def restart(self) -> None:
+        """Forget every ring, like a restarted switch. The WRITEs it held for an incomplete
+        sum are lost with it: each goes back to the front of its sender's wire, as RoCE's
+        go-back-N resends it, and the restarted switch forwards it plainly."""
+        held = sorted(((index, part) for (_, index), parts in self.pending.items()
+                       for part in parts.values()), key=lambda item: -item[0])
+        for index, (sender, receiver, dst, payload) in held:
+            src = sender.held_src.pop(index)
+            sender.wire.appendleft((index, src, dst))
+            sender.in_switch -= 1
+            receiver.recv_posted += 1
+        self.pending.clear()
+        for ring_id in list(self.world):
+            self.unregister(ring_id)
 
     def contribute(self, link: FakeLink, target: FakeLink, index: int, src: LocalBuffer,
                    dst: RemoteBuffer) -> bool:
@@ -234,6 +273,7 @@ class FakeSwitch:
         parts = self.pending.setdefault((ring_id, index), {})
         assert rank not in parts, f"rank {rank} sent message {index} twice"
         parts[rank] = (link, target, dst, payload)
+        link.held_src[index] = src
         link.in_switch += 1
         assert len({len(p[3]) for p in parts.values()}) == 1, \
             f"ring {ring_id}: message {index} differs in length between ranks"
@@ -242,11 +282,17 @@ class FakeSwitch:
             total = np.zeros(len(payload) // 4, dtype="<i4")
             for *_, data in parts.values():
                 total += np.frombuffer(data, dtype="<i4")     # wraps like the switch
-            for sender, receiver, where, _ in parts.values():
-                ctypes.memmove(where.addr, total.tobytes(), where.nbytes)
+            summed = self.cut(ring_id, index) if self.cut is not None else None
+            for i, (sender, receiver, where, data) in enumerate(
+                    p for _, p in sorted(parts.items())):
+                good = summed is None or i < summed
+                ctypes.memmove(where.addr, total.tobytes() if good else data, where.nbytes)
                 sender.in_switch -= 1
+                del sender.held_src[index]
                 sender.arrive(receiver, index)
             self.messages[ring_id] += 1
+            if summed is not None:
+                self.restart()
         return True
 
 
@@ -307,8 +353,7 @@ class FakeController:
 
     def restart(self) -> None:
         with self.fabric.lock:
-            for ring_id in list(self.fabric.switch.world):
-                self.fabric.switch.unregister(ring_id)
+            self.fabric.switch.restart()
 
     def unregister_ring(self, ring_id: str) -> dict:
         with self.fabric.lock:
