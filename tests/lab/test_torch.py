@@ -32,9 +32,9 @@ def run(n: int, script: Path, *args: str, grace: float = 30) -> LaunchResult:
 
 def test_ddp_with_netreduce_against_gloo() -> None:
     """tests/lab/torch_worker.py on 4 ranks: the hook and the process group train like gloo,
-    the bf16 hook through the switch like torch's bf16_compress_hook over gloo, a NaN
-    bucket goes over the ring like gloo, then rank 2 is killed during backward and the
-    others name it. One launch covers it all: the survivors check every mode before the
+    one step of the bf16 hook through the switch like torch's bf16_compress_hook over
+    gloo, a NaN bucket goes over the ring like gloo, then rank 2 is killed during backward
+    and the others name it. One launch covers it all: the survivors check every mode before the
     victim dies (a clean 2-rank launch proved nothing more, for 4 of CI's minutes; the
     README's DDP snippet runs cleanly on 4 ranks in tests/lab/test_readme.py)."""
     n, victim = 4, 2
@@ -45,7 +45,6 @@ def test_ddp_with_netreduce_against_gloo() -> None:
         assert result.ranks[r].returncode == 0, "\n".join(out)
         for mode in ("switch", "ring", "backend"):
             assert any(x.startswith(f"OK {mode}: max |param - gloo|") for x in out), out
-        assert any(x.startswith("OK switch-bf16: max |loss - gloo-bf16|") for x in out), out
         assert any(x.startswith("OK bf16 gradients: switch") for x in out), out
         line = next(x for x in out if x.startswith("OK nan:"))
         assert f"netreduce: rank {r}: DDP gradient bucket" in line and "holds NaN or Inf" in line

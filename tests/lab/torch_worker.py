@@ -6,12 +6,11 @@ one launch checks everything (torch imports slowly under TCG), in this order:
   1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
      netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
      of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
-     float32 quantization error is ~1e-8 per step); DDP with netreduce's bf16 hook
-     through the switch ends within 5e-4 of DDP over gloo with torch's bf16_compress_hook
-     and of gloo (their bfloat16 roundings part them by ~6e-5 after 5 steps; a missing
-     rank's gradients by ~6e-3: offline simulation of the example, 4 ranks);
+     float32 quantization error is ~1e-8 per step);
   2. one step's gradients with the bf16 hook through the switch: bfloat16 values, each
-     within the two hooks' roundings of torch's bf16_compress_hook over gloo;
+     within the two hooks' roundings of torch's bf16_compress_hook over gloo (element by
+     element: stricter than training a few steps with it, and ~3x cheaper in the lab;
+     training with both bf16 hooks is examples/train_mlp.py's, docs/torch.md);
   3. a NaN in rank 1's batch: the hook warns and gives gloo's gradients (NaN included);
   4. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
 
@@ -38,8 +37,7 @@ import netreduce
 import netreduce.torch as nrtorch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from train_mlp import (batch, differences, gloo_bf16_hook, global_max, local_hook,  # noqa: E402
-                       mlp, train)
+from train_mlp import batch, gloo_bf16_hook, global_max, local_hook, mlp, train  # noqa: E402
 
 
 def grads_after_one_step(comm: netreduce.Communicator, hook: bool, poison: bool
@@ -134,8 +132,7 @@ def die(comm: netreduce.Communicator, victim: int) -> None:
 def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
     args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
                                  bucket_cap_mb=0.1, log_every=1)
-    results = train(["gloo", "switch", "ring", "backend", "gloo-bf16", "switch-bf16"], comm,
-                    args)
+    results = train(["gloo", "switch", "ring", "backend"], comm, args)
     want = results["gloo"][2]
     for mode in ("switch", "ring", "backend"):
         got = results[mode][2]
@@ -143,17 +140,6 @@ def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
         if diff > 1e-5:
             sys.exit(f"FAIL {mode}: parameters {diff:.3g} from gloo's after {steps} steps")
         print(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps", flush=True)
-    figures = []
-    for reference in ("gloo-bf16", "gloo"):
-        loss, param = differences(results["switch-bf16"], results[reference])
-        if param > 5e-4:
-            sys.exit(f"FAIL switch-bf16: parameters {param:.3g} from {reference}'s after "
-                     f"{steps} steps")
-        figures.append(f"max |loss - {reference}| {loss:.3g}, max |param - {reference}| "
-                       f"{param:.3g}")
-    spent = sum(sum(results[m][1]) for m in ("gloo-bf16", "switch-bf16"))
-    print(f"OK switch-bf16: {'; '.join(figures)} after {steps} steps ({spent:.1f} s of "
-          f"steps in the two bf16 modes)", flush=True)
 
 
 def survive(comm: netreduce.Communicator, steps: int, restarts: list[int]) -> None:
