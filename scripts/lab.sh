@@ -42,13 +42,16 @@
 # may also restart the switch as kind "racks:R[:PCT[:SPINE[:TORS]]]" with SPINE and TORS
 # soft (default) or bmv2, e.g. racks:2:0:bmv2 (a BMv2 spine under software ToRs), and back
 # to soft. --racks 1 is the single-switch lab.
-# --tcg multi (default) emulates each vCPU on a host thread of its own; --tcg single runs all
-# vCPUs on one thread (~1.4x slower; one thread runs every vCPU, so the int3 race below cannot happen).
+# --tcg single (default) runs every vCPU on one host thread: no vCPU can run a stale
+# translation while another patches kernel code, so the int3 race below cannot happen, and
+# the VM takes one core (two labs of different names share these two cores); --tcg multi
+# emulates each vCPU on a host thread of its own (~1.2-1.4x faster alone, two cores, open
+# to the race: docs/lab.md, "Boot panics").
 # The VM boots with tsc=reliable and, before CMD, scripts/guest_patching.sh makes the kernel
 # do now the run-time code patching a job would trigger (a patch while another emulated CPU
 # runs can end in "Oops: int3 ... Kernel panic" under multi-threaded TCG), then reports how
 # many patches still ran during CMD (docs/lab.md, "Boot panics").
-# Default: --hosts 4 --mtu 9000 --switch soft --tcg multi, --native when possible, else --vm.
+# Default: --hosts 4 --mtu 9000 --switch soft --tcg single, --native when possible, else --vm.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,7 +59,7 @@ VENV=${NR_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
 lab_name=${NR_LAB_NAME:-nrlab}
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
-hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi
+hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=single
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }
@@ -342,6 +345,8 @@ else
         --qemu-opts="$qemu_opts $(kernel_log_opts "$console")" --append "console=hvc0 loglevel=7 tsc=reliable" \
         --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu $racks $LABDIR" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
     say "VM ran $(( $(date +%s) - t0 )) s; guest kernel log: ${console#"$ROOT"/}"
+    # (qemu opened the log with O_TRUNC at boot: only now may the host add to it)
+    echo "nr-lab: boot of lab $lab_name: tcg=$tcg, $cpus vCPU(s), $hosts host(s), VM ran $(( $(date +%s) - t0 )) s" >> "$console"
     if [ -f "$LABDIR/rc" ]; then
       rc=$(cat "$LABDIR/rc")
       console_alarms "$console"
