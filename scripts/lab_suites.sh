@@ -17,7 +17,8 @@ fi
 # The lab: three boots on the two cores, two at a time. Each VM runs on one host thread
 # (lab.sh's default --tcg single: no boot can hit the int3 race of docs/lab.md, "Boot
 # panics"), so two labs of different names (--name) side by side use both cores:
-#  - lab A (nrlab, 4 hosts): the BMv2 switch, PyTorch and README modules, then
+#  - lab A (nrlab, 4 hosts): the BMv2 switch, PyTorch and README modules (its fork servers
+#    import torch once: its modules launch torch ranks four times), then
 #  - lab C (nrlab6, 6 hosts in 2 racks): the fabric's shapes a 4-host boot cannot make
 #    (2 x 3, the uneven 3 + 2) without loss: the loss runs and the BMv2 fabric runs of the
 #    multirack module are lab B's (2 x 2); `scripts/lab.sh --racks 2 --hosts 6 -- python -m
@@ -30,7 +31,7 @@ lab_a_then_c() {
   local rc=0
   # shellcheck disable=SC2086 # LAB_A: one path per word
   stage "test: lab A, 4 hosts (BMv2, torch, README)" "$ROOT/scripts/lab.sh" --name nrlab --hosts 4 \
-    -- python -m pytest -q -rs --durations=10 -m lab $LAB_A "$@" || rc=1
+    --preload torch,torch.distributed,netreduce.torch -- python -m pytest -q -rs --durations=10 -m lab $LAB_A "$@" || rc=1
   stage "test: lab C, 6 hosts in 2 racks" "$ROOT/scripts/lab.sh" --name nrlab6 --racks 2 --hosts 6 \
     -- python -m pytest -q -rs --durations=8 -m lab \
     -k "not one_percent_loss and not bmv2" tests/lab/test_multirack_lab.py "$@" || rc=1
