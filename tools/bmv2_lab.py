@@ -39,7 +39,6 @@ from switch.p4.program import (DEFAULT_BUILD, DEFAULT_SPINE_BUILD, DEFAULT_TOR_B
 from switch.report import report
 
 SIMPLE_SWITCH = "simple_switch_grpc"
-SIMPLE_SWITCH_CLI = "simple_switch_CLI"       # BMv2's Thrift client
 # BMv2's log level defaults to 'trace' even with no log sink (no --log-console/--log-file):
 # it then formats every trace message per table, action and field, for nothing. Off, this
 # build spends half the CPU per packet (switch/p4/README.md, "Cost per packet").
@@ -134,26 +133,21 @@ class Bmv2Switch:
         else:
             self.target = Bmv2Target(session, ports, macs, registers)
 
-    def _reset_state(self) -> None:
-        """BMv2's own reset over Thrift (simple_switch_CLI's reset_state): every table
-        entry, register, counter and multicast group."""
-        cli = subprocess.run([SIMPLE_SWITCH_CLI, "--thrift-port", str(self.thrift_port)],
-                             input="reset_state\n", capture_output=True, text=True,
-                             timeout=START_TIMEOUT)
-        if cli.returncode != 0 or "Error" in cli.stdout:
-            raise RuntimeError(f"{SIMPLE_SWITCH_CLI} reset_state failed ({cli.returncode}): "
-                               f"{cli.stdout}{cli.stderr}")
+    def _close_target(self) -> None:
+        self.target.remove_groups()
+        self.target.close()
 
     def reset(self) -> None:
         """The device and its target as just after start, the process and its ports kept:
-        BMv2's reset_state (pushing the program again alone leaves BMv2's multicast groups
-        in place, which the P4Runtime server then forgets: the next target's groups would
-        get a second copy of every replica), then the program pushed again and a new target
-        (_connect). Frames still inside the switch are the caller's to wait for first. On
-        a failure the switch is closed."""
+        the target's multicast groups deleted (pushing the program again resets every
+        table, register and counter but leaves BMv2's multicast groups in place, which the
+        P4Runtime server then forgets: the next target's groups would get a second copy of
+        every replica), then the program pushed again and a new target (_connect). Frames
+        still inside the switch are the caller's to wait for first. On a failure the
+        switch is closed."""
         assert self._open, "reset of a closed switch"
         self._open = False
-        self._or_stop(self.target.close, self._reset_state, self._connect)
+        self._or_stop(self._close_target, self._connect)
         self._open = True
 
     def _stop_process(self) -> None:

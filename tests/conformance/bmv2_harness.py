@@ -4,14 +4,15 @@ One simple_switch_grpc serves, one after the other, the vectors of a test module
 the same program, ports, MAC table and role config (`switch_key`; tests/conftest.py runs
 them in a row). `setup` starts one (tools.bmv2_lab.Bmv2Switch: p4c output, P4Runtime via
 p4runtime-shell) when the key changes or the last vector did not end cleanly; otherwise
-it resets the running one (Bmv2Switch.reset: the program pushed again, which starts every
-table, register, counter and multicast group of the device over, and a new target), so
-that every vector starts from the state of a fresh switch
-(tests/test_role_conformance.py, test_a_reset_bmv2_switch_is_a_fresh_one, compares them). Switch port N is the veth `nr<pid><g>sN` (the test process's pid and a
-letter per switch started: two suites running at once do not collide, nor a switch with
-its predecessor's veths; at most 15 characters); the harness sends and captures on the
-peer `nr<pid><g>hN`. Needs root (veth pairs in the current namespace, IPv6 off on them so
-the kernel adds no frames of its own), p4c, simple_switch_grpc and p4runtime-shell.
+it resets the running one (Bmv2Switch.reset: its multicast groups deleted, the program
+pushed again, which starts every table, register and counter over, and a new target), so
+that every vector starts from the state of a fresh switch (tests/test_role_conformance.py,
+test_a_reset_bmv2_switch_is_a_fresh_one, compares them). Switch port N is the veth
+`nr<pid><g>sN` (the test process's pid and a letter per switch started: two suites
+running at once do not collide, nor a switch with its predecessor's veths; at most 15
+characters); the harness sends and captures on the peer `nr<pid><g>hN`. Needs root (veth
+pairs in the current namespace, IPv6 off on them so the kernel adds no frames of its own),
+p4c, simple_switch_grpc and p4runtime-shell.
 
 A step (`send`, `send_burst`) given `expect`, the number of frames the vector expects,
 waits for them (at most MAX_WAIT), then GRACE for an extra one; a step expecting none
@@ -122,7 +123,7 @@ class Bmv2Harness:
               tor: Optional[TorConfig] = None, log: Path = LOG) -> Bmv2Switch:
         """A switch (the spine program with `spine`, the ToR's with `tor`) in the state a
         fresh one has, cabled to this harness's ports: the running one, reset
-        (Bmv2Switch.reset: the program pushed again), when it has the setup's key
+        (Bmv2Switch.reset), when it has the setup's key
         (switch_key) and the last vector ended cleanly (check_quiet passed: nothing of it
         is still on its way); else a new one."""
         key = switch_key(vectors_setup)
