@@ -29,11 +29,10 @@ def _job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("NR_JOB_SECRET", "secret-of-the-test-job-0123")
 
 
-#: tests of a build other than the BMv2 vectors: p4c's warnings checks, the BMv2 reset's
+#: tests of a build that have no bmv2 parameter: p4c's warnings checks
 BUILD_TESTS = {"test_p4c_compiles_without_unreviewed_warnings": "switch",
                "test_p4c_compiles_the_spine_without_unreviewed_warnings": "spine",
-               "test_p4c_compiles_the_tor_without_unreviewed_warnings": "tor",
-               "test_a_reset_bmv2_switch_is_a_fresh_one": "tor"}
+               "test_p4c_compiles_the_tor_without_unreviewed_warnings": "tor"}
 #: the builds in the order scripts/test.sh has them ready: the switch's, then the spine's
 #: (compiled one after the other), the ToR's (the longest, compiled beside them) last
 BUILDS = ("switch", "spine", "tor")
