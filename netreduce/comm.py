@@ -60,7 +60,7 @@ from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, LeaseKeeper, SwitchStatus,
                                     SwitchRegistrationError, fit_inc_ring, register_inc_ring,
                                     switch_address, unregister)
-from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, SwitchUnavailable,
+from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route,
                                candidates, route)
 from netreduce.tensors import as_ndarray, torch_store_in_use
 from netreduce.workspace import RegisteredMemory, Workspace

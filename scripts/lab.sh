@@ -3,7 +3,7 @@
 #
 #   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
 #                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] [--tcg single|multi]
-#                  [--name NAME] -- CMD [ARGS...]
+#                  [--name NAME] [--preload MOD,...] -- CMD [ARGS...]
 #
 # The lab: hosts h0..hN-1 (network namespaces, rxe device each, 10.77.0.(I+1)), every host
 # cabled to a port of one switch; the switch process (python -m switch, with its controller
@@ -42,13 +42,19 @@
 # may also restart the switch as kind "racks:R[:PCT[:SPINE[:TORS]]]" with SPINE and TORS
 # soft (default) or bmv2, e.g. racks:2:0:bmv2 (a BMv2 spine under software ToRs), and back
 # to soft. --racks 1 is the single-switch lab.
-# --tcg multi (default) emulates each vCPU on a host thread of its own; --tcg single runs all
-# vCPUs on one thread (~1.4x slower; one thread runs every vCPU, so the int3 race below cannot happen).
+# --tcg single (default) runs every vCPU on one host thread: no vCPU can run a stale
+# translation while another patches kernel code, so the int3 race below cannot happen, and
+# the VM takes one core (two labs of different names share these two cores); --tcg multi
+# emulates each vCPU on a host thread of its own (~1.2-1.4x faster alone, two cores, open
+# to the race: docs/lab.md, "Boot panics").
 # The VM boots with tsc=reliable and, before CMD, scripts/guest_patching.sh makes the kernel
 # do now the run-time code patching a job would trigger (a patch while another emulated CPU
 # runs can end in "Oops: int3 ... Kernel panic" under multi-threaded TCG), then reports how
 # many patches still ran during CMD (docs/lab.md, "Boot panics").
-# Default: --hosts 4 --mtu 9000 --switch soft --tcg multi, --native when possible, else --vm.
+# --preload MOD,... : modules the hosts' fork servers import once more, beside numpy and
+# netreduce (docs/lab.md, "Warm starts"), e.g. torch,torch.distributed when CMD launches
+# torch ranks several times (each cold import of torch costs ~45 s of emulated CPU per rank).
+# Default: --hosts 4 --mtu 9000 --switch soft --tcg single, --native when possible, else --vm.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,7 +62,7 @@ VENV=${NR_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
 lab_name=${NR_LAB_NAME:-nrlab}
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
-hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi
+hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=single preload=
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }
@@ -75,6 +81,7 @@ while [ $# -gt 0 ]; do
     --cpus) cpus=$2; shift 2 ;;
     --tcg) tcg=$2; shift 2 ;;
     --name) lab_name=$2; shift 2 ;;
+    --preload) preload=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option $1 (see --help)" ;;
@@ -89,6 +96,7 @@ case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] && [ "$racks" -le "$hosts" ] || die "--racks must be 1..--hosts"
 [[ $link_loss =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-loss must be a percentage"
 [[ $lab_name =~ ^[a-z0-9-]{2,12}$ ]] || die "--name must be 2..12 of [a-z0-9-]"
+[[ $preload =~ ^[A-Za-z0-9_.,]*$ ]] || die "--preload takes module names, comma-separated"
 SWNS=$lab_name
 if [ "$lab_name" = nrlab ]; then LABDIR=$ROOT/.lab; LOCK=/run/lock/netreduce-lab.lock
 else LABDIR=$ROOT/.lab-$lab_name; LOCK=/run/lock/netreduce-lab-$lab_name.lock; fi
@@ -293,7 +301,7 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
   printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$racks" "$tenant_tokens"
   printf 'export NR_FORKSERVERS=/run/netreduce-forkservers\n'
-  printf 'export NR_LAB_VENV=%q\n' "$VENV"
+  printf 'export NR_LAB_VENV=%q NR_LAB_PRELOAD=%q\n' "$VENV" "$preload"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done
@@ -342,6 +350,8 @@ else
         --qemu-opts="$qemu_opts $(kernel_log_opts "$console")" --append "console=hvc0 loglevel=7 tsc=reliable" \
         --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu $racks $LABDIR" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
     say "VM ran $(( $(date +%s) - t0 )) s; guest kernel log: ${console#"$ROOT"/}"
+    # (qemu opened the log with O_TRUNC at boot: only now may the host add to it)
+    echo "nr-lab: boot of lab $lab_name: tcg=$tcg, $cpus vCPU(s), $hosts host(s), VM ran $(( $(date +%s) - t0 )) s" >> "$console"
     if [ -f "$LABDIR/rc" ]; then
       rc=$(cat "$LABDIR/rc")
       console_alarms "$console"

@@ -5,7 +5,8 @@
 # ranks from them (a warm rank starts in well under a second where a cold one imports for
 # ~12 s under TCG). `start` returns once every server listens (bounded: 600 s), printing how
 # long that took; `stop` ends them. Run by scripts/lab.sh's command side (VM or native)
-# with $LABDIR/env sourced; each server's log is $NR_FORKSERVERS/hI.log.
+# with $LABDIR/env sourced; each server's log is $NR_FORKSERVERS/hI.log. $NR_LAB_PRELOAD
+# (lab.sh --preload) names more modules each server imports (e.g. torch).
 set -euo pipefail
 : "${NR_FORKSERVERS:?lab_forkservers.sh: NR_FORKSERVERS is not set (scripts/lab.sh sets it)}"
 say() { echo "[lab-forkservers] $*" >&2; }
@@ -17,7 +18,7 @@ case "${1:-}" in
     t0=$(date +%s)
     for ((i = 0; i < hosts; i++)); do
       setsid ip netns exec "h$i" python -m netreduce.tools.forkserver "$NR_FORKSERVERS/h$i.sock" \
-        > "$NR_FORKSERVERS/h$i.log" 2>&1 < /dev/null &
+        --also "${NR_LAB_PRELOAD:-}" > "$NR_FORKSERVERS/h$i.log" 2>&1 < /dev/null &
       echo $! > "$NR_FORKSERVERS/h$i.pid"
     done
     for ((i = 0; i < hosts; i++)); do

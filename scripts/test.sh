@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
 # switch/p4 compiled by p4c (the switch, the spine and the ToR program) and the conformance
-# vectors (the switch's, the spine's and the ToR's) run on BMv2, none skipped; then all
-# lab tests inside ONE lab boot (scripts/lab.sh: 4 Soft-RoCE hosts behind the software switch;
-# tests/lab/test_bmv2_allreduce.py restarts it as BMv2 and back), and a second boot of 6
-# hosts in 2 racks for the multi-rack tests that need more than 4 ranks (2 x 3, uneven
-# 3 + 2). Extra arguments go to the unit and lab pytest runs (e.g. -k name, -x). Prints a
+# vectors (the switch's, the spine's and the ToR's) run on BMv2, none skipped; then every
+# lab test, in three lab boots two at a time (scripts/lab.sh; below: lab A and lab B of 4
+# hosts side by side, lab C of 6 hosts in 2 racks after A). Extra arguments go to the unit
+# and lab pytest runs (e.g. -x; a -k that selects nothing in a lab fails it). Prints a
 # table of its stages and their seconds at the end (scripts/stages.sh). Exit code: non-zero
 # when any test failed or none ran.
 set -euo pipefail
@@ -39,23 +38,17 @@ fi
 # The unit run holds the conformance vectors of both targets (tests/test_conformance.py):
 # software always, BMv2 when p4c and BMv2 are there (under CI=true they fail, never skip,
 # without them: tests/p4tools.py). Skips are listed (-rs).
-stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -m "not lab" tests "$@"
+# (a unit failure does not stop the run: the labs still run, and the exit code says it)
+unit_rc=0
+stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -m "not lab" tests "$@" \
+  || unit_rc=$?
 for pid in $p4c_pids; do
   wait "$pid" || { echo "test.sh: p4c failed to compile switch/p4 (build/p4*/p4c.log)" >&2; exit 1; }
 done
 $with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and the BMv2 conformance vectors did not run (scripts/install.sh --p4 ...; CI never passes without them)"
 
-stage "test: lab, 4 hosts (one boot)" \
-  "$ROOT/scripts/lab.sh" --hosts 4 -- python -m pytest -q -rs --durations=15 -m lab tests/lab "$@"
-
-# The fabric's shapes the CI boot cannot make (2 x 3, the uneven 3 + 2), without loss: the
-# loss runs and the BMv2 fabric runs are the CI boot's (2 x 2), as CI's time is tight
-# (issue 25); `scripts/lab.sh --racks 2 --hosts 6 -- python -m pytest -m lab
-# tests/lab/test_multirack_lab.py` runs them all at 6 hosts.
-stage "test: lab, 6 hosts in 2 racks (one boot)" \
-  "$ROOT/scripts/lab.sh" --racks 2 --hosts 6 -- python -m pytest -q -rs --durations=8 -m lab \
-  -k "not one_percent_loss and not bmv2" tests/lab/test_multirack_lab.py "$@"
-
-# What the lab's boots of this run said (oops/panic lines, kernel code patches during the
-# command: docs/lab.md, "Boot panics"); a boot that died already failed its stage above.
-scripts/lab_boots.sh || true
+# Every lab test, in three lab boots two at a time (scripts/lab_suites.sh).
+lab_rc=0
+"$ROOT/scripts/lab_suites.sh" "$@" || lab_rc=$?
+[ "$unit_rc" = 0 ] || echo "test.sh: the unit tests failed (rc $unit_rc): see above" >&2
+[ "$unit_rc" = 0 ] && [ "$lab_rc" = 0 ]

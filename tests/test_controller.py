@@ -366,14 +366,17 @@ def test_tls_with_the_labs_certificates(start: Start, tmp_path: Path,
 
 # -- leases and limits ---------------------------------------------------------------------
 def test_a_lease_not_renewed_frees_the_ring(start: Start) -> None:
-    addr, pipeline = start(default_lease_ms=300)
+    """A ring whose lease is renewed lives on beside one that lapses (a lease of 1.5 s
+    renewed every 0.1 s: a renewal late by a whole lease would take a 1.4 s stall)."""
+    addr, pipeline = start(default_lease_ms=1500)
     with ControllerClient(addr, timeout=5) as c:
-        assert c.register_ring(make_ring(2, ring_id="kept"))["lease_ms"] == 300
-        assert c.register_ring(make_ring(2, ring_id="lapses", qpn_base=100))["lease_ms"] == 300
+        assert c.register_ring(make_ring(2, ring_id="kept"))["lease_ms"] == 1500
+        assert c.register_ring(make_ring(2, ring_id="lapses", qpn_base=100))["lease_ms"] == 1500
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 0.9:                 # three leases long
+        while time.monotonic() - t0 < 20 and c.counters()["switch"]["leases_expired"] == 0:
             c.renew_lease("kept")
-            time.sleep(0.05)
+            time.sleep(0.1)
+        assert time.monotonic() - t0 >= 1.5             # not before its lease ran out
         got = c.counters()
         assert list(got["rings"]) == ["kept"] and list(pipeline.counters()) == ["kept"]
         assert got["switch"]["leases_expired"] == 1

@@ -158,3 +158,38 @@ def test_a_server_in_another_network_namespace_is_refused(servers: Path, tmp_pat
     assert proc.wait(timeout=30) == 0
     with pytest.raises(F.Refused, match="another network namespace than"):
         F.WarmProcess(str(servers / "local.sock"), [PY, "x.py"], {}, netns="/proc/self/ns/uts")
+
+
+TORCH_WORKER = """\
+import os, sys
+print("preloaded", "torch" in sys.modules, flush=True)
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29981",
+                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+t = torch.arange(4, dtype=torch.float32) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("sum", t.tolist(), torch.get_num_threads() >= 1)
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_forked_from_a_server_that_imported_torch_run_gloo(tmp_path: Path) -> None:
+    """`--also torch,...` (lab.sh --preload): a rank forked after the server imported torch
+    runs gloo like a cold one (torch starts no thread at import that a fork would lose)."""
+    pytest.importorskip("torch")
+    sock = tmp_path / "local.sock"
+    proc = subprocess.Popen([PY, "-m", "netreduce.tools.forkserver", str(sock), "--preload",
+                             "numpy", "--also", "torch,torch.distributed"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == str(sock)
+        script = tmp_path / "torch_worker.py"
+        script.write_text(TORCH_WORKER)
+        result, text = warm(tmp_path, [PY, str(script)], 2, timeout=120.0)
+        assert result.ok and result.cold == 0, text
+        for r in result.ranks:
+            assert r.output[0] == "preloaded True"
+            assert r.output[-1] == "sum [0.0, 3.0, 6.0, 9.0] True"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)

@@ -1,6 +1,6 @@
 """Warm starts for launched ranks: one fork server per lab host, rank processes forked from it.
 
-    python -m netreduce.tools.forkserver SOCKET [--preload MOD,MOD,...]
+    python -m netreduce.tools.forkserver SOCKET [--preload MOD,MOD,...] [--also MOD,...]
 
 Under the lab's emulated CPUs a rank spends ~12 s importing numpy, pyverbs and grpc before
 its first line runs (docs/lab.md); a launch of 4 ranks ~45 s. A fork server imports those
@@ -370,9 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD),
                         help="modules imported once, before serving (comma-separated; "
                              "default: %(default)s)")
+    parser.add_argument("--also", default="",
+                        help="more modules imported after --preload's (comma-separated), "
+                             "e.g. torch for a suite whose every launch imports it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    job = serve(args.socket, tuple(m for m in args.preload.split(",") if m), ready=sys.stdout)
+    modules = f"{args.preload},{args.also}".split(",")
+    job = serve(args.socket, tuple(m for m in modules if m), ready=sys.stdout)
     job.run()                  # in a forked child: the command, as __main__
     return 0
 
