@@ -2,8 +2,7 @@
 # test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
 # switch/p4 compiled by p4c (the switch, the spine and the ToR program) and the conformance
 # vectors (the switch's, the spine's and the ToR's) run on BMv2, none skipped; then every
-# lab test, in three lab boots two at a time (scripts/lab.sh; below: lab A and lab B of 4
-# hosts side by side, lab C of 6 hosts in 2 racks after A). Extra arguments go to the unit
+# lab test, in two lab boots (scripts/lab_suites.sh: 4 hosts, then 6 hosts in 2 racks). Extra arguments go to the unit
 # and lab pytest runs (e.g. -x; a -k that selects nothing in a lab fails it). Prints a
 # table of its stages and their seconds at the end (scripts/stages.sh). Exit code: non-zero
 # when any test failed or none ran.
@@ -47,7 +46,7 @@ for pid in $p4c_pids; do
 done
 $with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and the BMv2 conformance vectors did not run (scripts/install.sh --p4 ...; CI never passes without them)"
 
-# Every lab test, in three lab boots two at a time (scripts/lab_suites.sh).
+# Every lab test, in two lab boots (scripts/lab_suites.sh).
 lab_rc=0
 "$ROOT/scripts/lab_suites.sh" "$@" || lab_rc=$?
 [ "$unit_rc" = 0 ] || echo "test.sh: the unit tests failed (rc $unit_rc): see above" >&2
