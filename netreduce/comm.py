@@ -615,7 +615,8 @@ class Communicator:
         epoch = self._epoch + 1
         return LeaseKeeper(self._controller, self.switch,
                            lambda why: self._lease_lost(epoch, why),
-                           judge_silence=self.rank == 0)
+                           judge_silence=self.rank == 0,
+                           job_alive=self._rendezvous.peers_alive)
 
     def _lease_lost(self, epoch: int, why: str) -> None:
         """The keeper thread heard the switch lose the ring: tell every rank (they settle)."""

@@ -272,13 +272,16 @@ class LeaseKeeper:
     doc) until `stop()`; reports the switch's loss of the ring once through `on_lost`: a
     NOT_FOUND, or (`judge_silence`: the registering rank's keeper) no successful renewal
     for a whole lease. A backup keeper (`judge_silence=False`) only renews: its own
-    failures, e.g. a token the controller refuses, are not the ring's loss."""
+    failures, e.g. a token the controller refuses, are not the ring's loss. It renews only
+    while `job_alive()`: once a rank of the job is known dead the ring can never sum again,
+    so the lease is left to lapse (the switch frees the ring) whichever rank keeps it."""
 
     def __init__(self, controller: Controller, status: SwitchStatus,
-                 on_lost: Callable[[str], None], judge_silence: bool = True) -> None:
+                 on_lost: Callable[[str], None], judge_silence: bool = True,
+                 job_alive: Callable[[], bool] = lambda: True) -> None:
         assert status.ring_id is not None and status.lease_ms > 0
         self._controller, self._status, self._on_lost = controller, status, on_lost
-        self._judge_silence = judge_silence
+        self._judge_silence, self._job_alive = judge_silence, job_alive
         self._stop = threading.Event()
         self.renewals = 0
         self._thread = threading.Thread(target=self._run, name="nr-lease", daemon=True)
@@ -289,6 +292,10 @@ class LeaseKeeper:
         assert ring is not None
         renewed = time.monotonic()
         while not self._stop.wait(lease / 3):
+            if not self._job_alive():
+                logger.info("netreduce: a rank of the job failed: ring %s's lease is left to "
+                            "lapse", ring)
+                return
             try:
                 granted = self._controller.renew_lease(ring).get("lease_ms") or 0
             except Exception as exc:        # noqa: BLE001 - every failure is judged below

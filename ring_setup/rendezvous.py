@@ -758,6 +758,10 @@ class Rendezvous:
             self._failures.setdefault(r, why)
         self._failed.set()
 
+    def peers_alive(self) -> bool:
+        """False from the moment this rank learned of a failure (as `check_peers`)."""
+        return not self._failed.is_set()
+
     def check_peers(self) -> None:
         """Raise `PeerFailed` if some rank (this one included) is known to have failed."""
         if self._failed.is_set():

@@ -42,11 +42,10 @@
 # may also restart the switch as kind "racks:R[:PCT[:SPINE[:TORS]]]" with SPINE and TORS
 # soft (default) or bmv2, e.g. racks:2:0:bmv2 (a BMv2 spine under software ToRs), and back
 # to soft. --racks 1 is the single-switch lab.
-# --tcg single (default) runs every vCPU on one host thread: no vCPU can run a stale
-# translation while another patches kernel code, so the int3 race below cannot happen, and
-# the VM takes one core (two labs of different names share these two cores); --tcg multi
-# emulates each vCPU on a host thread of its own (~1.2-1.4x faster alone, two cores, open
-# to the race: docs/lab.md, "Boot panics").
+# --tcg multi (default) emulates each vCPU on a host thread of its own; --tcg single runs
+# every vCPU on one host thread, so the int3 race below cannot happen, but the vCPU thread
+# then holds QEMU's big lock and starves the 9p file server: imports crawl (the fork servers
+# listened after 121 s instead of 21 s; with torch, not within 600 s: docs/lab.md).
 # The VM boots with tsc=reliable and, before CMD, scripts/guest_patching.sh makes the kernel
 # do now the run-time code patching a job would trigger (a patch while another emulated CPU
 # runs can end in "Oops: int3 ... Kernel panic" under multi-threaded TCG), then reports how
@@ -54,7 +53,7 @@
 # --preload MOD,... : modules the hosts' fork servers import once more, beside numpy and
 # netreduce (docs/lab.md, "Warm starts"), e.g. torch,torch.distributed when CMD launches
 # torch ranks several times (each cold import of torch costs ~45 s of emulated CPU per rank).
-# Default: --hosts 4 --mtu 9000 --switch soft --tcg single, --native when possible, else --vm.
+# Default: --hosts 4 --mtu 9000 --switch soft --tcg multi, --native when possible, else --vm.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,7 +61,7 @@ VENV=${NR_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
 lab_name=${NR_LAB_NAME:-nrlab}
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
-hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=single preload=
+hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi preload=
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }

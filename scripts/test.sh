@@ -2,8 +2,7 @@
 # test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
 # switch/p4 compiled by p4c (the switch, the spine and the ToR program) and the conformance
 # vectors (the switch's, the spine's and the ToR's) run on BMv2, none skipped; then every
-# lab test, in three lab boots two at a time (scripts/lab.sh; below: lab A and lab B of 4
-# hosts side by side, lab C of 6 hosts in 2 racks after A). Extra arguments go to the unit
+# lab test, in two lab boots (scripts/lab_suites.sh: 4 hosts, then 6 hosts in 2 racks). Extra arguments go to the unit
 # and lab pytest runs (e.g. -x; a -k that selects nothing in a lab fails it). Prints a
 # table of its stages and their seconds at the end (scripts/stages.sh). Exit code: non-zero
 # when any test failed or none ran.
@@ -18,19 +17,21 @@ if [ -z "${NR_STAGES:-}" ]; then            # the caller (.ci/run) prints the ta
   trap 'stages_table; rm -f "$NR_STAGES"' EXIT
 fi
 
-with_p4=false p4c_pid=""
+with_p4=false p4c_pids=""
 if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } >/dev/null; then
   with_p4=true
-  # Fresh, into build/p4, in the background: the unit tests overlap it, and those that need
-  # the build run last and wait for it (switch/p4/program.py locks the build directory;
-  # tests/conftest.py orders them); the lab's BMv2 reuses it (p4c takes 2-3 min here).
-  # The three programs (the switch, then the fabric's spine and ToR, one after the other on
-  # one core).
+  # Fresh, in the background: the unit tests overlap it, and those that need a build run
+  # last and wait for it (switch/p4/program.py locks each build directory; tests/conftest.py
+  # orders them by build: the switch's, the spine's, then the ToR's); the lab's BMv2 reuses
+  # it. Two compiles at a time (two cores): the ToR's, the longest (~5 min of CPU), from the
+  # start, beside the switch's then the spine's (~2.5 and ~1.5 min), so that the switch's
+  # BMv2 vectors run while the ToR still compiles.
   rm -rf "$ROOT/build/p4" "$ROOT/build/p4-spine" "$ROOT/build/p4-tor"
-  stage "test: p4c compiles switch/p4, switch, spine and ToR (beside the unit tests)" \
-    bash -c '"$0" -m switch.p4.program && "$0" -m switch.p4.program --spine \
-             && "$0" -m switch.p4.program --tor' "$PY" >/dev/null &
-  p4c_pid=$!
+  stage "test: p4c, the ToR (beside the rest)" "$PY" -m switch.p4.program --tor >/dev/null &
+  p4c_pids=$!
+  stage "test: p4c, the switch then the spine" \
+    bash -c '"$0" -m switch.p4.program && "$0" -m switch.p4.program --spine' "$PY" >/dev/null &
+  p4c_pids+=" $!"
 fi
 
 # The unit run holds the conformance vectors of both targets (tests/test_conformance.py):
@@ -40,12 +41,12 @@ fi
 unit_rc=0
 stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -m "not lab" tests "$@" \
   || unit_rc=$?
-if [ -n "$p4c_pid" ]; then
-  wait "$p4c_pid" || { echo "test.sh: p4c failed to compile switch/p4 (build/p4*/p4c.log)" >&2; exit 1; }
-fi
+for pid in $p4c_pids; do
+  wait "$pid" || { echo "test.sh: p4c failed to compile switch/p4 (build/p4*/p4c.log)" >&2; exit 1; }
+done
 $with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and the BMv2 conformance vectors did not run (scripts/install.sh --p4 ...; CI never passes without them)"
 
-# Every lab test, in three lab boots two at a time (scripts/lab_suites.sh).
+# Every lab test, in two lab boots (scripts/lab_suites.sh).
 lab_rc=0
 "$ROOT/scripts/lab_suites.sh" "$@" || lab_rc=$?
 [ "$unit_rc" = 0 ] || echo "test.sh: the unit tests failed (rc $unit_rc): see above" >&2

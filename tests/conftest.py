@@ -1,8 +1,10 @@
 """Test-wide rules: lab tests run only inside the lab, and never skip under CI=true; tests
-that need switch/p4 compiled into build/p4 run last; every test has a job secret."""
+that need a program of switch/p4 compiled run last, by build (the switch's, the spine's,
+the ToR's); every test has a job secret."""
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import pytest
 
@@ -27,18 +29,51 @@ def _job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("NR_JOB_SECRET", "secret-of-the-test-job-0123")
 
 
-def _needs_p4_build(item: pytest.Item) -> bool:
-    """Whether the test uses a compiled program in build/p4, build/p4-spine or build/p4-tor
-    (the BMv2 conformance vectors, p4c's own warnings checks)."""
-    return (item.path.name in ("test_conformance.py", "test_role_conformance.py")
-            and "[bmv2" in item.nodeid
-            or item.name in ("test_p4c_compiles_without_unreviewed_warnings",
-                             "test_p4c_compiles_the_spine_without_unreviewed_warnings",
-                             "test_p4c_compiles_the_tor_without_unreviewed_warnings"))
+#: tests of a build that have no bmv2 parameter: p4c's warnings checks
+BUILD_TESTS = {"test_p4c_compiles_without_unreviewed_warnings": "switch",
+               "test_p4c_compiles_the_spine_without_unreviewed_warnings": "spine",
+               "test_p4c_compiles_the_tor_without_unreviewed_warnings": "tor"}
+#: the builds in the order scripts/test.sh has them ready: the switch's, then the spine's
+#: (compiled one after the other), the ToR's (the longest, compiled beside them) last
+BUILDS = ("switch", "spine", "tor")
+
+
+def p4_build(item: pytest.Item) -> Optional[str]:
+    """Which compiled program the test uses (the BMv2 conformance vectors and BUILD_TESTS
+    do): "switch" (build/p4), "spine" (build/p4-spine), "tor" (build/p4-tor); None for
+    every other test."""
+    if item.name in BUILD_TESTS:
+        return BUILD_TESTS[item.name]
+    if "[bmv2" not in item.nodeid:
+        return None
+    if item.path.name == "test_conformance.py":
+        return "switch"
+    if item.path.name == "test_role_conformance.py":
+        vector = getattr(item, "callspec", None) and item.callspec.params.get("vector")
+        if vector is not None:
+            return str(vector.setup["role"])
+        return "spine" if "spine" in item.name else "tor"
+    return None
+
+
+def _order(item: pytest.Item) -> tuple[int, str]:
+    """Tests needing no build first; then by build (BUILDS), and within one build the
+    vectors that run on the same simple_switch_grpc (conformance.bmv2_harness.switch_key)
+    side by side, tests without a vector parameter first."""
+    build = p4_build(item)
+    if build is None:
+        return 0, ""
+    vector = getattr(item, "callspec", None) and item.callspec.params.get("vector")
+    if vector is None:
+        return 1 + BUILDS.index(build), ""
+    from conformance.bmv2_harness import switch_key
+    return 1 + BUILDS.index(build), repr(switch_key(vector.setup))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need build/p4 go last, in their order: scripts/test.sh starts p4c in the
-    background, the other tests overlap it, and these wait for it (compile_program locks
-    the build directory: a second caller waits, then finds the build fresh)."""
-    items.sort(key=_needs_p4_build)
+    """Tests that need a p4c build go last, in the order scripts/test.sh has the builds
+    ready (BUILDS; it starts p4c in the background, the other tests overlap it, and these
+    wait for it: compile_program locks the build directory, a second caller waits, then
+    finds the build fresh); a BMv2 switch then serves the vectors of one key in a row
+    (stable: the order stays the files' otherwise)."""
+    items.sort(key=_order)

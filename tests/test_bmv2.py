@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -294,6 +296,29 @@ def test_compile_runs_p4c_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     fake_tool(tmp_path, "p4c", 'echo "netreduce.p4(3): syntax error" >&2; exit 1')
     with pytest.raises(RuntimeError, match="syntax error"):
         p4program.compile_program(tmp_path / "other")
+
+
+def test_a_second_caller_waits_for_the_compile_under_way(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What scripts/test.sh relies on: while one process compiles into a build directory
+    (its background p4c), another's compile_program of that directory (a test needing the
+    build) waits for it and then finds the build fresh: p4c runs once."""
+    out = tmp_path / "out"
+    fake_tool(tmp_path, "p4c", f'touch {tmp_path}/started; sleep 2; echo call >> {tmp_path}/calls\n'
+                               f'touch {out}/netreduce.json {out}/netreduce.p4info.txtpb')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    first = subprocess.Popen([sys.executable, "-m", "switch.p4.program", "--out", str(out)],
+                             stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "started").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "p4c never started"
+            time.sleep(0.05)
+        assert p4program.compile_program(out) == build_paths(out)
+        assert (tmp_path / "calls").read_text() == "call\n"      # the first one's, done
+    finally:
+        assert first.wait(timeout=30) == 0
+    assert (tmp_path / "calls").read_text() == "call\n"
 
 
 def test_the_shell_session_names_the_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import CompletionError, FlowConfig
-from netreduce import Communicator, CommunicatorError, PeerFailure, SwitchFailure
+from netreduce import Communicator, CommunicatorError, PeerFailure
 from netreduce.registration import LeaseKeeper, SwitchStatus
 from test_comm import run_ranks
 
@@ -205,3 +205,30 @@ def test_a_lease_that_cannot_be_renewed_for_a_whole_lease_is_reported_lost() -> 
     keeper.stop()
     assert lost == ["the switch at 10.0.0.9:50051 no longer aggregates ring r1 (restarted, or "
                     "its lease lapsed): RenewLease: UNAVAILABLE: connection refused"]
+
+
+def test_a_lease_is_left_to_lapse_once_a_rank_of_the_job_failed() -> None:
+    """Every keeper (rank 1's backup too) stops renewing once the job lost a rank: the ring
+    can never sum again, and the switch must free it when its lease runs out."""
+    class Counting:
+        addr = "10.0.0.9:50051"
+        renewed = 0
+
+        def renew_lease(self, ring_id: str) -> dict:
+            Counting.renewed += 1
+            return {"ring_id": ring_id, "lease_ms": 150}
+
+    alive = threading.Event()
+    alive.set()
+    lost: list[str] = []
+    status = SwitchStatus(controller="10.0.0.9:50051", ring_id="r1", slots=256, lease_ms=150)
+    keeper = LeaseKeeper(Counting(), status, lost.append, judge_silence=False,  # type: ignore[arg-type]
+                         job_alive=alive.is_set)
+    time.sleep(0.5)
+    before = Counting.renewed
+    alive.clear()                              # the watch learned of a dead rank
+    time.sleep(0.5)
+    after = Counting.renewed
+    time.sleep(0.5)
+    keeper.stop()
+    assert before >= 2 and Counting.renewed == after <= before + 1 and lost == []

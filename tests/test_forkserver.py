@@ -73,6 +73,24 @@ def test_a_forked_rank_sees_what_a_cold_one_sees(servers: Path, tmp_path: Path) 
     assert len(streams) == 3
 
 
+def test_a_forked_rank_imports_from_the_pythonpath_its_launch_gave(servers: Path,
+                                                                   tmp_path: Path) -> None:
+    """The server started without it; the rank's PYTHONPATH is searched as a cold start
+    searches it (the lab's torch worker imports tests.lab.labswitch this way)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "nr_probe_module.py").write_text("WHERE = __file__\n")
+    script = tmp_path / "imports.py"
+    script.write_text("import sys, nr_probe_module\n"
+                      "print(nr_probe_module.WHERE, sys.path.index(sys.argv[1]))\n")
+    env = {**os.environ, "PYTHONPATH": str(lib)}
+    result, text = warm(servers, [PY, str(script), str(lib)], 2, grace=5.0, env=env)
+    assert result.cold == 0 and "started cold" not in text
+    for r in result.ranks:
+        assert r.returncode == 0, r.output
+        assert r.output == [f"{lib / 'nr_probe_module.py'} 1"]
+
+
 def test_modules_run_as_main_and_stop_with_their_process_group(servers: Path) -> None:
     """`-m MODULE` runs the module afresh as __main__ (even a preloaded one); the launcher
     stops a warm rank and everything it started through its process group."""

@@ -2,14 +2,16 @@
 (tests/conformance/roles.py), byte for byte and counter for counter.
 
 Targets: 'software' (both roles) and 'bmv2' (both roles too: switch/p4/spine.p4 and
-switch/p4/tor.p4, each vector on a fresh simple_switch_grpc; vectors tagged many_carried are
-beyond both programs and skipped there). 'bmv2' needs simple_switch_grpc and p4c on PATH,
+switch/p4/tor.p4, each vector on a simple_switch_grpc as a fresh one is: conformance/
+bmv2_harness.py; vectors tagged many_carried are beyond both programs and skipped there). 'bmv2' needs simple_switch_grpc and p4c on PATH,
 root and p4runtime-shell: without them it is skipped saying which is missing, or fails under
 CI=true (tests/p4tools.py).
 """
 from __future__ import annotations
 
+import json
 import struct
+import subprocess
 import zlib
 from typing import Any, Iterator
 
@@ -69,7 +71,8 @@ def test_tor_slots_in_bursts(target: Harness) -> None:
     target.setup(vector.setup)
     for i in range(0, len(vector.steps), 3):
         steps = vector.steps[i:i + 3]
-        got = per_port(target.send_burst([(x.in_port, x.frame) for x in steps]))
+        got = per_port(target.send_burst([(x.in_port, x.frame) for x in steps],
+                                         sum(len(x.expect) for x in steps)))
         assert got == per_port(out for x in steps for out in x.expect), f"slot {i // 3}"
     assert target.counters() == vector.counters
 
@@ -218,9 +221,9 @@ def test_bmv2_spine_drops_what_it_cannot_hold(target: Harness) -> None:
     for frame in (partial(0, bytes(256), [(1, head), (3, head)]),
                   partial(0, bytes(260), [(1, head)]),
                   partial(0, bytes(256), [(1, head)])[:-6]):
-        assert target.send(1, frame) == []
-    assert target.send(1, partial(0, bytes(256), [(1, head)])) == []
-    out = target.send(2, partial(1, bytes(256), [(3, head)]))
+        assert target.send(1, frame, 0) == []
+    assert target.send(1, partial(0, bytes(256), [(1, head)]), 0) == []
+    out = target.send(2, partial(1, bytes(256), [(3, head)]), 2)
     assert sorted(p for p, _ in out) == [1, 2]
     for _, frame in out:
         check_interswitch(frame)
@@ -229,3 +232,51 @@ def test_bmv2_spine_drops_what_it_cannot_hold(target: Harness) -> None:
     lanes = counters["rings"][ring["ring_id"]]["per_tor"]
     assert (lanes["0"]["drop_mismatch"], lanes["0"]["partials"], lanes["1"]["partials"]) == \
         (2, 1, 1)
+
+
+def device_state(harness: Any) -> dict[str, Any]:
+    """Everything a BMv2 device holds that a vector could see (its build's registers, in
+    full, and counters, every table's entries and default, the multicast groups), as
+    simple_switch_CLI prints it, and the port counters."""
+    switch = harness.switch
+    program = json.loads(switch.build.json.read_text())
+    names = {"registers": [r["name"] for r in program["register_arrays"]],
+             "counters": [c["name"] for c in program["counter_arrays"]],
+             "tables": [t["name"] for p in program["pipelines"] for t in p["tables"]]}
+    commands = ([f"register_read {n}" for n in names["registers"]]
+                + [f"table_dump {n}" for n in names["tables"]] + ["mc_dump"])
+    run = subprocess.run(["simple_switch_CLI", "--thrift-port", str(switch.thrift_port)],
+                         input="\n".join(commands) + "\n", capture_output=True, text=True,
+                         timeout=300, check=True)
+    return {"cli": run.stdout,
+            "counters": {n: switch.target.session.read_counter(n) for n in names["counters"]}}
+
+
+def test_a_reset_bmv2_switch_is_a_fresh_one(target: Harness) -> None:
+    """What lets the BMv2 harness reuse one simple_switch_grpc across vectors: reset after a
+    vector (its slots, registers, counters, rings and groups left behind), the ToR's device
+    holds exactly what a freshly started one holds for the next vector's setup (every
+    register in full, counter, table entry and multicast group with its handles). On the
+    module's harness: p4runtime-shell has one client per process, so one harness at a time."""
+    if not hasattr(target, "resets"):
+        pytest.skip("the software target starts afresh at every setup: no switch to reset")
+    from conformance.bmv2_harness import switch_key
+    tor = sorted((v for v in VECTORS if v.setup["role"] == "tor" and v.setup["rings"]),
+                 key=lambda v: len(v.steps))
+    first, second = next((a, b) for a in tor for b in tor
+                         if a is not b and switch_key(a.setup) == switch_key(b.setup))
+    target.close()
+    starts, resets = target.starts, target.resets
+    try:
+        check_vector(target, first)
+        target.setup(second.setup)
+        assert (target.starts - starts, target.resets - resets) == (1, 1)
+        reused = device_state(target)
+        target.close()
+        target.setup(second.setup)
+        assert (target.starts - starts, target.resets - resets) == (2, 1)
+        fresh = device_state(target)
+        assert "slot_sum=" in fresh["cli"] and "mgrp(" in fresh["cli"]
+        assert reused == fresh
+    finally:
+        target.close()

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from switch.cli import build_parser, controller_options, spine_config, tor_config
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
@@ -103,21 +103,51 @@ class Bmv2Switch:
         for num, ifname in sorted(ports.items()):
             cmd += ["-i", f"{num}@{ifname}"]
         cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
+        self.build, self.thrift_port = build, thrift_port   # the program, simple_switch_CLI's port
+        self._connect_args = (grpc_addr, build, thrift_port, ports, macs, spine, tor)
         with open(log or os.devnull, "ab") as out:     # the child keeps its own copy
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self._or_stop(lambda: wait_listening(self.proc, grpc_port), self._connect)
+        self._open = True
+
+    def _or_stop(self, *steps: Callable[[], object]) -> None:
+        """Run `steps` in order; on a failure stop the process, then re-raise."""
         try:
-            wait_listening(self.proc, grpc_port)
-            session = ShellSession(grpc_addr, build)
-            registers = ThriftRegisters(thrift_port)
-            if spine is not None:
-                self.target = Bmv2SpineTarget(session, spine, ports, macs, registers)
-            elif tor is not None:
-                self.target = Bmv2TorTarget(session, tor, ports, macs, registers)
-            else:
-                self.target = Bmv2Target(session, ports, macs, registers)
+            for step in steps:
+                step()
         except BaseException:
             self._stop_process()
             raise
+
+    def _connect(self) -> None:
+        """Push the program (P4Runtime's SetForwardingPipelineConfig: BMv2 starts every
+        table, register and counter over, not its multicast groups: see reset) and serve
+        it with a new target, which installs the static MAC table and the flood group."""
+        grpc_addr, build, thrift_port, ports, macs, spine, tor = self._connect_args
+        session = ShellSession(grpc_addr, build)
+        registers = ThriftRegisters(thrift_port)
+        if spine is not None:
+            self.target = Bmv2SpineTarget(session, spine, ports, macs, registers)
+        elif tor is not None:
+            self.target = Bmv2TorTarget(session, tor, ports, macs, registers)
+        else:
+            self.target = Bmv2Target(session, ports, macs, registers)
+
+    def _close_target(self) -> None:
+        self.target.remove_groups()
+        self.target.close()
+
+    def reset(self) -> None:
+        """The device and its target as just after start, the process and its ports kept:
+        the target's multicast groups deleted (pushing the program again resets every
+        table, register and counter but leaves BMv2's multicast groups in place, which the
+        P4Runtime server then forgets: the next target's groups would get a second copy of
+        every replica), then the program pushed again and a new target (_connect). Frames
+        still inside the switch are the caller's to wait for first. On a failure the
+        switch is closed."""
+        assert self._open, "reset of a closed switch"
+        self._open = False
+        self._or_stop(self._close_target, self._connect)
         self._open = True
 
     def _stop_process(self) -> None:

@@ -17,7 +17,8 @@ The server answers the child's pid at once and its exit status when it ends.
 Invariants:
 - A forked rank differs from a cold-started one only in what was imported before its
   environment was set: modules that read the environment at import time see the server's
-  (the preloaded ones do not). The `random` module and numpy's global generator are
+  (the preloaded ones do not). The request's PYTHONPATH is on `sys.path`, right after the
+  script's directory, as a cold start puts it. The `random` module and numpy's global generator are
   reseeded in every child, so no two ranks share a random stream.
 - Only the server's own user may use it: the socket is created mode 0600 and every
   connection's peer credentials (SO_PEERCRED) are checked; a request is at most
@@ -108,6 +109,8 @@ class Job:
 
     def run(self) -> None:
         sys.argv = [self.target, *self.args]    # -m: runpy puts the module's path in [0]
+        pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[1:1] = [p for p in pythonpath if p not in sys.path]   # as a cold start
         if self.kind == "module":
             sys.path[0] = os.getcwd()
             sys.modules.pop(self.target, None)         # preloaded: runs afresh, as cold

@@ -149,6 +149,8 @@ class Bmv2Device:
     registration of an index with a new epoch (1..65535).
     """
 
+    _rings: dict[str, Any]        # each program's target's: ring id -> ring (.plan.group)
+
     def __init__(self, session: Session, ports: dict[int, str], macs: dict[str, int],
                  read_register: Optional[RegisterReader] = None,
                  c: Optional[Contract] = None, ingress: str = "NrIngress"):
@@ -257,6 +259,16 @@ class Bmv2Device:
                 "psn0": x.psn0, "in_port": in_port, "out_port": out_port,
                 "reth": self._reth(index, lane),
                 "counters": {n: v - base[n] for n, v in now.items()}}
+
+    def remove_groups(self) -> None:
+        """Delete every multicast group this target installed (its rings' and the flood
+        group), leaving the rest: what BMv2 keeps of a device when the program is pushed
+        again (tools/bmv2_lab.py, Bmv2Switch.reset). The target is to be closed after it."""
+        with self._lock:
+            for ring in self._rings.values():
+                self.session.delete_group(ring.plan.group.group_id)
+            self._rings.clear()
+            self.session.delete_group(self.c.flood_group)
 
     def close(self) -> None:
         self.session.close()

@@ -1,14 +1,15 @@
 """The Harness of the BMv2 fabric roles (switch/p4/spine.p4, switch/p4/tor.p4) for the role
 vectors (conformance/roles.py).
 
-Every `setup` starts a fresh simple_switch_grpc running the vector's role's program
+Every `setup` has a simple_switch_grpc running the vector's role's program
 (tools.bmv2_lab.Bmv2Switch with a SpineConfig or a TorConfig: a Bmv2SpineTarget or a
-Bmv2TorTarget), cabled and driven as the single switch's BMv2 harness does
-(conformance/bmv2_harness.py: veths named by this process's pid), and registers the setup's
-rings with exactly the arguments the software role gets (role_harness.spine_args /
-tor_args). `counters()` has role_harness's shape for the role, read from BMv2's counters and,
-for next_total / next_emit and slots_skipped, its registers over Thrift: everything the
-software harness reports is compared. Vectors tagged many_carried are beyond both programs
+Bmv2TorTarget) in the state of a fresh one, cabled, driven and reset between vectors of
+the same program, ports, MACs and config as the single switch's BMv2 harness does
+(conformance/bmv2_harness.py), and registers the setup's rings with exactly the arguments
+the software role gets (role_harness.spine_args / tor_args). `counters()` has
+role_harness's shape for the role, read from BMv2's counters and, for next_total /
+next_emit and slots_skipped, its registers over Thrift: everything the software harness
+reports is compared. Vectors tagged many_carried are beyond both programs
 (one carried header per message): `supports` leaves them out.
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Bmv2RoleHarness(Bmv2Harness):
             raise ValueError(f"role {role!r}: not 'tor' or 'spine'")
 
     def counters(self) -> dict[str, Any]:
+        self.check_quiet()
         assert self.switch is not None
         if isinstance(self.switch.target, Bmv2TorTarget):
             return tor_counters(self.switch.target)

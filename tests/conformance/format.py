@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
 FORMAT_VERSION = 1
 ANY_PAYLOAD_LENGTH = "any_payload_length"
@@ -45,11 +45,16 @@ class Harness(Protocol):
     def setup(self, vectors_setup: dict[str, Any]) -> None:
         """Forget all earlier state, then install the ports, MAC table and rings given."""
 
-    def send(self, in_port: int, frame: bytes) -> list[tuple[int, bytes]]:
-        """Feed one frame; every frame the switch sent because of it, in emission order."""
+    def send(self, in_port: int, frame: bytes,
+             expect: Optional[int] = None) -> list[tuple[int, bytes]]:
+        """Feed one frame; every frame the switch sent because of it, in emission order.
+        `expect`: how many frames the vector expects (None: not said); a target that
+        waits for frames may stop once that many are in and no extra follows."""
 
-    def send_burst(self, frames: Frames) -> list[tuple[int, bytes]]:
-        """Feed (in_port, frame)s back to back; every frame the switch sent meanwhile."""
+    def send_burst(self, frames: Frames,
+                   expect: Optional[int] = None) -> list[tuple[int, bytes]]:
+        """Feed (in_port, frame)s back to back; every frame the switch sent meanwhile
+        (`expect`: as send's, for the whole burst)."""
 
     def counters(self) -> dict[str, Any]:
         """{ring_id: {"counters": {name: int}, "connections": [{name: int} per rank]}}."""

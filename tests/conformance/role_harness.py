@@ -24,7 +24,7 @@ TorSwitch/SpineSwitch (switch/control/fabric_rpc.py) pass; the BMv2 harness
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Frames
 from conformance.roles import MANY_CARRIED
@@ -112,7 +112,8 @@ class RoleHarness:
         else:
             raise ValueError(f"role {vectors_setup['role']!r}: not 'tor' or 'spine'")
 
-    def send(self, in_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+    def send(self, in_port: int, frame: bytes,
+             expect: Optional[int] = None) -> list[tuple[int, bytes]]:
         assert self.pipeline is not None, "setup first"
         out: list[tuple[int, bytes]] = []
         buf = bytearray(frame)
@@ -127,7 +128,8 @@ class RoleHarness:
             out += [(p, bytes(buf)) for p in ports]
         return out
 
-    def send_burst(self, frames: Frames) -> list[tuple[int, bytes]]:
+    def send_burst(self, frames: Frames,
+                   expect: Optional[int] = None) -> list[tuple[int, bytes]]:
         return [out for in_port, frame in frames for out in self.send(in_port, frame)]
 
     def counters(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@ the L2 forwarding the dataplane does for frames the pipeline hands back (MAC tab
 vector's setup; unknown or broadcast destinations flood to every other port)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from switch.contract import RingSpec
 from switch.control.target import SoftwareTarget
@@ -25,7 +25,8 @@ class SoftwareHarness:
         for ring in vectors_setup["rings"]:
             self.target.register_ring(RingSpec.from_dict(ring["spec"]), ring["slots"])
 
-    def send(self, in_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+    def send(self, in_port: int, frame: bytes,
+             expect: Optional[int] = None) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         buf = bytearray(frame)
         def emit(port: int, parts: Sequence[bytes | memoryview]) -> None:
@@ -38,7 +39,8 @@ class SoftwareHarness:
             out += [(p, bytes(buf)) for p in ports]
         return out
 
-    def send_burst(self, frames: Frames) -> list[tuple[int, bytes]]:
+    def send_burst(self, frames: Frames,
+                   expect: Optional[int] = None) -> list[tuple[int, bytes]]:
         return [out for in_port, frame in frames for out in self.send(in_port, frame)]
 
     def counters(self) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from tests.lab.labhosts import CONTROLLER, in_host
 KINDS = ("soft", "bmv2", "racks")   # racks: "racks:R[:PCT]", the two-tier fabric (lab.sh --racks)
 RESTART_TIMEOUT = 180.0      # s: stop, (first bmv2 start: compile switch/p4), start, Ping
 POLL = 0.2
+READ_RETRY = 5.0             # s: lab.sh replaces its files by a rename; a read over 9p that
+                             # races the rename fails (ENODATA) and is retried this long
 
 
 class LabSwitchError(RuntimeError):
@@ -58,10 +60,15 @@ def available_switches() -> tuple[str, ...]:
 def current_switch() -> str:
     """The kind of switch running now ("soft", "bmv2", "racks:R:PCT" or "bridge")."""
     path = lab_dir() / "switch.kind"
-    try:
-        return path.read_text().strip()
-    except OSError as e:
-        raise LabSwitchError(f"cannot read {path} (written by scripts/lab.sh): {e}") from None
+    deadline = time.monotonic() + READ_RETRY
+    while True:
+        try:
+            return path.read_text().strip()
+        except OSError as e:
+            if isinstance(e, FileNotFoundError) or time.monotonic() > deadline:
+                raise LabSwitchError(f"cannot read {path} (written by scripts/lab.sh): "
+                                     f"{e}") from None
+        time.sleep(POLL)
 
 
 def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) -> LabSwitch:
@@ -122,7 +129,7 @@ def _wait_reply(path: Path, rid: str, kind: str, deadline: float) -> str:
     while time.monotonic() < deadline:
         try:
             line = path.read_text().strip()
-        except FileNotFoundError:
+        except OSError:      # absent yet, or replaced while read (9p: ENODATA): poll on
             line = ""
         if line.startswith(rid + " "):
             return line[len(rid) + 1:]

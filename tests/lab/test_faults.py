@@ -137,7 +137,8 @@ def test_rank_0_killed_lets_the_lease_expire_and_frees_the_ring(
         (ring_id, lease_ms), = re.findall(r"REGISTERED (\S+) lease_ms=(\d+)", watch.getvalue())
         assert int(lease_ms) > 0, f"the controller at {CONTROLLER} granted no lease"
         killed = time.monotonic()
-        assert ring_id in ring_ids()
+        # (no check that the ring is still there: the lease may lapse before this line
+        # runs under a loaded emulator; leases_expired below says the lease freed it)
         wait_for(lambda: ring_id not in ring_ids(), 3 * int(lease_ms) / 1000 + 30,
                  f"ring {ring_id} freed after rank 0 died")
         freed = time.monotonic() - killed
