@@ -89,6 +89,9 @@ def test_allreduce_through_switches_programmed_over_grpc(rpc: RpcFabric, racks: 
     spine = ring["switches"]["spine"]
     assert spine["counters"]["completed"] == K and spine["tors"] == [0, 1]
     assert spine["counters"]["totals_sent"] >= 2 * K
+    tiers = ring["counters"]                     # the same, flat, as the hosts read them
+    assert [tiers[f"tor{j}.aggregated"] for j in range(len(racks))] == [n * K for n in racks]
+    assert tiers["spine.completed"] == tiers["spine.per_tor.1.partials"] == K
     assert set(counters["interswitch"]) == {"tor0", "tor1", "spine"}
     # each switch holds the ring under a lease, owned by the fabric's principal
     for name, addr in rpc.addrs.items():
