@@ -19,7 +19,7 @@ from netreduce.tools.bench.plan import BenchPlan, format_size, parse_algos, pars
 from netreduce.tools.bench.progress import Progress
 from netreduce.tools.bench.report import (Collector, Record, Result, Summary, document, gbps,
                                     quartiles, ratios, table, validate)
-from netreduce.tools.bench.worker import rank_input, run, size_reference
+from netreduce.tools.bench.worker import rank_input, run, size_reference, spine_link_bytes
 from netreduce.tools.launch import LaunchResult, RankResult
 from test_comm import run_ranks
 
@@ -347,6 +347,18 @@ def test_the_worker_measures_link_and_ring_and_verifies_on_the_fake_fabric() -> 
             (algo, size, job) for size in plan.sizes for job in (-1, 0, 1)
             for algo in ("link", "ring")]
         assert all(r.ok and r.ns > 0 for r in records)
+
+
+def test_spine_link_bytes_are_what_both_ends_of_each_link_received() -> None:
+    """A fabric's ports (FabricTarget.counters): the ToRs' uplinks and the spine's ports 1..R
+    count; host ports, the spine's controller leg and tx bytes (a BMv2 switch counts a built
+    partial's as its carrier's) do not."""
+    def port(name: str, rx: int) -> dict[str, Any]:
+        return {"ifname": name, "rx_bytes": rx, "tx_bytes": 10**9}
+    ports = {str(i + 1): p for i, p in enumerate([
+        port("tor0:1", 1), port("tor0:uplink", 100), port("tor1:3", 2), port("tor1:uplink", 200),
+        port("spine:1", 1000), port("spine:2", 2000), port("spine:5", 4)])}
+    assert spine_link_bytes(ports) == 3300
 
 
 def test_spine_bytes_per_call_in_the_table_the_json_and_the_plot(tmp_path: Path) -> None:
