@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -107,14 +107,18 @@ class Run:
         return torch.cat([p.detach().reshape(-1) for p in self.model.module.parameters()])
 
 
-def train(modes: list[str], comm: netreduce.Communicator, args: argparse.Namespace
+def train(modes: list[str], comm: netreduce.Communicator, args: argparse.Namespace,
+          before: Callable[[int], None] | None = None
           ) -> dict[str, tuple[list[float], list[float], torch.Tensor]]:
     """`args.steps` SGD steps per mode, interleaved: step s of every mode, then step s + 1,
-    so a slow patch of the lab slows every mode alike and step times compare within a run.
-    Per mode: (losses, step times in s, final parameters)."""
+    so a slow patch of the lab slows every mode alike and step times compare within a run
+    (`before(s)` runs first, if given). Per mode: (losses, step times in s, final
+    parameters)."""
     runs = [Run(mode, comm, args) for mode in modes]
     dist.barrier()
     for step in range(args.steps):
+        if before is not None:
+            before(step)
         for run in runs:
             run.step(step)
     return {run.mode: (run.losses, run.times, run.params()) for run in runs}

@@ -22,11 +22,12 @@ from netreduce.comm import Communicator, CommunicatorError, PeerFailure, SwitchF
 from netreduce.meta import AllreduceMismatch, CallRejected
 from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
+from netreduce.routing import SwitchUnavailable
 from ring_setup.device import DeviceError
 from ring_setup.rendezvous import RendezvousError, RendezvousTimeout
 
 __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicator",
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",
            "PeerFailure", "RendezvousError", "RendezvousTimeout", "SwitchFailure",
-           "SwitchRegistrationError", "SwitchStatus", "Work",
+           "SwitchRegistrationError", "SwitchStatus", "SwitchUnavailable", "Work",
            "allreduce", "finalize", "get_communicator", "init", "log_to_stderr"]

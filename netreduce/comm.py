@@ -14,11 +14,25 @@ rendezvous store (`Rendezvous.watch`), and every wait of a call checks it, so a 
 died, went silent or aborted is reported within about a second as `PeerFailure` naming it
 and the call; a live but slow peer is waited for up to `FlowConfig.collective_timeout`.
 A rank whose call fails otherwise aborts through the store, so the others learn it too.
-A switch that stops aggregating the registered ring (restarted: rank 0's lease renewal
-hears NOT_FOUND; or a call's seal or metadata came back unaggregated) is `SwitchFailure`
-naming the switch. After any of these the communicator is unusable and says so; rank 0
-unregisters the ring at once. The communicator never re-registers: `netreduce.finalize()`
-and `netreduce.init()` build a new one (and register it with the restarted switch).
+After any of these the communicator is unusable and says so; rank 0 unregisters the ring.
+
+A switch that stops aggregating the registered ring (it restarted, or lost the ring: a
+lease renewal hears NOT_FOUND, a call's seal or metadata came back unaggregated) costs one
+call's time, never the job (docs/reliability.md has the argument): the rank that sees it
+publishes a switch-away notice of epoch e through the store; every rank settles epoch e
+once, under the call lock (`_settle`: inside its call, or on the progress thread when
+idle): it moves its "inc" QPs to ERROR, publishes its position, and all agree on the
+call k* to settle (`netreduce.away.settle_plan`). When some rank completed k* with a good
+seal, every rank sums its kept wire words of k* over the host ring and the ranks without
+a good seal write that sum (exactly what the switch would have given); the calls not
+completed run again over the host ring from their untouched inputs. No output is written
+twice, no partial sum is returned. Later calls run over the host ring ("auto"; algo=
+"switch" is `SwitchUnavailable`) until rank 0 sees the controller answer again (after a
+back-off, `netreduce.away.Rejoiner`) and flags a call's metadata: in that call every rank
+builds a fresh "inc" ring (new QPs and PSNs, so a new ring id) and rank 0 registers it;
+the next calls aggregate in the network again. Rank 0 logs each fallback and return;
+`stats()` counts them. `SwitchFailure` is left for what cannot be settled (a rank lacks
+the wire words the plan needs, or a good seal disagrees with the recovered sum).
 """
 from __future__ import annotations
 
@@ -26,6 +40,7 @@ import hashlib
 import hmac
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
@@ -34,17 +49,23 @@ import numpy as np
 from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
+from flowctl.stream import FlowError
 from netreduce.algorithms import Algorithm, CallContext
-from netreduce.meta import (CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
+from netreduce.algorithms.ring import RING
+from netreduce.algorithms.switch import SWITCH
+from netreduce.away import Backoff, Rejoiner, SwitchAway, settle_plan
+from netreduce.meta import (REJOIN, CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
                             check_agreement, check_dtype, check_op, control_bytes)
 from netreduce.progress import ProgressEngine, Work
-from netreduce.registration import (Controller, LeaseKeeper, SwitchStatus, fit_inc_ring,
-                                    register_inc_ring, switch_address, unregister)
-from netreduce.routing import FALLBACKS, CallStats, Route, candidates, route
+from netreduce.registration import (LEASE_RANKS, Controller, LeaseKeeper, SwitchStatus,
+                                    SwitchRegistrationError, fit_inc_ring, register_inc_ring,
+                                    switch_address, unregister)
+from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, SwitchUnavailable,
+                               candidates, route)
 from netreduce.tensors import as_ndarray, torch_store_in_use
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
-from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement as
+from ring_setup.endpoints import (HostEndpoint, QPEndpoint, RingEndpoint, check_agreement as
                                   check_endpoints, neighbours, ring_spec)
 from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, PortExchange, Rendezvous,
                                    RendezvousConfig, RendezvousError)
@@ -54,6 +75,8 @@ logger = logging.getLogger(__name__)
 
 RINGS = ("ring", "inc")
 _FAILED_LEAVE_TIMEOUT = 5.0
+NOTICE_GRACE = 3.0     # s a transfer error on "inc" waits for another rank's switch-away
+#                        notice (its QPs went to ERROR just after it published one)
 
 
 class CommunicatorError(RuntimeError):
@@ -70,8 +93,10 @@ class PeerFailure(CommunicatorError):
 
 
 class SwitchFailure(CommunicatorError):
-    """The switch stopped aggregating the registered ring during a call (restarted, or
-    lost the ring); the message names the switch. The communicator is unusable afterwards."""
+    """A loss of the switch that could not be settled (a rank lacks the wire words the
+    agreed plan needs, or a good seal disagrees with the sum recovered over the host
+    ring); the message names the switch. The communicator is unusable afterwards. A switch
+    that restarts or loses the ring is settled instead (see the module doc)."""
 
 
 class RingQPsLike(Protocol):
@@ -80,6 +105,8 @@ class RingQPsLike(Protocol):
     def local(self) -> RingEndpoint: ...
     def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None: ...
     def link(self, recv_sge: LocalBuffer, successor: int, predecessor: int) -> Link: ...
+    def to_error(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class Host(Protocol):
@@ -105,7 +132,8 @@ class Communicator:
                  endpoints: list[HostEndpoint], streams: dict[str, Stream],
                  control: RegisteredMemory, switch: SwitchStatus,
                  controller: Controller | None,
-                 inc_config: FlowConfig | None = None) -> None:
+                 inc_config: FlowConfig | None = None,
+                 rings: dict[str, RingQPsLike] | None = None) -> None:
         self._rendezvous = rendezvous
         self._host = host
         self.config = config                  # the "ring" ring's knobs: what the user asked
@@ -130,9 +158,19 @@ class Communicator:
         self.last_algo: str | None = None    # the algorithm the last allreduce ran
         self.last_fallback: str | None = None   # why that "auto" call did not take the switch
         self._stats = CallStats()
-        self._lease: LeaseKeeper | None = None
-        if controller is not None and switch.registered and switch.lease_ms > 0:
-            self._lease = LeaseKeeper(controller, switch, rendezvous.abort)
+        self._rings = dict(rings or {})       # this rank's QPs by ring (to silence "inc")
+        self._epoch = 0                       # switch-away epochs settled (all alike)
+        self._away: str | None = None         # why the switch is away (None: it is not)
+        self._away_at = (0, 0.0)              # the call settled and when, for the log
+        self._last_switch: _SwitchCall | None = None   # wire words that may be needed
+        self._inc_busy = False                # a transfer on "inc" is under way
+        self._generation = 0                  # "inc" rings built again
+        self._backoff = Backoff()
+        self._rejoiner: Rejoiner | None = None
+        self._closing = False
+        streams["inc"].liveness = self._inc_liveness
+        rendezvous.on_notice(self._noticed)
+        self._lease = self._keep_lease()
 
     @classmethod
     def create(cls, rank: int | None = None, world_size: int | None = None,
@@ -166,9 +204,8 @@ class Communicator:
         host: RdmaHost | None = None
         controller: Controller | None = None
         try:
-            if rdzv.rank == 0 and addr is not None:
-                from switch.api.client import ControllerClient  # grpc: only where it is used
-                controller = ControllerClient(addr, timeout=min(10.0, timeout / 2))
+            if rdzv.rank in LEASE_RANKS and addr is not None:
+                controller = _controller_client(addr, min(10.0, timeout / 2), rdzv.rank)
             host = RdmaHost(ip, device, config)
             comm = cls.connect(rendezvous, host, config, controller, pinned)
         except BaseException as exc:
@@ -194,9 +231,10 @@ class Communicator:
         pace); create the QPs (INIT), exchange
         endpoints through the rendezvous, connect (RTR, RTS), post receives, and wait until
         every rank is ready so that nobody sends to a QP that is not yet in RTR. Then rank
-        0 registers the "inc" ring with `controller` (if any; other ranks' is not used) and
-        every rank learns the outcome (`netreduce.registration.register_inc_ring`). The
-        communicator owns `controller` from then on."""
+        0 registers the "inc" ring with `controller` (if any; on ranks `LEASE_RANKS` other
+        than 0 it only renews the lease) and every rank learns the outcome
+        (`netreduce.registration.register_inc_ring`). The communicator owns `controller`
+        from then on."""
         rank = rendezvous.rank
         fit = fit_inc_ring(rendezvous, config, pinned, controller)
         config = replace(config, ack_timeout=fit.config.ack_timeout)
@@ -221,16 +259,16 @@ class Communicator:
         rendezvous.barrier("ready")
         switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, fit.config,
                                                               rendezvous.config.secret),
-                                   controller, fit.choice)
+                                   controller if rank == 0 else None, fit.choice)
         try:
             rendezvous.watch()
         except BaseException:
-            if controller is not None and switch.ring_id is not None:
+            if rank == 0 and controller is not None and switch.ring_id is not None:
                 unregister(controller, switch.ring_id)
             raise
         return cls(rendezvous=rendezvous, host=host, config=config, inc_config=fit.config,
                    endpoints=endpoints, streams=streams, control=control, switch=switch,
-                   controller=controller)
+                   controller=controller, rings=rings)
 
     @property
     def device(self) -> str:
@@ -300,31 +338,23 @@ class Communicator:
         return call.result
 
     def _execute(self, call: "_Call") -> None:
-        array, target, dtype = call.array, call.target, call.array.dtype
         seq = self._calls
         what = call.what(seq)
         try:
-            self._rendezvous.check_peers()
-            workspace = self._workspace.ensure(max(
-                a.workspace_bytes(array.size, dtype, self.world_size)
-                for a in call.candidates))
-            lo, hi, blocks = call.candidates[0].local_range(array)
-            mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
-                            op=call.op, algo=call.algo, workspace=workspace.remote(),
-                            lo=lo, hi=hi, blocks=blocks)
-            self._calls += 1
-            records = self._meta.exchange(mine)
-            check_agreement(records)
-            context = CallContext(
-                rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
-                dtype=dtype, op=call.ufunc, divisor=self.world_size if call.op == "avg" else 1,
-                ranges=tuple((m.lo, m.hi) for m in records),
-                workspace=workspace,
-                peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
-                streams=self._streams, blocks=tuple(m.blocks for m in records))
-            taken = route(call.algo, context, call.op, self.switch.registered)
-            self._count(taken, what)
-            taken.algorithm.run(context, array, target)
+            if self._rendezvous.notice_epoch > self._epoch:   # the switch went away meanwhile
+                self._settle(seq, None, self._notice_reason())
+            while True:
+                try:
+                    taken = self._attempt(call, seq)
+                    break
+                except (SwitchAway, SwitchNotAggregating) as exc:
+                    self._calls = seq
+                    if self._settle(seq, call, str(exc)):
+                        self._calls = seq + 1
+                        taken = Route(SWITCH)     # its wire words, summed over the ring
+                        break
+                    # not completed anywhere: run it again over the host ring (the input is
+                    # untouched, the output not written); algo="switch" is refused there
         except CallRejected:
             raise
         except PeerFailed as exc:
@@ -332,23 +362,281 @@ class Communicator:
                 f"netreduce: rank {self.rank}: {what} failed: {exc}; the communicator is "
                 f"unusable (netreduce.finalize(), then netreduce.init() a new one)",
                 exc.ranks)) from exc
-        except SwitchNotAggregating as exc:
-            error = self._break(SwitchFailure(
-                f"netreduce: rank {self.rank}: {what} failed: the switch at "
-                f"{self.switch.controller} stopped aggregating ring {self.switch.ring_id} "
-                f"(restarted?): {exc}; the communicator is unusable (netreduce.finalize(), "
-                f"then netreduce.init() registers a new ring)"))
-            self._rendezvous.abort(f"{what}: {error}")
-            raise error from exc
         except BaseException as exc:
             self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
             raise self._break(exc)
+        self._count(taken, what)
         self.last_algo, self.last_fallback = taken.algorithm.name, taken.fallback
+
+    def _attempt(self, call: "_Call", seq: int) -> Route:
+        """Call `seq` once: metadata exchange (through the switch while it aggregates, else
+        around the host ring), agreement, rejoining the switch when rank 0's record asks
+        for it, route, run. Raises `SwitchAway` / `SwitchNotAggregating` when the switch
+        stopped aggregating during it (the caller settles)."""
+        array, target, dtype = call.array, call.target, call.array.dtype
+        self._rendezvous.check_peers()
+        algorithms = candidates(call.algo, dtype, call.op, self.switch, self._away)
+        workspace = self._workspace.ensure(max(
+            a.workspace_bytes(array.size, dtype, self.world_size) for a in algorithms),
+            keep=self._last_switch is not None)
+        lo, hi, blocks = algorithms[0].local_range(array)
+        rejoin = self._rejoiner is not None and self._rejoiner.ready.is_set()
+        mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
+                        op=call.op, algo=call.algo, workspace=workspace.remote(),
+                        lo=lo, hi=hi, blocks=blocks, flags=REJOIN if rejoin else 0)
+        self._calls = seq + 1
+        through_switch = self.switch.registered and self._away is None
+        records = self._on_inc(through_switch, lambda: self._meta.exchange(mine, through_switch))
+        # every rank started this call, so every rank completed the previous one: its wire
+        # words will never be needed again
+        self._last_switch = None
+        self._workspace.release_retired()
+        check_agreement(records)
+        context = CallContext(
+            rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
+            dtype=dtype, op=call.ufunc, divisor=self.world_size if call.op == "avg" else 1,
+            ranges=tuple((m.lo, m.hi) for m in records),
+            workspace=workspace,
+            peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
+            streams=self._streams, blocks=tuple(m.blocks for m in records))
+        away = self._away is not None
+        if away and records[0].flags & REJOIN:
+            self._rejoin(seq)        # alike on every rank; this call still runs the ring
+        taken = route(call.algo, context, call.op, through_switch, away=away)
+        if taken.algorithm is SWITCH:
+            self._last_switch = _SwitchCall(context, call)
+            self._on_inc(True, lambda: taken.algorithm.run(context, array, target))
+        else:
+            taken.algorithm.run(context, array, target)
+        return taken
+
+    def _on_inc(self, uses_inc: bool, step: Callable[[], Any]) -> Any:
+        """Run `step`; when it moves data on "inc", a transport error there that comes with
+        (or within NOTICE_GRACE s before) another rank's switch-away notice is `SwitchAway`:
+        that rank moved its "inc" QPs to ERROR right after publishing it."""
+        if not uses_inc:
+            return step()
+        self._inc_busy = True
+        try:
+            return step()
+        except FlowError as exc:
+            if isinstance(exc, SwitchNotAggregating) or not self._notice_within(NOTICE_GRACE):
+                raise
+            raise SwitchAway(f"a transfer on 'inc' failed after the switch went away: "
+                             f"{exc}") from exc
+        finally:
+            self._inc_busy = False
+
+    def _notice_within(self, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while self._rendezvous.notice_epoch <= self._epoch:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _notice_reason(self) -> str:
+        """The reason of the first switch-away notice not settled yet."""
+        notices = self._rendezvous.notices
+        return notices.get(self._epoch + 1) or notices[max(notices)]
+
+    def _inc_liveness(self) -> None:
+        """The "inc" stream's liveness check: the peers' (PeerFailed), then whether some
+        rank published a switch-away notice this rank has not settled (SwitchAway)."""
+        self._rendezvous.check_peers()
+        epoch = self._rendezvous.notice_epoch
+        if epoch > self._epoch:
+            raise SwitchAway(self._rendezvous.notices[epoch])
+
+    def _noticed(self, epoch: int, reason: str) -> None:
+        """A switch-away notice arrived (watch thread): an idle rank settles it on the
+        progress thread (a rank in a call settles it there, at the latest at its next
+        call's start; the job then finds it settled)."""
+        if epoch <= self._epoch or self._closing or self._closed:
+            return
+        try:
+            self._engine.submit(self._settle_idle, f"switch-away epoch {epoch}")
+        except RuntimeError:        # closing: the engine takes no more jobs
+            pass
+
+    def _settle_idle(self) -> None:
+        with self._running:
+            if self._closed or self._broken is not None \
+                    or self._rendezvous.notice_epoch <= self._epoch:
+                return
+            what = f"settling the switch's loss (epoch {self._epoch + 1}) while idle"
+            try:
+                self._settle(self._calls, None, self._notice_reason())
+            except PeerFailed as exc:
+                self._break(PeerFailure(f"netreduce: rank {self.rank}: {what}: {exc}",
+                                        exc.ranks))
+            except BaseException as exc:    # noqa: BLE001 - the next call reports it
+                self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
+                self._break(exc)
+
+    def _settle(self, position: int, call: "_Call | None", reason: str) -> bool:
+        """Settle the next switch-away epoch (see the module doc), under the call lock,
+        with this rank's `position` (the call it could not complete through the switch, or
+        its next call when idle) and its call in flight (`call`, None when idle). Returns
+        True when `call` was completed from every rank's wire words (its output written)."""
+        epoch = self._epoch + 1
+        if self._rendezvous.notice_epoch < epoch:
+            self._rendezvous.notice(epoch, f"rank {self.rank}: {reason}")
+        reason = self._notice_reason()
+        self._stop_lease()
+        inc = self._rings.get("inc")
+        if inc is not None:
+            inc.to_error()      # no late WRITE through the lost switch lands in our memory
+        last = self._last_switch
+        # what the switch gave this rank with a good seal, before any rank's recovery ring
+        # can write into this workspace (its staging overlaps the receive area)
+        good = last is not None and position > last.context.seq
+        expected = SWITCH.areas(last.context)[1][:last.context.count].copy() if good else None
+        positions = [p["position"] for p in self._rendezvous.gather(
+            f"away.{epoch}", {"position": position}, self.config.collective_timeout,
+            waiting_for=f"settled the switch's loss (epoch {epoch})")]
+        plan = settle_plan(positions)
+        recovered = False
+        if plan.recover:
+            if last is None or last.context.seq != plan.call:
+                raise SwitchFailure(
+                    f"netreduce: rank {self.rank}: the switch at {self.switch.controller} was "
+                    f"lost ({reason}); call #{plan.call} must be finished from every rank's "
+                    f"wire words, but this rank holds "
+                    f"{'none' if last is None else f'those of call #{last.context.seq}'}")
+            summed = self._sum_wire(last.context, expected)
+            if position == plan.call:
+                assert call is last.call, "the call in flight is the one recovered"
+                SWITCH.deliver(last.context, summed, call.target)
+                recovered = True
+        self._last_switch = None
+        self._workspace.release_retired()
+        lost_ring = self.switch.ring_id
+        self._epoch, self._away = epoch, reason
+        self._away_at = (plan.call, time.monotonic())
+        self._stats.switch_event("fallbacks")
+        counts = self._stats.switch_event("recovered", int(plan.recover))
+        if self.rank == 0 and self._controller is not None:
+            delay = self._backoff.lost()
+            self._rejoiner = Rejoiner(self._controller, delay, lost_ring)
+            when = f"rank 0 asks the controller again in {delay:g} s"
+        else:
+            when = "no controller to ask again"
+        if self.rank == 0:
+            logger.warning("netreduce: the switch at %s stopped aggregating ring %s (%s): "
+                           "fallback %d at call #%d: %s; calls run over the host ring, %s "
+                           "(switch counts: %s)", self.switch.controller, lost_ring, reason,
+                           counts["fallbacks"], plan.call, plan.describe(), when,
+                           _counts(counts))
+        return recovered
+
+    def _sum_wire(self, switch_call: CallContext, expected: np.ndarray | None) -> np.ndarray:
+        """The wrapping int32 sum of every rank's wire words of `switch_call` (kept in its
+        workspace), over the host ring; a rank whose seal was good checks that the switch
+        gave it exactly that (`expected`; SwitchFailure otherwise)."""
+        wire, _ = SWITCH.areas(switch_call)
+        summed = np.empty(switch_call.count, dtype=wire.dtype)
+        RING.run(replace(switch_call, dtype=wire.dtype, op=np.add, divisor=1,
+                         streams=self._streams), wire[:switch_call.count], summed)
+        if expected is not None and not np.array_equal(expected, summed):
+            bad = int(np.flatnonzero(expected != summed)[0])
+            raise SwitchFailure(
+                f"netreduce: rank {self.rank}: allreduce call #{switch_call.seq}: the sum the "
+                f"switch at {self.switch.controller} returned with a good seal differs from "
+                f"every rank's wire words summed over the host ring (first at element {bad}: "
+                f"{expected[bad]} vs {summed[bad]}): the result returned was wrong")
+        return summed
+
+    def _rejoin(self, seq: int) -> None:
+        """Collective, inside call `seq` (rank 0's record asked for it, so alike on every
+        rank): build a fresh "inc" ring (new QPs and PSNs: the old ones are in ERROR and the
+        new switch knows none of them), connect it through the store, and let rank 0
+        register it. Registered: calls from `seq` + 1 on may take the switch again; else
+        rank 0 backs off and asks again later."""
+        gen = self._generation + 1
+        timeout = self.config.collective_timeout
+        old = self._rings.get("inc")
+        if old is not None:
+            try:
+                old.close()
+            except Exception as exc:    # noqa: BLE001 - in ERROR, unused: leaking it is safe
+                logger.warning("netreduce: rank %d: the old 'inc' QPs could not be destroyed "
+                               "(they stay in ERROR until the device closes): %s",
+                               self.rank, exc)
+        qps = self._host.create_ring("inc", self.inc_config)
+        theirs = self._rendezvous.gather(f"inc.{gen}", _ring_endpoint_dict(qps.local()),
+                                         timeout, waiting_for=f"rebuilt 'inc' ({gen})")
+        endpoints = [replace(ep, rings={**ep.rings, "inc": _ring_endpoint(d)})
+                     for ep, d in zip(self._endpoints, theirs)]
+        predecessor, successor = neighbours(endpoints, self.rank)
+        qps.connect(predecessor, successor)
+        link = qps.link(self._control.local(), successor.rank, predecessor.rank)
+        self._streams["inc"] = Stream(link, self.inc_config, f"rank {self.rank}, ring 'inc'",
+                                      liveness=self._inc_liveness)
+        self._rings["inc"], self._endpoints, self._generation = qps, endpoints, gen
+        self._rendezvous.gather(f"inc-ready.{gen}", True, timeout,
+                                waiting_for=f"connected 'inc' ({gen})")
+        if self._rejoiner is not None:
+            self._rejoiner.stop()
+            self._rejoiner = None
+        spec = _inc_ring_spec(endpoints, self.inc_config, self._rendezvous.config.secret)
+        try:
+            status = register_inc_ring(self._rendezvous, spec,
+                                       self._controller if self.rank == 0 else None,
+                                       self.switch.choice, key=f"switch.{gen}")
+        except SwitchRegistrationError as exc:
+            status = replace(self.switch, ring_id=None, note=str(exc))
+        if not status.registered:
+            if self.rank == 0 and self._controller is not None:
+                delay = self._backoff.failed()
+                self._rejoiner = Rejoiner(self._controller, delay, None)
+                logger.warning("netreduce: the switch at %s did not register ring %s again "
+                               "at call #%d: %s; calls keep running over the host ring, rank "
+                               "0 asks again in %g s", self.switch.controller, spec.ring_id,
+                               seq, status.note, delay)
+            return
+        away_call, since = self._away_at
+        self.switch, self._away = status, None
+        self._backoff.returned()
+        counts = self._stats.switch_event("returns")
+        self._lease = self._keep_lease()
+        if self.rank == 0:
+            logger.warning("netreduce: back on the switch at %s: ring %s registered at call "
+                           "#%d, %.1f s and %d call(s) after it went away; calls from #%d on "
+                           "aggregate in the network again (switch counts: %s)",
+                           status.controller, status.ring_id, seq, time.monotonic() - since,
+                           seq - away_call, seq + 1, _counts(counts))
+
+    def _keep_lease(self) -> LeaseKeeper | None:
+        """A lease keeper for the registered ring on this rank (ranks LEASE_RANKS with a
+        controller client), reporting a loss as a switch-away notice of the next epoch."""
+        if self._controller is None or not self.switch.registered or self.switch.lease_ms <= 0:
+            return None
+        epoch = self._epoch + 1
+        return LeaseKeeper(self._controller, self.switch,
+                           lambda why: self._lease_lost(epoch, why),
+                           judge_silence=self.rank == 0)
+
+    def _lease_lost(self, epoch: int, why: str) -> None:
+        """The keeper thread heard the switch lose the ring: tell every rank (they settle)."""
+        if epoch <= self._epoch or self._closing:
+            return
+        try:
+            self._rendezvous.notice(epoch, f"rank {self.rank}: {why}")
+        except RendezvousError as exc:
+            logger.warning("netreduce: rank %d: %s, and the store could not be told: %s",
+                           self.rank, why, exc)
+
+    def _stop_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.stop()
+            self._lease = None
 
     def _count(self, taken: Route, what: str) -> None:
         """Count the call's route; rank 0 warns the first time "auto" falls back to the
-        ring for a reason (every rank takes the same route: one line per job suffices)."""
-        if self._stats.count(taken) and self.rank == 0:
+        ring for a reason (every rank takes the same route: one line per job suffices;
+        the switch's departures are logged when they happen)."""
+        if self._stats.count(taken) and self.rank == 0 and taken.fallback != AWAY:
             logger.warning("netreduce: %s runs over the host ring although the switch is "
                            "registered: %s (logged once per reason; comm.stats() counts "
                            "them)", what, FALLBACKS[taken.fallback])
@@ -356,8 +644,11 @@ class Communicator:
     def stats(self) -> dict[str, dict[str, int]]:
         """The routes of this communicator's calls so far, the same on every rank:
         {"calls": {"switch" | "ring": calls routed there}, "fallbacks": {reason: "auto" calls
-        that ran over the ring although a switch is registered}}; the reasons are the keys
-        of `netreduce.routing.FALLBACKS` ("dtype", "op", "non-finite")."""
+        that ran over the ring although a switch is registered}, "switch": {"fallbacks":
+        times the switch went away, "returns": times the ring was registered again,
+        "recovered": calls finished from every rank's wire words over the ring}}; the
+        reasons are the keys of `netreduce.routing.FALLBACKS` ("dtype", "op",
+        "non-finite", "switch-away")."""
         return self._stats.snapshot()
 
     def _break(self, exc: BaseException) -> BaseException:
@@ -368,12 +659,14 @@ class Communicator:
         return exc
 
     def _release_ring(self) -> None:
-        """Stop renewing the lease and unregister the "inc" ring (rank 0; once)."""
-        if self._lease is not None:
-            self._lease.stop()
-            self._lease = None
-        if self._controller is not None and self.switch.ring_id is not None \
-                and not self._unregistered:
+        """Stop renewing the lease and asking the switch back, and unregister the "inc"
+        ring (rank 0; once; not while the switch is away: it lost the ring)."""
+        self._stop_lease()
+        if self._rejoiner is not None:
+            self._rejoiner.stop()
+            self._rejoiner = None
+        if self.rank == 0 and self._controller is not None and self.switch.ring_id is not None \
+                and self._away is None and not self._unregistered:
             self._unregistered = True
             unregister(self._controller, self.switch.ring_id)
 
@@ -391,17 +684,41 @@ class Communicator:
         context."""
         if self._closed:
             return
+        self._closing = True
         self._finish_async_calls(timeout)
+        t0 = time.monotonic()
+        self._quiesce(timeout)
         self._closed = True
+        timeout = max(1.0, timeout - (time.monotonic() - t0))   # one wait for the others
         if self._broken is not None:       # the others know: no long wait for a dead peer
             timeout = min(timeout, _FAILED_LEAVE_TIMEOUT)
         self._rendezvous.close(timeout)
+        self._release_ring()
         if self._controller is not None:
-            self._release_ring()
             self._controller.close()
         self._workspace.close()
         self._control.close()
         self._host.close()
+
+    def _quiesce(self, timeout: float) -> None:
+        """Before leaving a ring registered with a switch: wait (up to `timeout` s) until
+        every rank is closing too, settling a switch-away notice that arrives meanwhile --
+        a rank without a good seal for the last call needs this rank's wire words of it.
+        Alike on every rank (`switch.registered` is)."""
+        if self._broken is not None or not self.switch.registered:
+            return
+        with self._running:
+            try:
+                while self._rendezvous.gather(
+                        "closing", self._calls, timeout, waiting_for="closed",
+                        until=lambda: self._rendezvous.notice_epoch > self._epoch) is None:
+                    self._settle(self._calls, None, self._notice_reason())
+            except RendezvousError as exc:      # PeerFailed included: leave as before
+                logger.info("netreduce: rank %d: closing without every rank: %s",
+                            self.rank, exc)
+            except BaseException as exc:    # noqa: BLE001 - closing: tell the others, go on
+                self._rendezvous.abort(f"closing: {type(exc).__name__}: {exc}")
+                self._break(exc)
 
     def _finish_async_calls(self, timeout: float) -> None:
         """Wait up to `timeout` s for the asynchronous calls issued, then cancel the rest:
@@ -452,6 +769,42 @@ class _Call:
         number = "" if seq is None else f" #{seq}"
         return (f"allreduce call{number} ({self.array.dtype}[{self.array.size}] "
                 f"op={self.op} algo={self.algo})")
+
+
+@dataclass(frozen=True)
+class _SwitchCall:
+    """The last call routed through the switch: its context (workspace, successor's
+    workspace, wire words) and the call itself, kept until every rank started the next
+    call, in case the switch is lost and its wire words must be summed over the ring."""
+
+    context: CallContext
+    call: _Call
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def _ring_endpoint_dict(ring: RingEndpoint) -> dict[str, Any]:
+    return {"send": vars(ring.send), "recv": vars(ring.recv)}
+
+
+def _ring_endpoint(d: dict[str, Any]) -> RingEndpoint:
+    return RingEndpoint(QPEndpoint(**d["send"]), QPEndpoint(**d["recv"]))
+
+
+def _controller_client(addr: str, timeout: float, rank: int) -> Controller | None:
+    """The switch controller's client for rank 0 (fits, registers, renews) or another of
+    `LEASE_RANKS` (renews only: None when it cannot make one, e.g. no token here)."""
+    from switch.api.client import ControllerClient  # grpc: only where it is used
+    if rank == 0:
+        return ControllerClient(addr, timeout=timeout)
+    try:
+        return ControllerClient(addr, timeout=timeout)
+    except Exception as exc:        # noqa: BLE001 - rank 0 renews alone then
+        logger.info("netreduce: rank %d does not renew the switch lease (rank 0 does): %s",
+                    rank, exc)
+        return None
 
 
 def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig,

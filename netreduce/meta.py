@@ -40,10 +40,12 @@ from ring_setup.rendezvous import ranks_phrase
 OPS: dict[str, np.ufunc] = {"sum": np.add, "avg": np.add, "max": np.maximum,
                             "min": np.minimum}
 
-_MAGIC = b"NRM3"
-_RECORD = struct.Struct("<4sIQQ8s8s8sQQIddH")   # then the `blocks` bytes
+_MAGIC = b"NRM4"
+_RECORD = struct.Struct("<4sIQQ8s8s8sQQIddHB")   # then the `blocks` bytes
 MAX_BLOCK_BYTES = 128     # per-block facts a record carries (the switch: one exponent a block)
-RECORD_STRIDE = 256       # fixed (see the module doc): _RECORD.size (86) + MAX_BLOCK_BYTES fit
+RECORD_STRIDE = 256       # fixed (see the module doc): _RECORD.size (87) + MAX_BLOCK_BYTES fit
+REJOIN = 1                # CallMeta.flags, rank 0's: the switch answers again, rejoin it in
+#                           this call (netreduce/comm.py, docs/reliability.md)
 
 
 class CallRejected(Exception):
@@ -98,6 +100,7 @@ class CallMeta:
     hi: float = 0.0       # need them (Algorithm.local_range; exact for int32 and float32)
     blocks: bytes = b""   # per-block facts of this rank's data (Algorithm.local_range; the
     #                       switch: one exponent per block), MAX_BLOCK_BYTES at most
+    flags: int = 0        # REJOIN (rank 0's record only)
 
     def pack(self) -> bytes:
         """The record: at most RECORD_STRIDE bytes; ValueError for too many `blocks`."""
@@ -107,19 +110,20 @@ class CallMeta:
         return _RECORD.pack(_MAGIC, self.rank, self.seq, self.count, self.dtype.encode(),
                             self.op.encode(), self.algo.encode(), self.workspace.addr,
                             self.workspace.nbytes, self.workspace.rkey, self.lo, self.hi,
-                            len(self.blocks)) + self.blocks
+                            len(self.blocks), self.flags) + self.blocks
 
     @classmethod
     def unpack(cls, raw: bytes) -> "CallMeta":
         (magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey, lo, hi,
-         size) = _RECORD.unpack(raw[:_RECORD.size])
+         size, flags) = _RECORD.unpack(raw[:_RECORD.size])
         if magic != _MAGIC:
             raise ValueError(f"not a call record (magic {magic!r})")
         if size > MAX_BLOCK_BYTES:
             raise ValueError(f"a call record with {size} block bytes (at most {MAX_BLOCK_BYTES})")
         text = [s.rstrip(b"\0").decode() for s in (dtype, op, algo)]
         blocks = bytes(raw[_RECORD.size:_RECORD.size + size])
-        return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes), lo, hi, blocks)
+        return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes), lo, hi, blocks,
+                   flags)
 
     def describe(self) -> str:
         return f"{self.dtype}[{self.count}] op={self.op} algo={self.algo}"
@@ -137,17 +141,19 @@ class ControlRegion(Protocol):
 
 class MetaExchange:
     """All-gathers one `CallMeta` per rank (see the module doc): through the switch on the
-    "inc" stream when `through_switch` (the "inc" ring is registered), else around the host
-    ring on the "ring" stream."""
+    "inc" stream when the call says so (`through_switch`: the "inc" ring is registered and
+    the switch is not away, alike on every rank), else around the host ring on the "ring"
+    stream. `streams` is read at each call (the "inc" stream is replaced when the ring is
+    registered again)."""
 
     def __init__(self, streams: Mapping[str, Stream], control: ControlRegion,
                  successor_control: RemoteBuffer, rank: int, world_size: int,
                  through_switch: bool) -> None:
-        self.stream = streams["inc" if through_switch else "ring"]
+        self.streams = streams
         self.control = control
         self.successor_control = successor_control
         self.rank, self.world_size = rank, world_size
-        self.through_switch = through_switch
+        self.through_switch = through_switch      # the default of `exchange`
 
     def _slot(self, seq: int, rank: int) -> int:
         """Where `rank`'s record of call `seq` is in a control region (bank: seq parity)."""
@@ -158,35 +164,39 @@ class MetaExchange:
         """The bank-sized area the switch exchange sends from, after the two banks."""
         return 2 * self.world_size * RECORD_STRIDE
 
-    def exchange(self, mine: CallMeta) -> list[CallMeta]:
+    def exchange(self, mine: CallMeta, through_switch: bool | None = None) -> list[CallMeta]:
         """Every rank's record of this call, by rank."""
         n, r, seq = self.world_size, self.rank, mine.seq
+        if through_switch is None:
+            through_switch = self.through_switch
         view = self.control.view()
         local = self.control.local()
         record = np.frombuffer(mine.pack(), dtype=np.uint8)
-        if self.through_switch:
+        if through_switch:
+            stream = self.streams["inc"]
             bank, send, size = self._slot(seq, 0), self._send_area, n * RECORD_STRIDE
             view[send:send + size] = 0
             view[send + r * RECORD_STRIDE:send + r * RECORD_STRIDE + record.size] = record
-            self.stream.transfer(Outgoing(local.slice(send, size),
-                                          self.successor_control.slice(bank, size)),
-                                 recv_nbytes=size)
+            stream.transfer(Outgoing(local.slice(send, size),
+                                     self.successor_control.slice(bank, size)),
+                            recv_nbytes=size)
         else:
+            stream = self.streams["ring"]
             at = self._slot(seq, r)
             view[at:at + RECORD_STRIDE] = 0
             view[at:at + record.size] = record
             for j in range(n - 1):
                 at = self._slot(seq, (r - j) % n)
-                self.stream.transfer(Outgoing(local.slice(at, RECORD_STRIDE),
-                                              self.successor_control.slice(at, RECORD_STRIDE)),
-                                     recv_nbytes=RECORD_STRIDE)
+                stream.transfer(Outgoing(local.slice(at, RECORD_STRIDE),
+                                         self.successor_control.slice(at, RECORD_STRIDE)),
+                                recv_nbytes=RECORD_STRIDE)
         records = []
         for q in range(n):
             at = self._slot(seq, q)
             try:
                 record = CallMeta.unpack(view[at:at + RECORD_STRIDE].tobytes())
             except ValueError as exc:
-                if self.through_switch:
+                if through_switch:
                     raise SwitchNotAggregating(
                         f"allreduce: rank {r}: call #{seq}: the metadata bank that came back "
                         f"through the switch lacks the record of rank {q} ({exc})") from exc

@@ -18,11 +18,15 @@ Invariants:
 - A registered ring is unregistered by rank 0 once every rank has left (`unregister`), and
   also when the outcome could not be shared.
 - A registration is a lease (switch/api/control.proto): when the controller grants one
-  (`lease_ms` in its reply), rank 0's `LeaseKeeper` renews it every third of the lease on a
-  daemon thread while the communicator lives. A renewal the switch answers NOT_FOUND (it
-  restarted, or the lease lapsed) or that fails for a whole lease means the switch no
-  longer aggregates the ring: the keeper calls `on_lost` with a message naming the switch
-  (the communicator aborts with it). A controller that grants no lease is never renewed.
+  (`lease_ms` in its reply), a `LeaseKeeper` on each of the ranks `LEASE_RANKS` (0 and 1:
+  a rank whose Python thread cannot run for longer than the lease -- a GIL-holding
+  import or checkpoint -- does not lose the ring while the other renews; rank 1 renews
+  only when it can reach the controller with the job's token) renews it every third of
+  the lease on a daemon thread while the ring is registered. A renewal the switch answers
+  NOT_FOUND (it restarted, or the lease lapsed) or that fails for a whole lease means the
+  switch no longer aggregates the ring: the keeper calls `on_lost` with a message naming
+  the switch (the communicator falls back to the host ring and registers the ring again
+  later: netreduce/comm.py). A controller that grants no lease is never renewed.
 - The address comes from rank 0's `switch` argument: None -> $NR_CONTROLLER (unset or
   empty: no switch), "" -> no switch. A single rank registers nothing (the switch needs 2+).
 """
@@ -42,6 +46,7 @@ from switch.contract import RXE_MAX_INFLIGHT, RingSpec
 logger = logging.getLogger(__name__)
 
 SWITCH_ENV = "NR_CONTROLLER"
+LEASE_RANKS = (0, 1)      # the ranks that renew the lease (see the module doc)
 FITTED_KNOBS = ("mtu", "msg_size", "window", "ack_timeout")
 
 
@@ -206,17 +211,18 @@ def _fit(config: FlowConfig, pinned: frozenset[str], world_size: int,
 
 
 def register_inc_ring(rendezvous: Rendezvous, spec: RingSpec,
-                      controller: Controller | None, choice: str = "") -> SwitchStatus:
+                      controller: Controller | None, choice: str = "",
+                      key: str = "switch") -> SwitchStatus:
     """Collective: rank 0 registers `spec` with `controller` (others pass anything, it is
-    not used) and every rank learns the outcome (see the module doc); `choice` (what
-    fitting chose) goes into the status of a registered ring."""
+    not used) and every rank learns the outcome through the store key `key` (see the
+    module doc); `choice` (what fitting chose) goes into the status of a registered ring."""
     outcome: dict[str, Any] | None = None
     if rendezvous.rank == 0:
         outcome = _register(spec, controller)
         if "ring_id" in outcome:
             outcome["choice"] = choice
     try:
-        shared = rendezvous.all_gather("switch", outcome,
+        shared = rendezvous.all_gather(key, outcome,
                                        waiting_for="learned whether the switch is used")[0]
     except BaseException:
         if outcome is not None and "ring_id" in outcome:
@@ -243,14 +249,15 @@ def _register(spec: RingSpec, controller: Controller | None) -> dict[str, Any]:
             "lease_ms": int(reply.get("lease_ms") or 0)}
 
 
-def unregister(controller: Controller | None, ring_id: str) -> None:
-    """Best effort (runs on close and at exit): a failure is logged as a warning."""
+def unregister(controller: Controller | None, ring_id: str, quiet: bool = False) -> None:
+    """Best effort (runs on close and at exit): a failure is logged as a warning (`quiet`:
+    at debug level, for a ring the switch has most likely forgotten already)."""
     if controller is None:
         return
     try:
         controller.unregister_ring(ring_id)
     except Exception as exc:        # noqa: BLE001 - nothing to raise to at close
-        logger.warning("netreduce: warning: could not unregister ring %s from the switch "
+        (logger.debug if quiet else logger.warning)("netreduce: warning: could not unregister ring %s from the switch "
                        "controller at %s: %s", ring_id, controller.addr, exc)
 
 
@@ -262,12 +269,16 @@ def _switch_lost_ring(exc: Exception) -> bool:
 
 class LeaseKeeper:
     """Renews ring `status.ring_id`'s lease every third of `status.lease_ms` (see the module
-    doc) until `stop()`; reports the switch's loss of the ring once through `on_lost`."""
+    doc) until `stop()`; reports the switch's loss of the ring once through `on_lost`: a
+    NOT_FOUND, or (`judge_silence`: the registering rank's keeper) no successful renewal
+    for a whole lease. A backup keeper (`judge_silence=False`) only renews: its own
+    failures, e.g. a token the controller refuses, are not the ring's loss."""
 
     def __init__(self, controller: Controller, status: SwitchStatus,
-                 on_lost: Callable[[str], None]) -> None:
+                 on_lost: Callable[[str], None], judge_silence: bool = True) -> None:
         assert status.ring_id is not None and status.lease_ms > 0
         self._controller, self._status, self._on_lost = controller, status, on_lost
+        self._judge_silence = judge_silence
         self._stop = threading.Event()
         self.renewals = 0
         self._thread = threading.Thread(target=self._run, name="nr-lease", daemon=True)
@@ -281,7 +292,8 @@ class LeaseKeeper:
             try:
                 granted = self._controller.renew_lease(ring).get("lease_ms") or 0
             except Exception as exc:        # noqa: BLE001 - every failure is judged below
-                if _switch_lost_ring(exc) or time.monotonic() - renewed > lease:
+                if _switch_lost_ring(exc) or (self._judge_silence
+                                              and time.monotonic() - renewed > lease):
                     self._on_lost(f"the switch at {self._status.controller} no longer "
                                   f"aggregates ring {ring} (restarted, or its lease lapsed): "
                                   f"RenewLease: {exc}")

@@ -18,10 +18,13 @@ route and the message sequences on the QPs never diverge (netreduce/algorithms/s
   An int32 call whose sum may overflow is refused under "auto" too (`AllreduceOverflow`):
   the ring would wrap silently.
 
-`CallStats` counts the routes taken (identical on every rank, since the routes are).
-Issue #24's "fall back while the switch is away, return later" plugs in here: its agreed
-switch state becomes the `switch` argument of `route` (with a reason of its own) and its
-fallbacks and returns are counted by the same `CallStats`.
+While the switch is away (it restarted or lost the ring: netreduce/comm.py agrees on it
+on every rank, docs/reliability.md) `away` is True alike on every rank: "auto" runs the
+ring with the reason `AWAY`, algo="switch" is refused before any exchange
+(`SwitchUnavailable`, a `CallRejected`: the communicator stays usable).
+
+`CallStats` counts the routes taken (identical on every rank, since the routes are), and
+the switch's departures and returns (`switch_event`).
 """
 from __future__ import annotations
 
@@ -33,17 +36,29 @@ import numpy as np
 from netreduce.algorithms import Algorithm, CallContext, resolve
 from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import DTYPES, SWITCH, NotQuantizable
+from netreduce.meta import CallRejected
 from netreduce.registration import SwitchStatus
 
 AUTO = "auto"
 DTYPE = "dtype"            # the switch does not add this dtype
 OP = "op"                  # the switch does not reduce with this op
 NON_FINITE = "non-finite"  # NaN or infinity in some rank's data: quantization cannot carry it
+AWAY = "switch-away"       # the switch restarted or lost the ring, and is not back yet
 FALLBACKS = {
     DTYPE: "the switch does not add this dtype",
     OP: "the switch reduces only op='sum' and op='avg'",
     NON_FINITE: "the data holds NaN or infinity, which the switch's quantization cannot carry",
+    AWAY: "the switch restarted or lost the ring; calls run over the host ring until it is "
+          "registered again",
 }
+# CallStats.switch_event kinds
+EVENTS = ("fallbacks", "returns", "recovered")
+
+
+class SwitchUnavailable(CallRejected, RuntimeError):
+    """algo="switch" while the switch is away (restarted or lost the ring; the communicator
+    re-registers the ring when it answers again): refused alike on every rank, nothing
+    moved, the communicator stays usable. algo="auto" runs such calls over the host ring."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +70,21 @@ class Route:
     fallback: str | None = None
 
 
-def candidates(algo: str, dtype: np.dtype, op: str,
-               switch: SwitchStatus) -> tuple[Algorithm, ...]:
+def candidates(algo: str, dtype: np.dtype, op: str, switch: SwitchStatus,
+               away: str | None = None) -> tuple[Algorithm, ...]:
     """The algorithms a call of `dtype` and `op` with `algo` may run, preferred first;
     TypeError / ValueError (before any exchange) for an unknown name or an explicit
-    algorithm that cannot take the call."""
+    algorithm that cannot take the call; `SwitchUnavailable` for algo="switch" while the
+    switch is away (`away`: why, None while it aggregates)."""
+    on = switch.registered and away is None
     if algo == AUTO:
-        return (SWITCH, RING) if switch.registered and SWITCH.supports(dtype, op) else (RING,)
+        return (SWITCH, RING) if on and SWITCH.supports(dtype, op) else (RING,)
     algorithm = resolve(algo)
+    if algorithm is SWITCH and switch.registered and away is not None:
+        raise SwitchUnavailable(
+            f"allreduce: algo='switch': the switch at {switch.controller} is away ({away}); "
+            f"calls run over the host ring until the ring is registered with it again "
+            f"(algo='auto' does that on its own; comm.stats() counts it); nothing moved")
     if algorithm is SWITCH and not switch.registered:
         raise ValueError(f"allreduce: algo='switch' needs the communicator's 'inc' ring "
                          f"registered with a switch, and it is not: {switch.note}")
@@ -70,15 +92,18 @@ def candidates(algo: str, dtype: np.dtype, op: str,
     return (algorithm,)
 
 
-def route(algo: str, call: CallContext, op: str, switch: bool) -> Route:
+def route(algo: str, call: CallContext, op: str, switch: bool, away: bool = False) -> Route:
     """The route of an agreed call (see the module doc): `algo` as every rank asked it,
     `call` with every rank's range, `op` the op's name, `switch` whether the switch takes
-    calls (alike on every rank). Raises the switch's `CallRejected` for algo="switch" (and
-    for an int32 overflow under "auto"), alike on every rank."""
+    calls, `away` whether a registered switch is away (both alike on every rank). Raises
+    the switch's `CallRejected` for algo="switch" (and for an int32 overflow under
+    "auto"), alike on every rank."""
     if algo != AUTO:
         algorithm = resolve(algo)
         algorithm.check(call)
         return Route(algorithm)
+    if away:
+        return Route(RING, AWAY)
     if not switch:
         return Route(RING)
     if not SWITCH.supports(call.dtype, op):
@@ -99,6 +124,15 @@ class CallStats:
         self._lock = threading.Lock()
         self._ran: dict[str, int] = {}
         self._fallbacks: dict[str, int] = {}
+        self._switch: dict[str, int] = dict.fromkeys(EVENTS, 0)
+
+    def switch_event(self, kind: str, count: int = 1) -> dict[str, int]:
+        """Count `count` events of `kind` (`EVENTS`: the switch went away; it came back; a
+        call finished from every rank's wire words over the host ring after it went
+        away); returns the switch counts after it."""
+        with self._lock:
+            self._switch[kind] += count
+            return dict(self._switch)
 
     def count(self, taken: Route) -> bool:
         """Count one routed call; True when it is the first fallback for its reason (the
@@ -114,6 +148,7 @@ class CallStats:
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """{"calls": {algorithm: calls routed to it}, "fallbacks": {reason: "auto" calls
-        routed to the ring although a switch is registered}}."""
+        routed to the ring although a switch is registered}, "switch": {event: count}}."""
         with self._lock:
-            return {"calls": dict(self._ran), "fallbacks": dict(self._fallbacks)}
+            return {"calls": dict(self._ran), "fallbacks": dict(self._fallbacks),
+                    "switch": dict(self._switch)}

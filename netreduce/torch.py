@@ -20,6 +20,12 @@ warns (`NonFiniteGradientWarning`, every time, naming the bucket and the rank): 
 averaged gradients hold NaN/Inf exactly where DDP over gloo would put them, and AMP's
 GradScaler or the user's own check sees them and skips the step.
 
+A switch that restarts or loses the ring (docs/reliability.md, "Switch restarts") costs the
+step its time, never the step: the communicator finishes the call in flight over the host
+ring and runs later buckets there until the ring is registered again; under
+HookState(algo="switch") a bucket refused meanwhile (`SwitchUnavailable`, alike on every
+rank) is reduced over the ring too.
+
 One rendezvous: torch owns MASTER_PORT when a process group is initialised (its TCPStore
 serves there on rank 0) or when torchrun started the process (its agent's store serves
 there). netreduce's own store (liveness, aborts: ring_setup.rendezvous) then serves on a
@@ -40,7 +46,7 @@ from netreduce.algorithms.switch import NotQuantizable
 from netreduce.api import get_communicator
 from netreduce.comm import Communicator
 from netreduce.progress import Work
-from netreduce.routing import NON_FINITE
+from netreduce.routing import NON_FINITE, SwitchUnavailable
 from netreduce.torch_store import store_port_exchange
 from ring_setup.rendezvous import RendezvousConfig
 
@@ -77,6 +83,9 @@ def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch
     except NotQuantizable:            # algo="switch" refuses what "auto" would route
         comm.allreduce(buffer, op="avg", algo="ring")
         non_finite = True
+    except SwitchUnavailable:         # the switch is away (restarting): the ring meanwhile
+        comm.allreduce(buffer, op="avg", algo="ring")
+        non_finite = False
     if non_finite:
         warnings.warn(f"netreduce: rank {comm.rank}: DDP gradient bucket {bucket.index()} "
                       f"({buffer.numel()} x {buffer.dtype}) holds NaN or Inf, which the "

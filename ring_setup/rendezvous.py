@@ -16,6 +16,13 @@ Every rank's watch then learns it within a round trip (`Rendezvous.check_peers()
 `PeerFailed` naming the ranks); a watch that loses the store itself reports rank 0, whose
 process serves it. A failure is final: the store keeps it until it stops.
 
+Notices (not failures): any rank may publish a notice of epoch e (`Rendezvous.notice`: the
+switch stopped aggregating, netreduce/comm.py). The store keeps the first reason per
+epoch; every watch is answered at once when an epoch above the one it last saw exists,
+so every rank learns the highest epoch within a round trip (`notice_epoch`, `notices`,
+and `on_notice` callbacks on the watch thread). A notice breaks nothing: what it asks
+for is agreed with keys of its own (`gather`).
+
 Who may talk to the store: only the job's ranks. Every rank holds the job's secret
 (NR_JOB_SECRET, which `netreduce launch` sets to a fresh random value per run; under torch,
 rank 0 passes one through torch's store with the store's port). A connection proves it
@@ -31,10 +38,14 @@ Wire protocol: one JSON object per line each way, one request at a time per conn
   hello {rank, world_size, nonce, mac} -> ok + mac | error, then closed (bad secret, rank
                                         out of range, world size disagreement)
   set   {key, value, exclusive}      -> ok | error (exclusive key already set, not ours)
-  get   {keys, timeout}              -> ok + values | missing keys | aborted ranks
+  get   {keys, timeout, poll}        -> ok + values | missing keys | aborted ranks (poll:
+                                        the rank will ask again, it did not give up)
   abort {rank, reason}               -> ok   (every pending and later get fails with it)
-  watch {rank, timeout}              -> ok + failed ranks and reasons ({} when none within
-                                        timeout); marks the rank alive
+  notice {rank, epoch, reason}       -> ok   (the first reason of an epoch is kept)
+  watch {rank, timeout, notice}      -> ok + failed ranks and reasons ({} when none within
+                                        timeout) + the highest notice [epoch, reason] when
+                                        above `notice` (the epoch last seen); marks the rank
+                                        alive
   leave {rank, timeout}              -> ok + missing ranks; once all ranks have left the
                                         server stops accepting before it answers anyone, so a
                                         rank that quickly rejoins reaches the next store.
@@ -69,6 +80,7 @@ MAX_LINE = 1 << 20       # bytes of one request or reply line
 MAX_STORED = 64 << 20    # bytes of keys and values the store holds
 MAX_WAIT = 7200.0        # s: the longest server-side wait a request may ask for
 MAX_KEYS = 4096          # keys of one get
+MAX_NOTICES = 1 << 20    # notice epochs
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}/(\d{1,6})")
 
 
@@ -192,6 +204,7 @@ class StoreServer:
         self._cond = threading.Condition()
         self._data: dict[str, Any] = {}
         self._aborted: dict[int, str] = {}      # failed ranks (see the module doc)
+        self._notices: dict[int, str] = {}      # notice epoch -> its first reason
         self._left: set[int] = set()
         self._gave_up: set[int] = set()         # ranks whose get timed out on missing keys
         self._seen: dict[int, float] = {}       # rank -> end of its last watch (monotonic)
@@ -255,6 +268,8 @@ class StoreServer:
 
     def _serve(self, conn: socket.socket) -> None:
         rank: int | None = None          # whose connection this is, once it proved the secret
+        notifier = False                 # a connection that published a notice: its close
+        #                                  is the end of that request, not of its rank
         try:
             with conn, conn.makefile("rb") as reader:
                 nonce = secrets.token_hex(16)
@@ -279,6 +294,7 @@ class StoreServer:
                             break
                         reply = {"ok": False, "error": str(exc)}
                     else:
+                        notifier = notifier or req.get("op") == "notice"
                         try:
                             reply = self._handle(req, rank)
                         except BadRequest as exc:
@@ -289,7 +305,7 @@ class StoreServer:
         finally:
             with self._cond:
                 self._conns.discard(conn)
-                if rank is not None:
+                if rank is not None and not notifier:
                     self._connection_closed(rank)
                 self._cond.notify_all()
 
@@ -367,21 +383,38 @@ class StoreServer:
                     return {"ok": False, "aborted": {str(r): m for r, m in self._aborted.items()}}
                 missing = [k for k in keys if k not in self._data]
                 if missing:
-                    self._gave_up.add(rank)
+                    if not req.get("poll"):       # (a poll asks again: it gave up nothing)
+                        self._gave_up.add(rank)
                     return {"ok": False, "missing": missing}
                 return {"ok": True, "values": {k: self._data[k] for k in keys}}
             if op == "abort":
                 self._aborted.setdefault(rank, str(req.get("reason"))[:1000])
                 self._cond.notify_all()
                 return {"ok": True}
+            if op == "notice":
+                epoch = req.get("epoch")
+                if isinstance(epoch, bool) or not isinstance(epoch, int) \
+                        or not 0 < epoch <= MAX_NOTICES:
+                    raise BadRequest(f"a notice's epoch is a number in 1..{MAX_NOTICES}, not "
+                                     f"{epoch!r}")
+                reason = self._notices.setdefault(epoch, str(req.get("reason"))[:1000])
+                self._cond.notify_all()
+                return {"ok": True, "reason": reason}
             if op == "watch":
-                timeout = _wait(req)
+                timeout, seen = _wait(req), req.get("notice", 0)
+                if isinstance(seen, bool) or not isinstance(seen, int):
+                    raise BadRequest(f"watch: notice must be the epoch last seen, not {seen!r}")
                 self._watching.add(rank)
                 self._check_silence()
-                self._cond.wait_for(lambda: bool(self._aborted), timeout=timeout)
+                self._cond.wait_for(lambda: bool(self._aborted) or self._newest() > seen,
+                                    timeout=timeout)
                 self._watching.discard(rank)
                 self._seen[rank] = time.monotonic()
-                return {"ok": True, "failed": {str(r): m for r, m in self._aborted.items()}}
+                reply = {"ok": True, "failed": {str(r): m for r, m in self._aborted.items()}}
+                newest = self._newest()
+                if newest > seen:
+                    reply["notice"] = [newest, self._notices[newest]]
+                return reply
             if op == "leave":
                 timeout = _wait(req)
                 self._left.add(rank)
@@ -392,6 +425,11 @@ class StoreServer:
                     self._stop_accepting()
                 return {"ok": True, "missing": sorted(set(range(self.world_size)) - self._left)}
         raise BadRequest(f"unknown request {str(op)[:40]!r}")
+
+
+    def _newest(self) -> int:
+        """The highest notice epoch published (0: none; caller holds the condition)."""
+        return max(self._notices, default=0)
 
 
 def _read_request(reader: Any) -> dict[str, Any]:
@@ -530,6 +568,10 @@ class Rendezvous:
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self._watch_client: StoreClient | None = None
+        self.notices: dict[int, str] = {}     # notice epochs this rank learned -> reason
+        self._notice_listeners: list[Callable[[int, str], None]] = []
+        self._notice_lock = threading.Lock()
+        self._published: set[str] = set()     # keys `gather` published
 
     @property
     def rank(self) -> int:
@@ -589,6 +631,76 @@ class Rendezvous:
     def barrier(self, name: str) -> None:
         self.all_gather(name, True, waiting_for=f"reached {name!r}")
 
+    def gather(self, name: str, value: Any, timeout: float, *, waiting_for: str,
+               until: Callable[[], bool] | None = None) -> list[Any] | None:
+        """`all_gather` after setup: every rank's `name`, by rank, waiting up to `timeout` s
+        (RendezvousTimeout naming the missing ranks); a rank that failed meanwhile is
+        `PeerFailed` naming it. With `until`, the wait is cut into WATCH_INTERVAL steps and
+        returns None as soon as `until()` holds (gather the same name again later: the
+        value is published once). The store may be out of reach for a while (its traffic
+        crosses the switch): each request tolerates SILENCE_TIMEOUT of silence."""
+        client = self._connected()
+        key = f"{name}/{self.rank}"
+        if key not in self._published:
+            reply = client.request({"op": "set", "key": key, "value": value,
+                                    "exclusive": True}, wait=0, margin=SILENCE_TIMEOUT)
+            if not reply["ok"]:
+                raise RendezvousError(f"rendezvous: {reply['error']}")
+            self._published.add(key)
+        keys = [f"{name}/{r}" for r in range(self.world_size)]
+        end = time.monotonic() + timeout
+        while True:
+            left = min(max(0.0, end - time.monotonic()), MAX_WAIT)
+            step = left if until is None else min(left, WATCH_INTERVAL)
+            reply = client.request({"op": "get", "keys": keys, "timeout": step,
+                                    "poll": step < left}, wait=step, margin=SILENCE_TIMEOUT)
+            if reply.get("ok") or "aborted" in reply or step >= left:
+                break
+            if until is not None and until():
+                return None
+        if "aborted" in reply:
+            failures = {int(r): why for r, why in reply["aborted"].items()}
+            self._note(failures)
+            raise PeerFailed(failures)
+        if not reply["ok"]:
+            missing = sorted(int(k.rsplit("/", 1)[1]) for k in reply["missing"])
+            raise RendezvousTimeout(f"rendezvous: {ranks_phrase(missing)} never {waiting_for} "
+                                    f"within {timeout:g}s (waiting at {self.config.where})")
+        return [reply["values"][k] for k in keys]
+
+    def notice(self, epoch: int, reason: str) -> None:
+        """Publish notice `epoch` (see the module doc) over a connection of its own, from any
+        thread; returns once the store holds it and this rank learned it with the reason
+        the store keeps (the first published: alike on every rank), or could not be
+        reached (RendezvousError)."""
+        client = StoreClient.connect(replace(self.config, timeout=SILENCE_TIMEOUT))
+        try:
+            reply = client.request({"op": "notice", "rank": self.rank, "epoch": epoch,
+                                    "reason": reason}, wait=0, margin=SILENCE_TIMEOUT)
+        finally:
+            client.close()
+        if not reply.get("ok"):
+            raise RendezvousError(f"rendezvous: the store refused a notice: {reply}")
+        self._learn(epoch, str(reply["reason"]))
+
+    @property
+    def notice_epoch(self) -> int:
+        """The highest notice epoch this rank knows of (0: none)."""
+        return max(self.notices, default=0)
+
+    def on_notice(self, listener: Callable[[int, str], None]) -> None:
+        """Call `listener(epoch, reason)` for every notice epoch learned from now on above the
+        highest known (on the watch thread, or the publishing thread: keep it short)."""
+        self._notice_listeners.append(listener)
+
+    def _learn(self, epoch: int, reason: str) -> None:
+        with self._notice_lock:
+            if epoch <= self.notice_epoch:
+                return
+            self.notices[epoch] = reason
+        for listener in list(self._notice_listeners):
+            listener(epoch, reason)
+
     def abort(self, reason: str) -> None:
         """Tell every rank that this rank failed (best effort, from any thread: over a
         connection of its own, so a wait in progress on this rank does not delay it)."""
@@ -622,8 +734,9 @@ class Rendezvous:
                     # the store is lost after the silence it allows a rank: the store's
                     # own traffic crosses the switch, which a go-back-N storm can hold up
                     reply = client.request({"op": "watch", "rank": self.rank,
-                                            "timeout": WATCH_INTERVAL}, wait=WATCH_INTERVAL,
-                                           margin=SILENCE_TIMEOUT)
+                                            "timeout": WATCH_INTERVAL,
+                                            "notice": self.notice_epoch},
+                                           wait=WATCH_INTERVAL, margin=SILENCE_TIMEOUT)
                 except RendezvousError as exc:
                     if not self._closing.is_set():
                         self._note({0: f"the store it serves at {self.config.where} is gone "
@@ -633,6 +746,9 @@ class Rendezvous:
                 failed = {int(r): why for r, why in reply.get("failed", {}).items()}
                 if failed:
                     self._note(failed)
+                if "notice" in reply:
+                    epoch, reason = reply["notice"]
+                    self._learn(int(epoch), str(reason))
             self._closing.wait()
         finally:
             client.close()

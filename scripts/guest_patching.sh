@@ -132,6 +132,8 @@ report() {
   local n
   n=$(grep -cE "^ *[^#=].* ($(IFS='|'; echo "${PATCHERS[*]}")) <-" "$TRACING/trace")
   say "kernel code patches during the command: $n (each one a chance of an int3 panic under multi-threaded TCG)"
+  # ... and into the guest kernel log, which lab.sh keeps per boot (scripts/lab_boots.sh)
+  echo "nr-lab: kernel code patches during the command: $n" > /dev/kmsg 2>/dev/null
   if [ "$n" -gt 0 ]; then    # per distinct call chain: how many, the first time, the chain
     python3 - "$TRACING/trace" "${PATCHERS[@]}" <<'EOF_PY' >&2
 import re, sys

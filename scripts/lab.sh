@@ -3,11 +3,12 @@
 #
 #   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
 #                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] [--tcg single|multi]
-#                  -- CMD [ARGS...]
+#                  [--name NAME] -- CMD [ARGS...]
 #
 # The lab: hosts h0..hN-1 (network namespaces, rxe device each, 10.77.0.(I+1)), every host
 # cabled to a port of one switch; the switch process (python -m switch, with its controller
-# on 10.77.0.254:50051, cabled to the last port) runs in namespace nrlab.
+# on 10.77.0.254:50051, cabled to the last port) runs in namespace NAME (--name, default
+# nrlab).
 #  - native (a kernel with per-namespace rxe, Linux >= 7.1): hosts are namespaces on this
 #    machine, cabled by veth pairs to the switch namespace.
 #  - vm (every other kernel, e.g. these machines'): one virtme-ng boot of the Debian kernel
@@ -19,8 +20,11 @@
 #    switch as: soft, racks, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH)
 #    and NR_LAB_RACKS (--racks) set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
-# processes) is removed afterwards; the switch's counters are printed. Runs are serialised
-# machine-wide with a lock (/run/lock/netreduce-lab.lock). CMD may restart the switch as soft
+# processes) is removed afterwards; the switch's counters are printed. Runs of one NAME are
+# serialised machine-wide with a lock (/run/lock/netreduce-lab.lock for nrlab, else
+# netreduce-lab-NAME.lock): labs of different names (NR_LAB_NAME or --name; [a-z0-9-],
+# 2..12 characters) run side by side, each with its own switch namespace and its own
+# directory, .lab (nrlab) or .lab-NAME, with the same host addresses inside. CMD may restart the switch as soft
 # or bmv2 (same ports and controller address, fresh state) through $NR_LAB_DIR/switch.request
 # (tests/lab/labswitch.py: use_switch, restart_switch).
 # --switch bridge joins the same ports with a kernel bridge instead of the
@@ -51,8 +55,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${NR_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
-LABDIR=$ROOT/.lab
-SWNS=nrlab
+lab_name=${NR_LAB_NAME:-nrlab}
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
 hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi
 
@@ -72,6 +75,7 @@ while [ $# -gt 0 ]; do
     --memory) memory=$2; shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
     --tcg) tcg=$2; shift 2 ;;
+    --name) lab_name=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option $1 (see --help)" ;;
@@ -85,6 +89,10 @@ case $switch in soft|bridge|bmv2) ;; *) die "--switch must be soft, bridge or bm
 case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] && [ "$racks" -le "$hosts" ] || die "--racks must be 1..--hosts"
 [[ $link_loss =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-loss must be a percentage"
+[[ $lab_name =~ ^[a-z0-9-]{2,12}$ ]] || die "--name must be 2..12 of [a-z0-9-]"
+SWNS=$lab_name
+if [ "$lab_name" = nrlab ]; then LABDIR=$ROOT/.lab; LOCK=/run/lock/netreduce-lab.lock
+else LABDIR=$ROOT/.lab-$lab_name; LOCK=/run/lock/netreduce-lab-$lab_name.lock; fi
 if [ "$racks" -gt 1 ]; then
   case $switch in
     soft) switch="racks:$racks:$link_loss" ;;
@@ -105,8 +113,7 @@ elif [ $mode = native ] && ! native_ok; then
 fi
 
 mkdir -p "$LABDIR"
-# One lab per machine: the namespace, taps and addresses are machine-wide, whatever the clone.
-LOCK=/run/lock/netreduce-lab.lock
+# One lab per name and machine: its switch namespace is machine-wide, whatever the clone.
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
@@ -333,7 +340,7 @@ else
     { PATH="$VENV/bin:$PATH" ip netns exec "$SWNS" "$VENV/bin/vng" --run "/lib/modules/$kver/vmlinuz" --disable-kvm \
         --user root --memory "$memory" --cpus "$cpus" --rwdir "$ROOT" \
         --qemu-opts="$qemu_opts $(kernel_log_opts "$console")" --append "console=hvc0 loglevel=7 tsc=reliable" \
-        --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu $racks" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
+        --exec "$ROOT/scripts/lab_guest.sh $hosts $mtu $racks $LABDIR" < /dev/null 2>&1 1>&3 3>&- | cat >&2; } 3>&1 | cat || true
     say "VM ran $(( $(date +%s) - t0 )) s; guest kernel log: ${console#"$ROOT"/}"
     if [ -f "$LABDIR/rc" ]; then
       rc=$(cat "$LABDIR/rc")

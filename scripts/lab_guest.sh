@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# lab_guest.sh HOSTS MTU [RACKS] — run by scripts/lab.sh inside the lab VM (as root): brings the hosts
+# lab_guest.sh HOSTS MTU [RACKS [LABDIR]] — run by scripts/lab.sh inside the lab VM (as root): brings the hosts
 # up on the virtio NICs (matched by MAC; setup_rxe.sh returns once every rxe device opens
-# through libibverbs from its namespace), marks .lab/started, runs the command lab.sh wrote,
-# records its exit code in .lab/rc. lab.sh boots again when a VM ends without .lab/started.
+# through libibverbs from its namespace), marks LABDIR/started, runs the command lab.sh wrote
+# (LABDIR/cmd.sh), records its exit code in LABDIR/rc (LABDIR: the lab's directory, .lab by
+# default). lab.sh boots again when a VM ends without LABDIR/started.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-LABDIR=$ROOT/.lab
-hosts=$1 mtu=$2 racks=${3:-1}
+hosts=$1 mtu=$2 racks=${3:-1} LABDIR=${4:-$ROOT/.lab}
 rc=1
 trap 'echo "$rc" > "$LABDIR/rc"' EXIT
 
@@ -14,7 +14,7 @@ trap 'echo "$rc" > "$LABDIR/rc"' EXIT
 # through the emulated virtio queue (~1.5 ms), so `python -c pass` took 8 s and
 # `import numpy, grpc, netreduce.comm` 40 s. A second, read-only export of / (nrroot, which
 # lab.sh adds) is mounted with cache=loose and laid over what the lab only reads: /usr, the
-# venv and the project's code (not .lab/, which the supervisor writes during the run, nor the
+# venv and the project's code (not LABDIR, which the supervisor writes during the run, nor the
 # rest of the tree). Measured in one boot: 1.4 s and 7-11 s (docs/lab.md, "Cached views").
 # These views show the files as they were at boot: nothing edits them during a lab run.
 cached_views() {

@@ -56,3 +56,7 @@ stage "test: lab, 6 hosts in 2 racks (one boot)" \
   "$ROOT/scripts/lab.sh" --racks 2 --hosts 6 -- python -m pytest -q -rs --durations=8 -m lab \
   -k "not one_percent_loss and not a_bmv2_spine" tests/lab/test_multirack_lab.py \
   tests/lab/test_bmv2_fabric.py "$@"
+
+# What the lab's boots of this run said (oops/panic lines, kernel code patches during the
+# command: docs/lab.md, "Boot panics"); a boot that died already failed its stage above.
+scripts/lab_boots.sh || true

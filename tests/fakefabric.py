@@ -23,6 +23,7 @@ import random
 import threading
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -106,6 +107,7 @@ class FakeRingQPs:
         self.send_psn, self.recv_psn = random.getrandbits(24), random.getrandbits(24)
         self.dest_qpn: int | None = None
         self.posted = 0                 # WRITEs posted on this ring's send QP (all time)
+        self.error = False              # to_error() or close(): nothing moves any more
 
     def local(self) -> RingEndpoint:
         return RingEndpoint(QPEndpoint(self.send_qpn, self.send_psn),
@@ -118,6 +120,17 @@ class FakeRingQPs:
         link = FakeLink(self, successor, predecessor)
         self.fabric.receivers[self.recv_qpn] = link
         return link
+
+    def to_error(self) -> None:
+        """Like QPs in ERROR: our WRITEs not yet delivered are dropped, and WRITEs to us are
+        never executed nor answered (their senders wait, as rxe's retry forever)."""
+        with self.fabric.lock:
+            self.error = True
+
+    def close(self) -> None:
+        with self.fabric.lock:
+            self.error = True
+            self.fabric.receivers.pop(self.recv_qpn, None)
 
 
 class FakeLink:
@@ -154,7 +167,12 @@ class FakeLink:
             if fabric.frozen:
                 return
             assert self.qps.dest_qpn is not None, "post before connect"
-            target = fabric.receivers[self.qps.dest_qpn]
+            target = fabric.receivers.get(self.qps.dest_qpn)
+            if self.qps.error:
+                self.wire.clear()
+                return
+            if target is None or target.qps.error:      # never executed, never answered
+                return
             for _ in range(fabric.deliver_per_poll):
                 if not self.wire or target.recv_posted == 0:
                     return
@@ -210,6 +228,11 @@ class FakeSwitch:
         self.world: dict[str, int] = {}
         self.pending: dict[tuple[str, int], dict[int, tuple]] = {}
         self.messages: dict[str, int] = {}
+        # cut(ring id, message index) -> k or None: a switch that dies while it emits that
+        # message's sums: the first k receivers (in rank order of the senders) get the sum,
+        # the others their sender's own payload (what the restarted switch forwards), and
+        # every ring is forgotten
+        self.cut: Callable[[str, int], int | None] | None = None
 
     def register(self, spec: RingSpec) -> None:
         for c in spec.connections:
@@ -242,11 +265,17 @@ class FakeSwitch:
             total = np.zeros(len(payload) // 4, dtype="<i4")
             for *_, data in parts.values():
                 total += np.frombuffer(data, dtype="<i4")     # wraps like the switch
-            for sender, receiver, where, _ in parts.values():
-                ctypes.memmove(where.addr, total.tobytes(), where.nbytes)
+            summed = self.cut(ring_id, index) if self.cut is not None else None
+            for i, (sender, receiver, where, data) in enumerate(
+                    p for _, p in sorted(parts.items())):
+                good = summed is None or i < summed
+                ctypes.memmove(where.addr, total.tobytes() if good else data, where.nbytes)
                 sender.in_switch -= 1
                 sender.arrive(receiver, index)
             self.messages[ring_id] += 1
+            if summed is not None:
+                for ring in list(self.world):
+                    self.unregister(ring)
         return True
 
 

@@ -15,10 +15,12 @@ import pytest
 
 from netreduce.tools import cli
 from netreduce.tools.bench import runner, tenants
-from netreduce.tools.bench.plan import BenchPlan, format_size, parse_algos, parse_size, parse_sizes
+from netreduce.tools.bench.plan import (BenchPlan, format_size, parse_algos, parse_iters,
+                                        parse_size, parse_sizes)
 from netreduce.tools.bench.progress import Progress
 from netreduce.tools.bench.report import (Collector, Record, Result, Summary, document, gbps,
-                                    quartiles, ratios, table, validate)
+                                          latency_table, quartiles, ratios, rtt_us, table,
+                                          validate)
 from netreduce.tools.bench.worker import rank_input, run, size_reference, spine_link_bytes
 from netreduce.tools.launch import LaunchResult, RankResult
 from test_comm import run_ranks
@@ -40,6 +42,63 @@ def test_sizes_parse_and_print_in_binary_units() -> None:
     assert parse_algos("switch, ring,switch") == ["switch", "ring"]
     with pytest.raises(ValueError, match="always measured"):
         parse_algos("link")
+
+
+def test_size_ranges_are_nccl_tests_style_and_iters_auto_fits_the_size() -> None:
+    assert parse_sizes("4:1K:4") == [4, 16, 64, 256, 1024]
+    assert parse_sizes("4:16M:4")[-1] == 16 * MiB and len(parse_sizes("4:16M:4")) == 12
+    assert parse_sizes("8:100:2,64,1M") == [8, 16, 32, 64, 1 * MiB]     # each size once
+    for bad, words in (("4:1K", "MIN:MAX:FACTOR"), ("1K:4:2", "MIN <= MAX"),
+                       ("4:1K:1", "FACTOR >= 2"), ("4:1K:x", "FACTOR >= 2")):
+        with pytest.raises(ValueError, match=words):
+            parse_sizes(bad)
+    assert parse_iters("auto") == 0 and parse_iters("20") == 20
+    with pytest.raises(ValueError, match="or auto"):
+        parse_iters("0")
+    auto = BenchPlan(workers=4, sizes=(4, 64 * 1024, MiB), algos=("ring",), iters=0, rtt=True)
+    assert [auto.calls(s) for s in auto.sizes] == [16, 4, 1]
+    assert auto.columns == ("link", "ring", "rtt")
+    assert BenchPlan.from_json(auto.to_json()) == auto
+    assert BenchPlan(workers=2, sizes=(4,), algos=("ring",), iters=3).calls(4) == 3
+    with pytest.raises(ValueError, match="round trip needs 2"):
+        BenchPlan(workers=1, sizes=(4,), algos=("ring",), rtt=True)
+
+
+def test_a_job_of_several_calls_reports_its_time_per_call_and_round_trips() -> None:
+    """Jobs of 4 calls: the records' ns are totals, the results per call; the latency
+    table counts each algorithm's time per call in RC round trips (the rtt column)."""
+    assert Record("ring", 4, 0, 4003, True, calls=4).per_call_ns == 1001
+    assert Record.parse(Record("ring", 4, 0, 8, True, {}, 4).line()).calls == 4
+    c = Collector(2)
+    c.add(0, Record("switch", 4, 0, 4000, True, calls=4))
+    joined = c.add(1, Record("switch", 4, 0, 6000, True, calls=4))
+    assert joined == Record("switch", 4, 0, 6000, True, {}, 4)
+    results = []
+    for algo, per_call in (("link", 500), ("switch", 2000), ("ring", 6000), ("rtt", 1000)):
+        r = Result(algo, 4, 4)
+        for job in (-1, 0, 1, 2):
+            r.add(Record(algo, 4, job, per_call * 8, True, calls=8))
+        results.append(r)
+    switch, rtt = results[1], results[3]
+    assert switch.jobs == [2000, 2000, 2000] and switch.calls == 32 and switch.per_job == 8
+    assert rtt.algbw_gbps == gbps(8, 1000)                  # the 8-byte ping, not the row's size
+    assert rtt.job_lines()[0].endswith(f"Goodput: #{gbps(8, 1000):.4f}# Gbps.")
+    assert switch.summary_lines()[0] == "switch 4 B (3 jobs of 8 calls, 4 workers):"
+    assert switch.to_json()["calls_per_job"] == 8
+    (r,) = ratios(results)
+    assert (r["switch_rtts"], r["ring_rtts"]) == (2.0, 6.0)
+    assert rtt_us(results) == 1.0
+    lines = latency_table(results)
+    assert lines[1].split() == ["size", "count", "link", "us", "switch", "us", "algbw",
+                                "busbw", "ring", "us", "algbw", "busbw", "rtt", "us",
+                                "switch/rtt", "ring/rtt"]
+    assert lines[2].split() == ["4", "B", "1", "0", "2", f"{gbps(4, 2000):.4f}",
+                                f"{gbps(4, 2000) * 1.5:.4f}", "6", f"{gbps(4, 6000):.4f}",
+                                f"{gbps(4, 6000) * 1.5:.4f}", "1", "2.0", "6.0"]
+    assert all("rtt" not in line for line in table(results))       # no rate for the rtt
+    doc = json.loads(json.dumps(document(_meta(), results)))
+    validate(doc)
+    assert doc["rtt_us"] == 1.0 and doc["ratios"][0]["switch_rtts"] == 2.0
 
 
 def test_plan_checks_itself_and_travels_as_json() -> None:
@@ -110,9 +169,10 @@ def test_rates_busbw_and_ratios() -> None:
     assert ring.median_ns == 3000 and ring.busbw_gbps == pytest.approx(ring.algbw_gbps * 1.5)
     assert ratios(results) == [
         {"size_bytes": MiB, "switch_over_ring": pytest.approx(2.4),
-         "switch_over_link": pytest.approx(0.8), "per_round":
-         {"switch_over_ring": None, "switch_over_link": None}},        # 2 jobs vs 3 and 1
+         "switch_over_link": pytest.approx(0.8), "switch_rtts": None, "ring_rtts": None,
+         "per_round": {"switch_over_ring": None, "switch_over_link": None}},  # 2 jobs vs 3, 1
         {"size_bytes": 2 * MiB, "switch_over_ring": None, "switch_over_link": None,
+         "switch_rtts": None, "ring_rtts": None,
          "per_round": {"switch_over_ring": None, "switch_over_link": None}}]
     rows = table(results)
     assert "switch/ring" in rows[0] and rows[1].split()[:2] == ["1", "MiB"]
@@ -359,6 +419,52 @@ def test_spine_link_bytes_are_what_both_ends_of_each_link_received() -> None:
         port("tor0:1", 1), port("tor0:uplink", 100), port("tor1:3", 2), port("tor1:uplink", 200),
         port("spine:1", 1000), port("spine:2", 2000), port("spine:5", 4)])}
     assert spine_link_bytes(ports) == 3300
+
+
+def test_the_worker_times_several_calls_and_the_round_trip_on_the_fake_fabric() -> None:
+    """--iters and --rtt on the in-process fabric: every job makes its calls, the rtt
+    column ping-pongs between ranks 0 and 1 (rank 2 only waits) and checks the last ping."""
+    plan = BenchPlan(workers=3, sizes=(4, 4096), algos=("ring",), jobs=1, warmup=1, iters=0,
+                     rtt=True)
+
+    def body(comm: Any, host: Any) -> list[Record]:
+        records: list[Record] = []
+        run(comm, plan, records.append)
+        return records
+
+    for records in run_ranks(3, body):
+        assert isinstance(records, list), records
+        assert [(r.algo, r.size, r.calls) for r in records if r.job == 0] == [
+            ("link", 4, 16), ("ring", 4, 16), ("rtt", 4, 16),
+            ("link", 4096, 16), ("ring", 4096, 16), ("rtt", 4096, 16)]
+        assert all(r.ok and r.ns > 0 for r in records)
+
+
+def test_the_sweep_runs_every_size_with_the_round_trip_and_prints_time_per_call(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[BenchPlan] = []
+
+    def fake(cmd: list[str], hosts: int, *, out: io.TextIOBase, **_: Any) -> LaunchResult:
+        plan = BenchPlan.from_json(cmd[cmd.index("--plan") + 1])
+        seen.append(plan)
+        for size in plan.sizes:
+            for job in (-1, 0):
+                for column in plan.columns:
+                    for rank in range(hosts):
+                        calls = plan.calls(size)
+                        out.write(f"[rank {rank}] " + Record(column, size, job, 1000 * calls,
+                                                             True, {}, calls).line() + "\n")
+        return LaunchResult([RankResult(r, 0) for r in range(hosts)])
+
+    monkeypatch.setattr(runner, "launch", fake)
+    assert cli.main(["bench", "--workers", "2", "--sweep", "--algos", "ring", "--jobs", "1"]) == 0
+    (plan,) = seen
+    assert plan.sizes == tuple(4 ** i for i in range(1, 13)) and plan.rtt and plan.iters == 0
+    out = capsys.readouterr().out
+    assert "Time per call (median; us)" in out
+    row = next(x for x in out.splitlines() if x.split()[:3] == ["16", "MiB", "4194304"])
+    assert row.split()[-1] == "1.0"                         # ring: one round trip per call
+    assert "(1 jobs of 16 calls, 2 workers)" in out
 
 
 def test_spine_bytes_per_call_in_the_table_the_json_and_the_plot(tmp_path: Path) -> None:

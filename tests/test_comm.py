@@ -29,10 +29,12 @@ def free_port() -> int:
 def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowConfig = CFG,
               fabric: FakeFabric | None = None,
               controller: FakeController | None = None,
-              pinned: frozenset[str] = frozenset()) -> list[Any]:
+              pinned: frozenset[str] = frozenset(),
+              controller_ranks: tuple[int, ...] = (0,)) -> list[Any]:
     """Connect n ranks over one fake fabric (rank 0 fitting the "inc" ring to `controller`,
-    if given, leaving the knobs in `pinned` alone, and registering it), run `body` on each;
-    results or exceptions."""
+    if given, leaving the knobs in `pinned` alone, and registering it; the other ranks of
+    `controller_ranks` get it too: they renew the lease), run `body` on each; results or
+    exceptions."""
     fabric = fabric or FakeFabric()
     port = free_port()
     out: list[Any] = [None] * n
@@ -42,7 +44,8 @@ def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowCo
         rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10,
                                            secret=b"secret-of-the-comm-tests")).join()
         try:
-            comm = Communicator.connect(rdzv, host, cfg, controller if rank == 0 else None,
+            comm = Communicator.connect(rdzv, host, cfg,
+                                        controller if rank in controller_ranks else None,
                                         pinned)
         except Exception as exc:        # noqa: BLE001 - the test inspects it
             out[rank] = exc

@@ -1,6 +1,7 @@
 """The RC model (tests/rcmodel, docs/rcmodel.md) on a two-tier fabric (rcmodel.tiers): the
 real host code over model rxe, the real ToR and spine pipelines installed by the real
-FabricTarget; whole calls, exact sums, and the traffic each ToR-spine link carried."""
+FabricTarget; whole calls, exact sums, and the traffic each ToR-spine link carried. And on
+three tiers (rcmodel.pod: a pod switch between ToRs and the top spine, in the model only)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from flowctl import FlowConfig
 from netreduce.meta import RECORD_STRIDE
 from rcmodel.fabric import FaultRates, Faults
+from rcmodel.scale import formula_spine_link
 from rcmodel.world import World
 from test_rc_model import allreduce, data, packets, want
 
@@ -58,3 +60,52 @@ def test_calls_heal_under_loss_on_host_and_spine_links(algo: str) -> None:
     assert sum(world.fabric.lost.values()) > 0
     lost_up = sum(v for (a, b), v in world.fabric.lost.items() if "host" not in (a[0], b[0]))
     assert lost_up > 0                                 # the spine links lost frames too
+
+
+def test_three_tiers_exact_one_partial_per_slot_per_pod_and_the_link_formula() -> None:
+    """Pods of racks under a top spine (rcmodel.pod, a third tier in the model only), 2
+    pods x 2 racks x 2 ranks: exact; every ToR sends one partial per slot to its pod, every
+    pod one to the top, and every link between tiers carries, per direction, exactly what
+    rcmodel.scale's formula says (the scale study's table leans on it)."""
+    n, count = 8, 3000
+    world = World(n, CFG, racks=[2] * 4, pods=[2, 2], slots=256)
+    for got in allreduce(world, count, "switch"):
+        assert np.array_equal(got, want(n, count))
+    p = packets(n * RECORD_STRIDE, CFG) + packets(4 * (count + n), CFG)
+    ring = world.switch_counters()
+    assert ring["counters"]["aggregated"] == ring["counters"]["results_sent"] == n * p
+    switches = ring["switches"]
+    for j in range(4):
+        assert switches[f"tor{j}"]["tor"]["partials_sent"] == p
+    for pod in ("pod0", "pod1"):
+        c = switches[pod]["counters"]
+        assert c["partials_sent"] == c["totals"] == p and c["partials"] == 2 * p
+        assert sum(v for k, v in c.items() if k.startswith("drop_")) == 0
+    assert switches["spine0"]["counters"]["completed"] == p
+    per_link = formula_spine_link(4 * count, n, config=CFG)
+    links = world.fabric.uplink_bytes()
+    assert links == {"tor-pod up": 4 * per_link, "tor-pod down": 4 * per_link,
+                     "pod-spine up": 2 * per_link, "pod-spine down": 2 * per_link}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_three_tiers_heal_under_loss_duplication_and_reordering(seed: int) -> None:
+    """Uneven pods (3+2 | 1 | 2+2 ranks) under 3 % loss, duplication and reordering on
+    every link, host and between tiers: both algorithms exact, call after call."""
+    racks, pods, counts = [3, 2, 1, 2, 2], [2, 1, 2], [1, 3000, 7, 20000]
+    n = sum(racks)
+    rates = FaultRates(loss=0.03, duplicate=0.03, delay=0.1)
+    world = World(n, CFG, racks=racks, pods=pods, slots=32, max_time=600.0,
+                  faults=Faults.everywhere(loss=0.03, duplicate=0.03, delay=0.1, seed=seed),
+                  uplink_faults=rates)
+    results = world.run(lambda comm: [comm.allreduce(data(comm.rank, c), algo=a)
+                                      for c in counts for a in ("switch", "ring")])
+    for got in results:
+        assert not isinstance(got, BaseException), got
+        assert [g.tolist() for g in got] == [want(n, c).tolist() for c in counts
+                                             for _ in range(2)]
+    between = sum(v for (a, b), v in world.fabric.lost.items() if "host" not in (a[0], b[0]))
+    assert between > 0
+    resent = sum(world.switch_counters()["switches"][f"pod{p}"]["counters"]["partials_resent"]
+                 for p in range(3))
+    assert resent > 0                            # the pods healed lost totals themselves

@@ -115,7 +115,8 @@ def test_stats_count_routes_and_fallbacks_and_flag_each_reason_once() -> None:
                                        Route(RING, NON_FINITE), Route(RING, DTYPE))]
     assert firsts == [False, True, False, False, True]
     assert stats.snapshot() == {"calls": {"switch": 1, "ring": 4},
-                                "fallbacks": {NON_FINITE: 2, DTYPE: 1}}
+                                "fallbacks": {NON_FINITE: 2, DTYPE: 1},
+                                "switch": {"fallbacks": 0, "returns": 0, "recovered": 0}}
     snap = stats.snapshot()
     snap["calls"]["switch"] = 99                     # a copy: the counters are untouched
     assert stats.snapshot()["calls"]["switch"] == 1

@@ -358,7 +358,8 @@ def test_auto_routes_nan_to_the_ring_on_every_rank_counts_it_and_warns_once(
         assert np.all(np.abs(got[ok] - exact[ok]) <= bound[ok])
         assert after == ("switch", None) and f64 == "dtype"
         assert stats == {"calls": {"ring": 4, "switch": 1},
-                         "fallbacks": {"non-finite": 2, "dtype": 1}}
+                         "fallbacks": {"non-finite": 2, "dtype": 1},
+                         "switch": {"fallbacks": 0, "returns": 0, "recovered": 0}}
     warned = [r.getMessage() for r in caplog.records if r.name == "netreduce.comm"]
     assert warned == [
         "netreduce: allreduce call #0 (float32[1000] op=sum algo=auto) runs over the host ring "

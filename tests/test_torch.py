@@ -469,3 +469,32 @@ def test_a_failed_bucket_reaches_ddp_as_an_error_naming_the_cause() -> None:
                              f"AllreduceMismatch: allreduce call #{i}: ranks disagree: "
                              "float32[8] op=avg algo=auto on rank 0; float32[9] op=avg "
                              "algo=auto on rank 1")
+
+
+def test_a_bucket_refused_while_the_switch_is_away_goes_over_the_ring() -> None:
+    """Under HookState(algo="switch") a bucket issued while the switch is away (it
+    restarted) is `SwitchUnavailable` on every rank: the hook reduces it over the ring,
+    without a warning (the data is fine), and the step goes on."""
+    n = 3
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        first = nrtorch.allreduce_hook(nrtorch.HookState(comm, "switch"),
+                                       Bucket(0, torch.ones(8))).wait()
+        if comm.rank == 0:
+            controller.restart()
+        out = []
+        for i in (1, 2):        # in flight when the switch is found away, then refused
+            bucket = Bucket(i, torch.full((8,), float(comm.rank + i)))
+            out.append(nrtorch.allreduce_hook(nrtorch.HookState(comm, "switch"),
+                                              bucket).wait().tolist())
+        return first.tolist(), out, comm.last_algo, comm.stats()["switch"]["fallbacks"]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = run_ranks(n, body, fabric=fabric, controller=controller)
+    assert not [w for w in caught if w.category is nrtorch.NonFiniteGradientWarning]
+    for got in results:
+        assert not isinstance(got, BaseException), got
+        assert got == ([1.0] * 8, [[2.0] * 8, [3.0] * 8], "ring", 1)

@@ -24,6 +24,12 @@ On SIGTERM the children are stopped (each prints and writes its counters), their
 go to `--stats-file` as {"switches": {name: counters}, "lost": {veth: frames}} (what each
 BMv2 end's tc dropped), the veths are removed. A child that
 exits on its own stops the fabric (exit 1, naming it): no half-fabric lingers.
+One ToR can be restarted (issue 24: a ToR restart must cost a job one call's time): the
+request "ID tor J" in `--workdir`/fabric.request stops ToR J and starts it again on the
+same ports, with fresh state; the answer "ID ok tor J PID" (or "ID error WHY") replaces
+`--workdir`/fabric.reply (tests/lab/labswitch.py: restart_tor). Nothing else changes: the
+spine and the fabric's controller keep their state, so the controller's next lease renewal
+on that ToR hears NOT_FOUND and reports the ring lost to its job.
 """
 from __future__ import annotations
 
@@ -166,9 +172,11 @@ class Fabric:
         self.children: dict[str, subprocess.Popen] = {}
         self.cables: list[str] = []
         self.lossy: list[str] = []      # veth ends dropping --link-loss % (BMv2 senders)
+        self.argvs: dict[str, tuple[list[str], str, float]] = {}   # how each was started
 
     def spawn(self, name: str, argv: list[str], module: str = "switch",
               timeout: float = START_TIMEOUT) -> None:
+        self.argvs[name] = (argv, module, timeout)
         ready = self.args.workdir / f"fabric-{name}.ready"
         ready.unlink(missing_ok=True)
         token = ["--token-file", str(self.args.token_file)] if self.args.token_file else []
@@ -257,6 +265,42 @@ class Fabric:
               + (f" (tc on the BMv2 ends {', '.join(self.lossy)})" if self.lossy else ""),
               file=sys.stderr, flush=True)
 
+    def restart(self, name: str) -> int:
+        """Stop child `name` (TERM, then KILL after 10 s) and start it again as it was
+        started; its pid."""
+        child = self.children[name]
+        child.terminate()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        self.spawn(name, *self.argvs[name])
+        return self.children[name].pid
+
+    def serve_request(self) -> None:
+        """Answer a pending fabric.request in the workdir (see the module doc)."""
+        request = self.args.workdir / "fabric.request"
+        try:
+            rid, what, j = request.read_text().split()
+        except (FileNotFoundError, ValueError):
+            return
+        request.unlink(missing_ok=True)
+        name = f"{what}{j}"
+        if what != "tor" or name not in self.children:
+            reply = f"{rid} error no ToR {j} in this fabric (ToRs: " \
+                    f"{', '.join(sorted(n for n in self.children if n.startswith('tor')))})"
+        else:
+            print(f"fabric_lab: restarting {name} (request {rid})", file=sys.stderr,
+                  flush=True)
+            try:
+                reply = f"{rid} ok tor {j} {self.restart(name)}"
+            except RuntimeError as e:
+                reply = f"{rid} error {e}"
+        tmp = self.args.workdir / "fabric.reply.tmp"
+        tmp.write_text(reply + "\n")
+        tmp.rename(self.args.workdir / "fabric.reply")
+
     def stop(self) -> None:
         for name in ["fabric", *sorted(n for n in self.children if n != "fabric")]:
             child = self.children.get(name)
@@ -302,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ready_file:
             args.ready_file.write_text("ready")
         while not stopping:
+            fabric.serve_request()
             dead = [n for n, c in fabric.children.items() if c.poll() is not None]
             if dead:
                 print(f"fabric_lab: {', '.join(dead)} exited: stopping the fabric",

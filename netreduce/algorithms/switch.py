@@ -290,11 +290,26 @@ class SwitchAllreduce:
                 f"moved. Use algo='ring'")
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
+        self.deliver(call, self.send(call, src), dst)
+
+    @staticmethod
+    def areas(call: CallContext) -> tuple[np.ndarray, np.ndarray]:
+        """The call's wire words in the workspace: (what this rank sends: data then seal,
+        what came back: the sums then the seal), int32 views."""
         nbytes = wire_bytes(call.count, call.world_size)
         at = recv_offset(nbytes)
         whole = call.workspace.view()
-        wire = whole[:nbytes].view(WIRE)
-        summed = whole[at:at + nbytes].view(WIRE)
+        return whole[:nbytes].view(WIRE), whole[at:at + nbytes].view(WIRE)
+
+    def send(self, call: CallContext, src: np.ndarray) -> np.ndarray:
+        """Put `src` on the wire (int32 as is, floats quantized) with the seal, move it
+        through the switch and check the seal; returns the sums (a view of the workspace).
+        The caller's output is not touched. On return, or on any failure after the
+        transfer began, the send area holds this rank's wire words of the call (the data
+        part is what `netreduce.comm` sums over the host ring if the switch is lost)."""
+        nbytes = wire_bytes(call.count, call.world_size)
+        at = recv_offset(nbytes)
+        wire, summed = self.areas(call)
         data, seal = wire[:call.count], wire[call.count:]
         seal[:] = 0
         seal[call.rank] = 1
@@ -302,8 +317,7 @@ class SwitchAllreduce:
         if call.dtype == np.int32:
             np.copyto(data.reshape(src.shape), src)
         else:
-            exponents = block_exponents(call.world_size, call.blocks)
-            quantize(src, exponents, data)
+            quantize(src, block_exponents(call.world_size, call.blocks), data)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes)
@@ -313,10 +327,17 @@ class SwitchAllreduce:
                 f"allreduce call #{call.seq}: rank {call.rank}: the seal that came back is "
                 f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "
                 f"rank's last packet (the result is not used)")
+        return summed[:call.count]
+
+    def deliver(self, call: CallContext, summed: np.ndarray, dst: np.ndarray) -> None:
+        """Write the call's result into `dst` from `summed`, the wrapping int32 sums of every
+        rank's wire words (from the switch, or from the host ring after a switch loss:
+        the same words, so the same result bit for bit)."""
         if call.dtype == np.int32:
-            np.copyto(dst, summed[:call.count].reshape(dst.shape))
+            np.copyto(dst, summed.reshape(dst.shape))
         else:
-            dequantize(summed[:call.count], exponents, call.divisor, dst, whole)
+            dequantize(summed, block_exponents(call.world_size, call.blocks), call.divisor,
+                       dst, call.workspace.view())
 
 
 SWITCH = SwitchAllreduce()

@@ -230,6 +230,29 @@ class RingQPs:
         attr.max_rd_atomic = MAX_RD_ATOMIC
         qp.to_rts(attr)
 
+    def to_error(self) -> None:
+        """Both QPs to ERROR: outstanding WRs complete flushed, nothing more is executed
+        from the wire (a late WRITE of the peer's old QP is dropped, never lands in our
+        memory). Used when the switch stopped aggregating "inc" (netreduce/comm.py)."""
+        self.host.life.check(f"ring {self.name!r}: to ERROR")
+        for qp in (self.send_qp, self.recv_qp):
+            attr = QPAttr()
+            attr.qp_state = e.IBV_QPS_ERR
+            qp.modify(attr, e.IBV_QP_STATE)
+
+    def close(self) -> None:
+        """Destroy both QPs, then their CQs and completion channels (a peer's packets to
+        these QPNs are dropped by rxe from then on). Idempotent; nothing after the device
+        closed (it destroyed them already)."""
+        if self.host.life.closed or getattr(self, "_closed", False):
+            return
+        self._closed = True
+        for qp in (self.send_qp, self.recv_qp):
+            qp.close()
+        for cq in (self.send_cq, self.recv_cq):
+            cq.cq.close()
+            cq.channel.close()
+
     def link(self, recv_sge: LocalBuffer, successor: int, predecessor: int) -> VerbsLink:
         return VerbsLink(send_qp=self.send_qp, send_cq=self.send_cq, recv_qp=self.recv_qp,
                          recv_cq=self.recv_cq, recv_sge=recv_sge, successor=successor,

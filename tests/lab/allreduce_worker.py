@@ -1,7 +1,7 @@
 """One rank of a lab allreduce test, run by `python -m netreduce.tools.launch` (one per host).
 
     allreduce_worker.py correctness [--sizes N,N,...] [--timed N] [--algo ring|switch|auto]
-    allreduce_worker.py switch [--sizes N,...] [--timed N] [--compare N]
+    allreduce_worker.py switch [--sizes N,...] [--timed N]
     allreduce_worker.py hold --until FILE
     allreduce_worker.py mismatch {count|dtype}
     allreduce_worker.py missing-rank --timeout S
@@ -9,7 +9,8 @@
     allreduce_worker.py die --victim R        (rank R SIGKILLs itself mid-call)
     allreduce_worker.py late --late S         (the last rank joins a call S seconds late)
     allreduce_worker.py rank0-killed --until FILE   (rank 0 SIGKILLs itself, ring registered)
-    allreduce_worker.py switch-restart --until FILE (calls until the switch restarts)
+    allreduce_worker.py survive --until CUE [--size N --big N --calls N --gil S]
+                                              (issue 24: the switch restarted twice)
     allreduce_worker.py inc-spec
     allreduce_worker.py floats [--sizes N,...]   (issue 22: NaN under auto, avg, 16-bit floats,
                                                   per-block scales)
@@ -89,12 +90,11 @@ def switch_ring_counters(comm: netreduce.Communicator) -> dict:
         return client.counters()["rings"][comm.switch.ring_id]["counters"]
 
 
-def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compare: int,
+def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int,
                dtypes: tuple[str, ...] = DTYPES) -> None:
     """algo="switch" over `sizes` (each of `dtypes`); an int32 call that may overflow
     is refused on every rank and leaves the communicator usable (one more 5-element call);
-    rank 0 prints the ring's switch counters. Then, with `compare`, int32[compare] is timed
-    over the switch and over the host ring, alternately, twice each (workspace warm)."""
+    rank 0 prints the ring's switch counters."""
     if not comm.switch.registered:
         sys.exit(f"FAIL: the 'inc' ring is not registered: {comm.switch.describe()}")
     correctness(comm, sizes, timed, "switch", dtypes)
@@ -110,8 +110,6 @@ def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int, compa
     reduce_and_check(comm, 5, "int32", "switch", False)
     if comm.rank == 0:
         print(f"SWITCH_RING {json.dumps(switch_ring_counters(comm))}", flush=True)
-    for algo in ("switch", "ring", "switch", "ring") if compare else ():
-        reduce_and_check(comm, compare, "int32", algo, True)
     print("OK switch", flush=True)
 
 
@@ -292,41 +290,88 @@ def rank0_killed(comm: netreduce.Communicator, until: str) -> None:
     sys.exit(0)
 
 
-def switch_restart(comm: netreduce.Communicator, until: str) -> None:
-    """Calls of 1 MiB over the switch until one fails (the test restarts the switch once
-    the first call is done, then creates `until`); prints how long after `until` appeared
-    the error came and the error."""
-    print(f"REGISTERED {comm.switch.ring_id}", flush=True)
-    x = rank_data(comm.rank, 1 << 18, "int32")
-    calls = 0
-    while True:
-        try:
-            comm.allreduce(x.copy(), algo="switch")
-        except (netreduce.SwitchFailure, netreduce.PeerFailure) as exc:
-            seen = os.path.getmtime(until) if os.path.exists(until) else time.time()
-            print(f"ERROR {time.time() - seen:.2f} after {calls} calls: {exc}", flush=True)
-            netreduce.finalize()
-            sys.exit(0)
-        calls += 1
-        if calls == 1:
-            print("FIRST CALL DONE", flush=True)
-        if calls > 10000:
-            sys.exit("FAIL: no call failed although the switch restarted")
+def survive(comm: netreduce.Communicator, size: int, big: int, calls: int, cue: str,
+            gil: float) -> None:
+    """Issue 24 in one job: `calls` algo="auto" calls of int32[size] (checked, out= a
+    fresh array), one of them of int32[big], the switch restarted twice by the test: (1)
+    during the big call (rank 0 prints "RESTART DURING CALL #k" and waits 0.5 s: the test
+    restarts the switch meanwhile), then calls until the ring is registered again and two
+    more; (2) between calls (rank 0 prints "RESTART WHILE IDLE"; every rank waits for the
+    file CUE.idle, which the test creates once the switch is back), then calls until back
+    and two more; then rank 0 holds the GIL `gil` s (ctypes.PyDLL: no Python thread of its
+    runs, its lease keeper included) before the next call, which must still go through
+    the switch; then calls up to `calls`. Prints "CALL i algo seconds" per call, STATS,
+    and rank 0 the ring's switch counters (SWITCH_RING)."""
+    import ctypes
+    n, done = comm.world_size, [0]
+
+    def call(count: int) -> str:
+        i = done[0]
+        x = rank_input([comm.rank, count, i], count, "int32")
+        y = np.full(x.shape, -1, dtype=np.int32)
+        t0 = time.perf_counter()
+        comm.allreduce(x, out=y)
+        dt = time.perf_counter() - t0
+        want = sum(rank_input([r, count, i], count, "int32").astype(np.int64)
+                   for r in range(n))
+        if not np.array_equal(y, want.astype(np.int32)) or \
+                not np.array_equal(x, rank_input([comm.rank, count, i], count, "int32")):
+            sys.exit(f"FAIL call {i}: int32[{count}] not exact ({comm.last_algo})")
+        print(f"CALL {i} {comm.last_algo} {dt:.2f}", flush=True)
+        done[0] += 1
+        return str(comm.last_algo)
+
+    def until_back(bound: float = 300) -> None:
+        end = time.monotonic() + bound
+        while call(size) != "switch":
+            if time.monotonic() > end:
+                sys.exit(f"FAIL: not back on the switch within {bound:g} s")
+        call(size)
+        call(size)
+
+    for _ in range(3):
+        if call(size) != "switch":
+            sys.exit("FAIL: the first calls did not go through the switch")
+    if comm.rank == 0:
+        print(f"RESTART DURING CALL #{done[0]}", flush=True)
+    time.sleep(0.5)
+    call(big)
+    until_back()
+    if comm.rank == 0:
+        print(f"RESTART WHILE IDLE after call #{done[0] - 1}", flush=True)
+    end = time.monotonic() + 600
+    while not os.path.exists(cue + ".idle"):
+        if time.monotonic() > end:
+            sys.exit("FAIL: the test never said the switch was back")
+        time.sleep(0.2)
+    until_back()
+    before = comm.stats()["switch"]
+    if comm.rank == 0 and gil:
+        print(f"GIL HELD {gil:g} s before call #{done[0]}", flush=True)
+        ctypes.PyDLL(None).sleep(int(gil))        # libc sleep(3) with the GIL held
+    if call(size) != "switch" or comm.stats()["switch"] != before:
+        sys.exit(f"FAIL: the call after rank 0 held the GIL {gil:g} s did not go through "
+                 f"the switch: {comm.stats()}")
+    while done[0] < calls:
+        call(size)
+    print(f"STATS {json.dumps(comm.stats(), sort_keys=True)}", flush=True)
+    if comm.rank == 0:
+        print(f"SWITCH_RING {comm.switch.ring_id} {json.dumps(switch_ring_counters(comm))}",
+              flush=True)
+    print("OK survive", flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["correctness", "switch", "hold", "mismatch",
                                     "missing-rank", "stall", "inc-spec", "die", "late",
-                                    "rank0-killed", "switch-restart", "floats"])
+                                    "rank0-killed", "floats", "survive"])
     p.add_argument("what", nargs="?", default="count")
     p.add_argument("--sizes", default="1,1000,256,4194304")
     p.add_argument("--timed", type=int, default=4194304)
     p.add_argument("--dtypes", default=",".join(DTYPES), help="correctness, switch: each "
                    "size as each of these")
     p.add_argument("--algo", default="ring", help="correctness: ring, switch or auto")
-    p.add_argument("--compare", type=int, default=0,
-                   help="switch: then time int32[N] over the switch and the ring (0: no)")
     p.add_argument("--until", help="hold: the file whose existence ends the hold")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--collective-timeout", type=float, default=1800.0,
@@ -334,6 +379,10 @@ def main() -> None:
     p.add_argument("--victim", type=int, default=2, help="die: the rank that is killed")
     p.add_argument("--late", type=float, default=40.0, help="late: seconds the last rank "
                    "sleeps before its call")
+    p.add_argument("--size", type=int, default=1 << 20, help="survive: int32 per call")
+    p.add_argument("--big", type=int, default=1 << 22, help="survive: the call restarted")
+    p.add_argument("--calls", type=int, default=30, help="survive: calls in all")
+    p.add_argument("--gil", type=float, default=25.0, help="survive: s rank 0 holds the GIL")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     netreduce.log_to_stderr()
@@ -355,16 +404,17 @@ def main() -> None:
     dtypes = tuple(args.dtypes.split(","))
     modes = {
         "correctness": lambda: correctness(comm, sizes, args.timed, args.algo, dtypes),
-        "switch": lambda: in_network(comm, sizes, args.timed, args.compare, dtypes),
+        "switch": lambda: in_network(comm, sizes, args.timed, dtypes),
         "hold": lambda: hold(comm, args.until, 600),
         "mismatch": lambda: mismatch(comm, args.what),
         "stall": lambda: stall(comm, args.collective_timeout),
         "die": lambda: die(comm, args.victim),
         "late": lambda: late(comm, args.late),
         "rank0-killed": lambda: rank0_killed(comm, args.until),
-        "switch-restart": lambda: switch_restart(comm, args.until),
         "inc-spec": lambda: print(f"SPEC {comm.inc_ring_spec().to_json()}", flush=True),
         "floats": lambda: floats(comm, sizes),
+        "survive": lambda: survive(comm, args.size, args.big, args.calls, args.until,
+                                   args.gil),
     }
     modes[args.mode]()
     netreduce.finalize()

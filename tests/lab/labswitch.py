@@ -1,4 +1,5 @@
-"""Which switch the lab runs, asked from the hosts' side: `use_switch`, `restart_switch`.
+"""Which switch the lab runs, asked from the hosts' side: `use_switch`, `restart_switch`,
+`restart_tor` (one ToR of the fabric).
 
 scripts/lab.sh runs the switch outside the hosts (in namespace nrlab, on the machine) and a
 supervisor beside it that restarts it on request: this module writes "ID KIND" to
@@ -74,14 +75,8 @@ def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) ->
         raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh can start only "
                              f"{available_switches()} here (bmv2 needs p4c and "
                              f"simple_switch_grpc on its PATH: scripts/install.sh)")
-    d = lab_dir()
-    rid = uuid.uuid4().hex[:12]
     t0 = time.monotonic()
-    tmp = d / f"switch.request.{rid}"
-    tmp.write_text(f"{rid} {kind}\n")
-    tmp.rename(d / "switch.request")
-    reply = _wait_reply(d / "switch.reply", rid, kind, t0 + timeout)
-    status, _, rest = reply.partition(" ")
+    status, _, rest = _ask("switch", kind, t0 + timeout).partition(" ")
     if status != "ok":
         raise LabSwitchError(f"restart_switch({kind!r}): scripts/lab.sh says: {rest}")
     _, _, pid = rest.partition(" ")
@@ -104,11 +99,37 @@ def canonical(kind: str) -> str:
     return f"racks:{r}:{loss}:{spine}:{tors}"
 
 
+def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
+    """Restart ToR `j` of the lab's fabric (the switch kind "racks:..."), fresh state, same
+    ports (tools/fabric_lab.py serves it: fabric.request / fabric.reply in $NR_LAB_DIR);
+    returns the seconds it took, once the fabric's controller answers Ping from h0."""
+    kind = current_switch()
+    if not kind.startswith("racks:"):
+        raise LabSwitchError(f"restart_tor({j}): the lab runs a {kind!r} switch, not a fabric")
+    t0 = time.monotonic()
+    status, _, rest = _ask("fabric", f"tor {j}", t0 + timeout).partition(" ")
+    if status != "ok":
+        raise LabSwitchError(f"restart_tor({j}): tools/fabric_lab.py says: {rest}")
+    _ping(kind, t0 + timeout)
+    return time.monotonic() - t0
+
+
 def use_switch(kind: str, timeout: float = RESTART_TIMEOUT) -> LabSwitch | None:
     """Make `kind` the lab's switch: restarted only when another kind runs (None then)."""
     if canonical(current_switch()) == canonical(kind):
         return None
     return restart_switch(kind, timeout)
+
+
+def _ask(who: str, what: str, deadline: float) -> str:
+    """Put "ID `what`" in $NR_LAB_DIR/`who`.request (by a rename) and return the text
+    after "ID " of the answer in `who`.reply."""
+    d = lab_dir()
+    rid = uuid.uuid4().hex[:12]
+    tmp = d / f"{who}.request.{rid}"
+    tmp.write_text(f"{rid} {what}\n")
+    tmp.rename(d / f"{who}.request")
+    return _wait_reply(d / f"{who}.reply", rid, what, deadline)
 
 
 def _wait_reply(path: Path, rid: str, kind: str, deadline: float) -> str:

@@ -2,6 +2,7 @@
 one launch checks everything (torch imports slowly under TCG), in this order:
 
     torch_worker.py [--steps K] [--victim R]
+    torch_worker.py --steps K --restart-at S1,S2     (only: DDP while the switch restarts)
   1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
      netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
      of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
@@ -95,14 +96,54 @@ def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
         print(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps", flush=True)
 
 
+def survive(comm: netreduce.Communicator, steps: int, restarts: list[int]) -> None:
+    """`steps` steps of DDP with netreduce's hook (algo="auto") next to DDP over gloo, the
+    lab's switch restarted (by rank 0, in the background) at each step of `restarts`: no
+    exception, the parameters within 1e-5 of gloo's, one fallback per restart."""
+    import threading
+    from tests.lab.labswitch import restart_switch
+    started: list[threading.Thread] = []
+
+    pending = sorted(restarts)
+
+    def before(step: int) -> None:
+        # rank 0 restarts the switch at the first step >= the next of `restarts` at which
+        # the job runs through the switch again (a restart while it is away goes unseen)
+        if comm.rank == 0 and pending and step >= pending[0] and comm.last_algo == "switch" \
+                and not any(t.is_alive() for t in started):
+            pending.pop(0)
+            print(f"RESTART at step {step}", flush=True)
+            started.append(threading.Thread(target=restart_switch, daemon=True))
+            started[-1].start()
+    args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
+                                 bucket_cap_mb=0.1, log_every=10)
+    results = train(["gloo", "switch"], comm, args, before)
+    for t in started:
+        t.join(300)
+    diff = global_max(float((results["switch"][2] - results["gloo"][2]).abs().max()))
+    stats = comm.stats()
+    if comm.rank == 0 and pending:
+        sys.exit(f"FAIL survive: the switch was not back in time for the restarts at {pending}")
+    if diff > 1e-5 or stats["switch"]["fallbacks"] != len(restarts):
+        sys.exit(f"FAIL survive: parameters {diff:.3g} from gloo's, stats {stats}")
+    print(f"OK survive: max |param - gloo| {diff:.3g} after {steps} steps, "
+          f"{sum(results['switch'][1]):.1f} s of steps; stats {stats}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--victim", type=int, default=None)
+    p.add_argument("--restart-at", default="", help="survive: restart the lab's switch at "
+                   "these steps (comma-separated) of a DDP run of --steps steps, only that")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     netreduce.log_to_stderr()
     comm = netreduce.init()
+    if args.restart_at:
+        survive(comm, args.steps, [int(s) for s in args.restart_at.split(",")])
+        netreduce.finalize()
+        return
     like_gloo(comm, args.steps)
     nan(comm)
     if args.victim is None:

@@ -72,6 +72,37 @@ class Fabric:
         self._busy: dict[tuple[int, bool], float] = {}        # (port, to_switch) -> free at
         self.counts: Counter = Counter()
         self.lost: Counter = Counter()
+        self.down_until = -1.0          # the switch drops every frame until then
+        self.restarts = 0
+        self._die_after: Optional[tuple[int, float]] = None   # (results, down_for)
+        self._emitted = 0
+        self._die_in_slot: Optional[tuple[int, int, float]] = None
+
+    def restart_switch(self, at: Optional[float] = None, down_for: float = 0.0,
+                       after_results: Optional[int] = None,
+                       in_slot: Optional[tuple[int, int]] = None) -> None:
+        """The switch process dies at simulated time `at`; or right after it emitted its
+        `after_results`-th frame; or (`in_slot` = (s, j)) while it emits the results of
+        the s-th slot it completes, after j of them. Frames it emitted in the same step
+        after that are lost (a switch that dies while it sends a slot's results). Its
+        pipeline state is lost, it drops every frame for `down_for` s, then a fresh
+        pipeline (no ring registered) forwards everything by MAC, unaggregated, like a
+        restarted switch."""
+        if after_results is not None:
+            self._die_after = (after_results, down_for)
+        if in_slot is not None:
+            self._die_in_slot = (*in_slot, down_for)
+        if at is not None:
+            self.sim.at(max(0.0, at - self.sim.now), self._restart, down_for)
+
+    def _completed(self) -> int:
+        """Slots the switch completed so far (all rings)."""
+        return sum(ring.pool.completed for ring in self.pipeline._rings.values())
+
+    def _restart(self, down_for: float) -> None:
+        self.pipeline = AggregationPipeline()
+        self.down_until = self.sim.now + down_for
+        self.restarts += 1
 
     def attach(self, port: int, mac: str,
                receive: Callable[[bytes], None]) -> Callable[[bytes], None]:
@@ -103,13 +134,35 @@ class Fabric:
 
     def _switch(self, in_port: int, frame: bytes) -> None:
         """switch.dataplane.ports's per-frame step: the pipeline first, else L2 forwarding."""
+        if self.sim.now < self.down_until:
+            self.lost["switch down"] += 1
+            return
         out: list[tuple[int, bytes]] = []
+        before = self._completed()
         took = self.pipeline.process(memoryview(bytearray(frame)), in_port,
                                      lambda port, parts: out.append((port, b"".join(parts))))
+        if self._die_in_slot is not None and before < self._die_in_slot[0] <= self._completed():
+            slot, j, down_for = self._die_in_slot      # (completed slots go out in order,
+            self._die_in_slot = None                   # each on every connection)
+            keep = min(len(out), (slot - before - 1) * len(out) // (self._completed() - before)
+                       + j)
+            self.lost["switch died"] += len(out) - keep
+            out = out[:keep]
+            self._restart(down_for)
         if not took:
             port = self.macs.get(frame[:6])
             if port is None:
                 raise AssertionError(f"frame for unknown MAC {frame[:6].hex(':')}")
             out.append((port, frame))
         for port, emitted in out:
+            if took and self._die_after is not None:
+                limit, down_for = self._die_after
+                self._emitted += 1
+                if self._emitted > limit:          # it died while sending this step's frames
+                    self.lost["switch died"] += 1
+                    continue
+                if self._emitted == limit:
+                    self._restart(down_for)
             self._cross(port, False, emitted)
+        if self._emitted >= (self._die_after or (1 << 62, 0))[0]:
+            self._die_after = None

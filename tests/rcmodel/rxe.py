@@ -175,6 +175,7 @@ class QP:
         self._tokens = itertools.count()
         self.send_cq: deque[Completion] = deque()
         self.cq_events = 0                      # completions ever queued (send and recv)
+        self.on_event: Optional[Callable[[], None]] = None   # called at every one of them
         # responder
         self.resp_psn = self.ack_psn = 0
         self.sent_psn_nak = False
@@ -315,6 +316,13 @@ class QP:
         self._timer = None
         self._flush()
 
+    def to_error(self) -> None:
+        """ibv_modify_qp(ERROR): outstanding WQEs complete flushed; from then on requests
+        are dropped unanswered and nothing is sent (the peer's requester retries)."""
+        self.error = True
+        self._timer = None
+        self._flush()
+
     def _flush(self) -> None:
         while self.sq:
             self._complete(self.send_cq,
@@ -323,6 +331,8 @@ class QP:
     def _complete(self, cq: deque[Completion], c: Completion) -> None:
         cq.append(c)
         self.cq_events += 1
+        if self.on_event is not None:
+            self.on_event()
 
     # --- responder (rxe_resp.c) --------------------------------------------------------
     def on_request(self, frame: bytes, opcode: int, psn: int, ackreq: bool, pad: int,

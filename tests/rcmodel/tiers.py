@@ -1,4 +1,5 @@
-"""A two-tier fabric in the RC model: racks of model rxe hosts, a ToR per rack, one spine.
+"""A two-tier fabric in the RC model: racks of model rxe hosts, a ToR per rack, one spine
+(and `ThreeTierFabric`: pods of racks under pod switches, rcmodel.pod, under a top spine).
 
 The switches are the real `TorPipeline`s and `SpinePipeline`, the ring is installed through
 the real `FabricTarget` (placement from the ToRs' static MAC tables). Host r sits on a host
@@ -14,13 +15,15 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults, kind_of
+from rcmodel.pod import PodConfig, PodPipeline
 from rcmodel.sim import Simulation
-from switch.contract import RingSpec
+from switch.contract import RingSpec, required_slots
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.dataplane.interswitch import Endpoint
+from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
 
@@ -126,3 +129,126 @@ class TwoTierFabric:
         return {j: (self.bytes[(("tor", j), ("spine", 0))],
                     self.bytes[(("spine", 0), ("tor", j))])
                 for j in range(max(self.rack) + 1)}
+
+
+def pod_endpoint(p: int) -> Endpoint:
+    return Endpoint(f"02:4e:54:00:00:{p + 1:02x}", f"10.79.0.{p + 1}")
+
+
+class ThreeTierFabric(TwoTierFabric):
+    """Racks of hosts, a ToR per rack, a pod switch per pod of racks (rcmodel.pod), and the
+    top spine (the real `SpinePipeline`, its lanes the pods).
+
+    `pods` gives the racks of each pod (consecutive racks). ToR j's uplink (port `UPLINK`)
+    is cabled to its pod switch's port (its index in the pod) + 1; pod p's uplink (port
+    `UPLINK`) to top spine port p+1. The ring is installed by hand, as a three-tier
+    controller would (`register`); links, faults and byte counts as in `TwoTierFabric`
+    (every link between switches takes `uplink`).
+    """
+
+    def __init__(self, sim: Simulation, rack_sizes: Sequence[int], pods: Sequence[int],
+                 faults: Faults, uplink: FaultRates = FaultRates()) -> None:
+        if sum(pods) != len(rack_sizes):
+            raise ValueError(f"pods {list(pods)} hold {sum(pods)} racks, not "
+                             f"{len(rack_sizes)}")
+        self.sim, self.faults, self.uplink = sim, faults, uplink
+        self._random = random.Random(faults.seed)
+        self.rack = [j for j, size in enumerate(rack_sizes) for _ in range(size)]
+        self._port = {r: self.rack[:r].count(self.rack[r]) + 1 for r in range(len(self.rack))}
+        self.pod_of = [p for p, racks in enumerate(pods) for _ in range(racks)]   # by rack
+        self._pod_port = {j: self.pod_of[:j].count(self.pod_of[j]) + 1
+                          for j in range(len(rack_sizes))}
+        self.hosts: dict[int, Callable[[bytes], None]] = {}
+        self.pipelines: dict[Node, Any] = {
+            ("tor", j): TorPipeline(TorConfig(j, UPLINK, tor_endpoint(j),
+                                              pod_endpoint(self.pod_of[j])))
+            for j in range(len(rack_sizes))}
+        for p in range(len(pods)):
+            self.pipelines[("pod", p)] = PodPipeline(PodConfig(
+                p, UPLINK, pod_endpoint(p), SPINE,
+                {j: (self._pod_port[j], tor_endpoint(j)) for j in range(len(rack_sizes))
+                 if self.pod_of[j] == p}))
+        self.pipelines[("spine", 0)] = SpinePipeline(SpineConfig(
+            SPINE, {p: (p + 1, pod_endpoint(p)) for p in range(len(pods))}))
+        self.macs = {node: {} for node in self.pipelines}
+        self.bytes = Counter()
+        self.lost = Counter()
+        self._busy = {}
+
+    def attach(self, port: int, mac: str,
+               receive: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        r = port - 1
+        j, raw = self.rack[r], bytes.fromhex(mac.replace(":", ""))
+        p = self.pod_of[j]
+        self.hosts[r] = receive
+        for node in self.macs:
+            kind, x = node
+            if kind == "tor":
+                self.macs[node][raw] = self._port[r] if x == j else UPLINK
+            elif kind == "pod":
+                self.macs[node][raw] = self._pod_port[j] if x == p else UPLINK
+            else:
+                self.macs[node][raw] = p + 1
+        return lambda frame: self._cross(("host", r), ("tor", j), self._port[r], frame)
+
+    def register(self, spec: RingSpec, slots: int) -> None:
+        """Install the ring on every switch of its path, as a three-tier controller would."""
+        n = spec.world_size
+        rack = {c.src_ip: self.rack[c.rank] for c in spec.connections}
+        pod = {ip: self.pod_of[j] for ip, j in rack.items()}
+        window = required_slots(spec) // 2
+        for j in sorted(set(rack.values())):
+            local = {c.src_ip: self._port[c.rank] for c in spec.connections
+                     if rack[c.src_ip] == j}
+            self.pipelines[("tor", j)].register_ring(spec, local, slots)
+        conns = spec.connections
+        for p in sorted(set(pod.values())):
+            tors = sorted({j for ip, j in rack.items() if pod[ip] == p})
+            routes = {c.rank: rack[c.dst_ip] for c in conns
+                      if pod[c.dst_ip] == p and rack[c.src_ip] != rack[c.dst_ip]}
+            leaving = [c.rank for c in conns if pod[c.src_ip] == p and pod[c.dst_ip] != p]
+            entering = [c.rank for c in conns if pod[c.src_ip] != p and pod[c.dst_ip] == p]
+            self.pipelines[("pod", p)].register_ring(spec.ring_id, tors, slots, spec.mtu,
+                                                     window, routes, leaving, entering)
+        between = [c for c in conns if pod[c.src_ip] != pod[c.dst_ip]]
+        self.pipelines[("spine", 0)].register_ring(
+            spec.ring_id, sorted(set(pod.values())), slots, spec.mtu,
+            {c.rank: pod[c.dst_ip] for c in between},
+            {conn_key(c.src_ip, c.dst_ip, c.dst_qpn): pod[c.src_ip] for c in between})
+        assert n == len(conns)
+
+    def _neighbour(self, node: Node, port: int) -> tuple[Node, int]:
+        kind, x = node
+        if kind == "spine":
+            return ("pod", port - 1), UPLINK
+        if kind == "pod":
+            if port == UPLINK:
+                return ("spine", 0), x + 1
+            j = next(j for j in self._pod_port if self.pod_of[j] == x
+                     and self._pod_port[j] == port)
+            return ("tor", j), UPLINK
+        if port == UPLINK:
+            return ("pod", self.pod_of[x]), self._pod_port[x]
+        return super()._neighbour(node, port)
+
+    def ring_counters(self, ring_id: str) -> dict[str, Any]:
+        """The ToRs' ring counters summed (as FabricTarget reports a ring), and each
+        switch's own."""
+        per = {f"{kind}{x}": self.pipelines[(kind, x)].counters().get(ring_id)
+               for kind, x in self.pipelines}
+        total: Counter = Counter()
+        for name, ring in per.items():
+            if name.startswith("tor") and ring is not None:
+                total.update(ring["counters"])
+        return {"counters": dict(total), "switches": per}
+
+    def uplink_bytes(self) -> dict[str, int]:
+        """Bytes per direction summed over each tier's links: ToR-pod and pod-spine."""
+        out: Counter = Counter()
+        for (a, b), v in self.bytes.items():
+            kinds = {a[0], b[0]}
+            if kinds == {"tor", "pod"}:
+                out["tor-pod up" if a[0] == "tor" else "tor-pod down"] += v
+            elif kinds == {"pod", "spine"}:
+                out["pod-spine up" if a[0] == "pod" else "pod-spine down"] += v
+        return dict(out)

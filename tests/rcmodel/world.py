@@ -23,19 +23,33 @@ from typing import Any, Callable, Optional, Sequence
 import flowctl.stream
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
-from flowctl.stream import Stream
+from flowctl.stream import LIVENESS_POLL, Stream
 from netreduce.comm import RINGS, Communicator
 from netreduce.meta import control_bytes
 from netreduce.registration import SwitchStatus
-from ring_setup.rendezvous import PeerFailed
+from ring_setup.rendezvous import PeerFailed, RendezvousTimeout
 from rcmodel.fabric import Fabric, FaultRates, Faults
 from rcmodel.rxe import QP, Device, Peer, QPAttr
 from rcmodel.sim import Simulation, Turns
-from rcmodel.tiers import TwoTierFabric
+from rcmodel.tiers import ThreeTierFabric, TwoTierFabric
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
 from switch.contract import DEFAULT_SLOTS, RingSpec
 from switch.dataplane.pipeline import AggregationPipeline
+
+
+def host_ip(rank: int) -> str:
+    """The lab's address of host `rank` (10.77.0.(rank+1)); past 253, 10.77.q.(m+1) with
+    q, m = divmod(rank, 254), so the scale study's 1024 ranks are distinct too."""
+    if rank < 254:
+        return f"10.77.0.{rank + 1}"
+    q, m = divmod(rank, 254)
+    return f"10.77.{q}.{m + 1}"
+
+
+def host_mac(rank: int) -> str:
+    """The lab's MAC of host `rank` (02:4e:52:00:00:(rank+1)), 16 bits of it past 254."""
+    return f"02:4e:52:00:{(rank + 1) >> 8:02x}:{(rank + 1) & 0xFF:02x}"
 
 
 class ModelLink:
@@ -45,6 +59,7 @@ class ModelLink:
                  predecessor: int) -> None:
         self.turns, self.rank, self.send, self.recv = turns, rank, send, recv
         self.successor, self.predecessor = successor, predecessor
+        send.on_event = recv.on_event = lambda: turns.poke(rank)   # what `wait` waits for
 
     def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
         self.send.post_write(index, src, dst)
@@ -79,29 +94,63 @@ class ModelLink:
 
 
 @dataclass
+class ModelRingQPs:
+    """What the communicator does to a rank's QPs of one ring after setup: ERROR, destroy."""
+
+    send: QP
+    recv: QP
+
+    def to_error(self) -> None:
+        self.send.to_error()
+        self.recv.to_error()
+
+    def close(self) -> None:
+        self.to_error()
+
+
+@dataclass
 class ModelHost:
-    """What netreduce.comm.Host needs for `Workspace` (register) and error messages."""
+    """What netreduce.comm.Host needs for `Workspace` (register), error messages and
+    `Communicator.close`."""
 
     device: Device
 
     def register(self, nbytes: int) -> Any:
         return self.device.register(nbytes)
 
+    def close(self) -> None:
+        """Nothing to free: the model's device lives as long as its World."""
+
+
+
+class ModelStore:
+    """What the ranks' rendezvous share: failures, switch-away notices, gathered keys."""
+
+    def __init__(self) -> None:
+        self.failures: dict[int, str] = {}
+        self.notices: dict[int, str] = {}
+        self.keys: dict[str, dict[int, Any]] = {}
 
 
 class ModelRendezvous:
-    """The rendezvous as the communicator uses it after setup: liveness only.
+    """The rendezvous as the communicator uses it after setup: liveness, switch-away notices
+    and the gathers that settle them.
 
-    Every rank shares one `failures` map, as the real store's watch does: a rank that aborts
+    Every rank shares one `ModelStore`, as the real store's watch does: a rank that aborts
     (its call failed) is seen at once by every other rank's `check_peers`, so the others
-    fail fast with `PeerFailure` naming it (ring_setup/rendezvous.py). No process dies in
-    the model, so nothing else ever lands in it.
+    fail fast with `PeerFailure` naming it (ring_setup/rendezvous.py); a notice is seen at
+    once through `notice_epoch` (a rank's "inc" stream checks it while it waits). Notices
+    are never pushed to listeners: a model rank has no progress thread, so only ranks in a
+    call settle (the tests' bodies end with a call on every rank). A gather waits on the
+    simulated clock (`Turns`). No process dies in the model.
     """
 
-    def __init__(self, rank: int, world_size: int, failures: dict[int, str]) -> None:
+    def __init__(self, rank: int, world_size: int, store: ModelStore, turns: Turns) -> None:
         self.rank = rank
         self.world_size = world_size
-        self._failures = failures
+        self._store = store
+        self._failures = store.failures
+        self._turns = turns
 
     def abort(self, reason: str) -> None:
         self._failures.setdefault(self.rank, reason)
@@ -109,6 +158,35 @@ class ModelRendezvous:
     def check_peers(self) -> None:
         if self._failures:
             raise PeerFailed(self._failures)
+
+    @property
+    def notices(self) -> dict[int, str]:
+        return self._store.notices
+
+    @property
+    def notice_epoch(self) -> int:
+        return max(self._store.notices, default=0)
+
+    def notice(self, epoch: int, reason: str) -> None:
+        self._store.notices.setdefault(epoch, reason)
+
+    def on_notice(self, listener: Callable[[int, str], None]) -> None:
+        """Never called in the model (see the class doc)."""
+
+    def gather(self, name: str, value: Any, timeout: float, *, waiting_for: str,
+               until: Optional[Callable[[], bool]] = None) -> Optional[list[Any]]:
+        got = self._store.keys.setdefault(name, {})
+        got.setdefault(self.rank, value)
+        end = self._turns.sim.now + timeout
+        while len(got) < self.world_size:
+            self.check_peers()
+            if until is not None and until():
+                return None
+            if self._turns.sim.now >= end:
+                raise RendezvousTimeout(f"model: ranks {sorted(set(range(self.world_size)) - set(got))} never {waiting_for}")
+            self._turns.wait(self.rank, min(LIVENESS_POLL, end - self._turns.sim.now),
+                             lambda: len(got) == self.world_size or bool(self._failures))
+        return [got[r] for r in range(self.world_size)]
 
     def watch(self) -> None:
         """The model needs no watcher: `failures` is shared."""
@@ -123,7 +201,11 @@ class World:
     give values near 2^24 to cross the PSN wrap). `slots=None` registers the "inc" ring
     with the controller's default; `switch=False` registers nothing (the ring forwards).
     `racks` (rack sizes, contiguous ranks): a two-tier fabric instead of the one switch
-    (rcmodel.tiers), its ToR-spine links with `uplink_faults`.
+    (rcmodel.tiers), its ToR-spine links with `uplink_faults`; with `pods` (racks per pod)
+    three tiers (rcmodel.tiers.ThreeTierFabric, rcmodel.pod). `max_ranks` widens the one
+    switch's per-ring limit (switch.contract.MAX_RANKS, its slot bitmap's width) for the
+    scale study's "one switch of n ports" (rcmodel.scale); the software pipeline's bitmap
+    is a Python int, so nothing else changes.
     """
 
     def __init__(self, n: int, config: FlowConfig, *, faults: Faults = Faults(),
@@ -132,24 +214,29 @@ class World:
                  psn0s: Optional[dict[tuple[int, str], int]] = None,
                  max_time: float = 600.0, max_events: int = 2_000_000,
                  racks: Optional[Sequence[int]] = None,
-                 uplink_faults: FaultRates = FaultRates()) -> None:
+                 uplink_faults: FaultRates = FaultRates(),
+                 max_ranks: Optional[int] = None,
+                 pods: Optional[Sequence[int]] = None) -> None:
         self.n, self.config = n, config
         self.sim = Simulation(max_time, max_events)
         self.turns = Turns(self.sim)
         self.pipeline = AggregationPipeline()
+        if max_ranks is not None:
+            self.pipeline.max_ranks = max_ranks
         self.fabric: Fabric | TwoTierFabric
         if racks is None:
             self.fabric = Fabric(self.sim, self.pipeline, faults)
         else:
             if sum(racks) != n:
                 raise ValueError(f"racks {list(racks)} hold {sum(racks)} ranks, not {n}")
-            self.fabric = TwoTierFabric(self.sim, racks, faults, uplink_faults)
+            self.fabric = (TwoTierFabric(self.sim, racks, faults, uplink_faults) if pods is None
+                           else ThreeTierFabric(self.sim, racks, pods, faults, uplink_faults))
         attr = attr or QPAttr(mtu=config.mtu)
         draw = random.Random(seed)
         psn0s = psn0s or {}
         self.devices = []
         for r in range(n):
-            dev = Device(f"rxe{r}", f"10.77.0.{r + 1}", f"02:4e:52:00:00:{r + 1:02x}", self.sim)
+            dev = Device(f"rxe{r}", host_ip(r), host_mac(r), self.sim)
             dev.nic = self.fabric.attach(r + 1, dev.mac, dev.receive)
             self.devices.append(dev)
         qps = {(r, ring): (self.devices[r].create_qp(
@@ -184,9 +271,9 @@ class World:
                                                         enumerate(self.devices)}, self.slots)
             status = SwitchStatus("model", self.spec.ring_id, self.slots)
         self.comms = []
-        failures: dict[int, str] = {}           # what the store would tell every rank
+        self.store = ModelStore()               # what the store would tell every rank
         for r, dev in enumerate(self.devices):
-            rendezvous = ModelRendezvous(r, n, failures)
+            rendezvous = ModelRendezvous(r, n, self.store, self.turns)
             streams = {ring: Stream(ModelLink(self.turns, r, *qps[r, ring], (r + 1) % n,
                                               (r - 1) % n), config, f"rank {r}, ring {ring!r}",
                                     liveness=rendezvous.check_peers)
@@ -194,7 +281,8 @@ class World:
             self.comms.append(Communicator(
                 rendezvous=rendezvous, host=ModelHost(dev),
                 config=config, endpoints=self.endpoints, streams=streams,
-                control=controls[r], switch=status, controller=None))
+                control=controls[r], switch=status, controller=None,
+                rings={ring: ModelRingQPs(*qps[r, ring]) for ring in RINGS}))
 
     def run(self, body: Callable[[Communicator], Any]) -> list[Any]:
         """body(comm) on every rank; each rank's result or exception (see the module doc)."""
@@ -211,6 +299,8 @@ class World:
     def switch_counters(self) -> dict[str, Any]:
         """The "inc" ring's counters, as the controller reports them (on a two-tier fabric:
         its ToRs' sums, with `racks` and each switch's own counters, `switches`)."""
+        if isinstance(self.fabric, ThreeTierFabric):
+            return self.fabric.ring_counters(self.spec.ring_id)
         if isinstance(self.fabric, TwoTierFabric):
             return self.fabric.target.counters()["rings"][self.spec.ring_id]
-        return self.pipeline.counters()[self.spec.ring_id]
+        return self.fabric.pipeline.counters()[self.spec.ring_id]

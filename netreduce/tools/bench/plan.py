@@ -1,7 +1,8 @@
 """What one benchmark run measures: the plan the parent hands every rank, and sizes.
 
-Sizes are bytes, written plainly or with a binary suffix (`64K`, `1M`, `16M`, `1G`); each
-must be a whole number of elements of the benchmark's dtype.
+Sizes are bytes, written plainly or with a binary suffix (`64K`, `1M`, `16M`, `1G`), or as
+a range MIN:MAX:FACTOR in the style of nccl-tests' -b/-e/-f (`4:16M:4` = 4 B, 16 B, 64 B,
+..., 16 MiB); each must be a whole number of elements of the benchmark's dtype.
 """
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ import numpy as np
 DTYPES = ("int32", "float32")
 ALGOS = ("switch", "ring")        # what `--algos` may name (netreduce.algorithms)
 LINK = "link"                     # the forwarding-mode ring WRITE measurement (not an algo)
+RTT = "rtt"                       # the RC round trip between ranks 0 and 1 (not an algo)
+RTT_BYTES = 8                     # what its ping-pong WRITEs carry, whatever the row's size
+SWEEP = "4:16M:4"                 # --sweep's sizes: 4 B to 16 MiB by powers of 4
+AUTO_CALLS_BYTES = 256 * 1024     # --iters auto: about this many bytes per job...
+AUTO_CALLS_MAX = 16               # ...in at most this many calls
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _SIZE = re.compile(r"(\d+)\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
 
@@ -27,8 +33,45 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
 
 
+def parse_range(text: str) -> list[int]:
+    """'4:1K:4' -> [4, 16, 64, 256, 1024]: MIN, then times FACTOR while <= MAX."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"bench: size range {text!r} is not MIN:MAX:FACTOR like 4:16M:4")
+    low, high = parse_size(parts[0]), parse_size(parts[1])
+    try:
+        factor = int(parts[2])
+    except ValueError:
+        factor = 0
+    if factor < 2 or low > high:
+        raise ValueError(f"bench: size range {text!r}: need MIN <= MAX and an integer "
+                         f"FACTOR >= 2")
+    out = [low]
+    while out[-1] * factor <= high:
+        out.append(out[-1] * factor)
+    return out
+
+
 def parse_sizes(text: str) -> list[int]:
-    return [parse_size(s) for s in text.split(",") if s.strip()]
+    """Comma-separated sizes and MIN:MAX:FACTOR ranges, in order, each size once."""
+    sizes: list[int] = []
+    for item in (s.strip() for s in text.split(",")):
+        if item:
+            sizes += parse_range(item) if ":" in item else [parse_size(item)]
+    return list(dict.fromkeys(sizes))
+
+
+def parse_iters(text: str) -> int:
+    """'auto' -> 0 (calls per job chosen per size, `BenchPlan.calls`), else a count >= 1."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        iters = int(text)
+    except ValueError:
+        iters = 0
+    if iters < 1:
+        raise ValueError(f"bench: --iters {text!r}: a count of calls per job >= 1, or auto")
+    return iters
 
 
 def format_size(nbytes: int) -> str:
@@ -51,7 +94,9 @@ def parse_algos(text: str) -> list[str]:
 @dataclass(frozen=True)
 class BenchPlan:
     """Identical on every rank. For every size: `warmup` untimed then `jobs` timed rounds of
-    one job per column: the link, then each algorithm (see netreduce.tools.bench.worker)."""
+    one job per column: the link, then each algorithm, then (with `rtt`) the RC round trip
+    between ranks 0 and 1 (see netreduce.tools.bench.worker). A job makes `calls(size)`
+    calls back to back (`iters`; 0 = auto) and reports its time per call."""
 
     workers: int
     sizes: tuple[int, ...]
@@ -64,11 +109,15 @@ class BenchPlan:
     mtu: int = 4096
     seed: int = 1
     ack_timeout: int | None = None     # the QPs' local ACK timeout exponent; None: init's
+    iters: int = 1                     # calls per job; 0: auto (`calls`)
+    rtt: bool = False                  # measure the RC round trip column too
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.jobs < 1 or self.warmup < 0:
-            raise ValueError(f"bench: need workers >= 1, jobs >= 1, warmup >= 0 (got "
-                             f"{self.workers}, {self.jobs}, {self.warmup})")
+        if self.workers < 1 or self.jobs < 1 or self.warmup < 0 or self.iters < 0:
+            raise ValueError(f"bench: need workers >= 1, jobs >= 1, warmup >= 0, iters >= 0 "
+                             f"(got {self.workers}, {self.jobs}, {self.warmup}, {self.iters})")
+        if self.rtt and self.workers < 2:
+            raise ValueError("bench: the RC round trip needs 2 or more workers")
         if self.dtype not in DTYPES:
             raise ValueError(f"bench: dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
         if not self.sizes or not self.algos:
@@ -82,15 +131,26 @@ class BenchPlan:
     @property
     def columns(self) -> tuple[str, ...]:
         """What is measured at every size, in order."""
-        return (LINK, *self.algos)
+        return (LINK, *self.algos, *((RTT,) if self.rtt else ()))
+
+    def calls(self, size: int) -> int:
+        """Calls per job at `size`: `iters`, or (auto) enough for ~AUTO_CALLS_BYTES per job,
+        1 to AUTO_CALLS_MAX: small calls are timed over several, large ones one by one."""
+        if self.iters:
+            return self.iters
+        return max(1, min(AUTO_CALLS_MAX, AUTO_CALLS_BYTES // size))
 
     @property
     def units(self) -> int:
         """Jobs (warmup included) the whole run does: the progress bar's total."""
         return len(self.sizes) * len(self.columns) * (self.warmup + self.jobs)
 
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
     def count(self, size: int) -> int:
-        return size // np.dtype(self.dtype).itemsize
+        return size // self.itemsize
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -2,9 +2,12 @@
 SwitchML-style lines, the summary table, the JSON document and its schema.
 
 Units: durations in ns, rates in Gbit/s (decimal: bytes * 8 / ns). A job's duration is the
-longest any rank took from the barrier that started it. algbw = M / median duration;
-busbw = algbw * 2(n-1)/n for an allreduce (what a ring moves per rank) and = algbw for the
-link (one plain transfer per rank).
+longest any rank took from the barrier that started it, divided by the calls it made (a job
+of several calls back to back, `Record.calls`, reports its time per call). algbw = M /
+median time per call; busbw = algbw * 2(n-1)/n for an allreduce (what a ring moves per rank)
+and = algbw for the link (one plain transfer per rank). The "rtt" column is one RC round trip
+of RTT_BYTES between ranks 0 and 1 whatever the row's size (no rate): the reference the
+other columns' time per call is counted in.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from netreduce.tools.bench.plan import LINK, format_size
+from netreduce.tools.bench.plan import LINK, RTT, RTT_BYTES, format_size
 
 PREFIX = "NRBENCH "        # a worker's stdout line carrying one Record
 CPU = "cpu_"               # Record.counters keys holding CPU time by state
@@ -30,7 +33,8 @@ class Record:
     """One rank's view of one job, or, joined over the ranks by `Collector`, the job itself:
     the slowest rank's `ns`, `ok` on every rank, `counters` summed. `job` < 0 is a warmup
     job. `counters`: what moved during the job: the rank's rxe hw_counters (its barrier
-    included: sent_pkts, rcvd_seq_err, completer_retry_err, ...) and, from rank 0 only, the
+    included: sent_pkts, rcvd_seq_err, completer_retry_err, ...; `calls` the calls the job
+    made back to back, `ns` their total) and, from rank 0 only, the
     lab's CPU time by state over the timed part (`CPU` + user/system/softirq/idle/..., clock
     ticks of /proc/stat, which every host namespace shares) and, on a two-tier fabric, the
     bytes that crossed its ToR-spine links (`SPINE`, both directions, as the receiving ends
@@ -43,10 +47,15 @@ class Record:
     ns: int
     ok: bool
     counters: dict[str, int] = field(default_factory=dict)
+    calls: int = 1
 
     @property
     def warmup(self) -> bool:
         return self.job < 0
+
+    @property
+    def per_call_ns(self) -> int:
+        return -(-self.ns // self.calls)
 
     def line(self) -> str:
         return PREFIX + json.dumps(asdict(self), separators=(",", ":"))
@@ -78,7 +87,8 @@ class Collector:
         for r in got.values():
             counters.update(r.counters)
         return Record(record.algo, record.size, record.job, max(r.ns for r in got.values()),
-                      all(r.ok for r in got.values()), dict(sorted(counters.items())))
+                      all(r.ok for r in got.values()), dict(sorted(counters.items())),
+                      record.calls)
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,8 @@ class Summary:
 
 @dataclass
 class Result:
-    """The timed jobs of one algorithm at one size (one row of the JSON `results`)."""
+    """The timed jobs of one algorithm at one size (one row of the JSON `results`): `jobs`
+    holds each timed job's time per call (ns), `per_job` the calls each job made."""
 
     algo: str
     size_bytes: int
@@ -109,13 +120,15 @@ class Result:
     verified: bool = True
     counters: Counter[str] = field(default_factory=Counter)    # summed over every job
     calls: int = 0                                             # every job, warmup included
+    per_job: int = 1
 
     def add(self, job: Record) -> None:
         self.verified = self.verified and job.ok
         self.counters.update(job.counters)
-        self.calls += 1
+        self.calls += job.calls
+        self.per_job = job.calls
         if not job.warmup:
-            self.jobs.append(job.ns)
+            self.jobs.append(job.per_call_ns)
 
     @property
     def rxe(self) -> dict[str, int]:
@@ -135,10 +148,15 @@ class Result:
         total = sum(ticks.values())
         return {k: v / total for k, v in sorted(ticks.items(), key=lambda kv: -kv[1])}
 
+    @property
+    def moved_bytes(self) -> int:
+        """What one call moves per rank: the row's size, but RTT_BYTES for the rtt column."""
+        return RTT_BYTES if self.algo == RTT else self.size_bytes
+
     def job_lines(self) -> list[str]:
-        """One SwitchML allreduce_benchmark line per timed job."""
+        """One SwitchML allreduce_benchmark line per timed job (its time per call)."""
         return [f"Job(s) #{i}# finished. Duration: #{ns}# ns Goodput: "
-                f"#{gbps(self.size_bytes, ns):.4f}# Gbps." for i, ns in enumerate(self.jobs)]
+                f"#{gbps(self.moved_bytes, ns):.4f}# Gbps." for i, ns in enumerate(self.jobs)]
 
     @property
     def median_ns(self) -> float:
@@ -146,21 +164,26 @@ class Result:
 
     @property
     def algbw_gbps(self) -> float:
-        return gbps(self.size_bytes, self.median_ns)
+        return gbps(self.moved_bytes, self.median_ns)
 
     @property
     def busbw_gbps(self) -> float:
         n = self.workers
         return self.algbw_gbps if self.algo == LINK else self.algbw_gbps * 2 * (n - 1) / n
 
+    @property
+    def median_us(self) -> float:
+        return self.median_ns / 1e3
+
     def summary_lines(self) -> list[str]:
         """Min/Max/Median/Mean/Std dev of the durations, and the goodput they mean."""
         s = Summary.of([float(ns) for ns in self.jobs])
-        lines = [f"{self.algo} {format_size(self.size_bytes)} ({len(self.jobs)} jobs, "
+        calls = f" of {self.per_job} calls" if self.per_job > 1 else ""
+        lines = [f"{self.algo} {format_size(self.size_bytes)} ({len(self.jobs)} jobs{calls}, "
                  f"{self.workers} workers{'' if self.verified else ', VERIFICATION FAILED'}):"]
         for name, ns in (("Min", s.min), ("Max", s.max), ("Median", s.median),
                          ("Mean", s.mean)):
-            lines.append(f"  {name}: #{ns:.0f}# ns Goodput: #{gbps(self.size_bytes, ns):.4f}# "
+            lines.append(f"  {name}: #{ns:.0f}# ns Goodput: #{gbps(self.moved_bytes, ns):.4f}# "
                          f"Gbps.")
         lines.append(f"  Std dev: #{s.std:.0f}# ns")
         if self.rxe:
@@ -173,6 +196,7 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         return {"algo": self.algo, "size_bytes": self.size_bytes, "jobs": list(self.jobs),
+                "calls_per_job": self.per_job,
                 "median_ns": self.median_ns, "algbw_gbps": self.algbw_gbps,
                 "busbw_gbps": self.busbw_gbps, "verified": self.verified,
                 "rxe": self.rxe, "vm_cpu": self.vm_cpu,
@@ -205,20 +229,36 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
+def _rtts(a: Result | None, rtt: Result | None) -> float | None:
+    """a's median time per call in RC round trips (rtt's median), or None."""
+    if a is None or rtt is None or not rtt.median_ns:
+        return None
+    return a.median_ns / rtt.median_ns
+
+
 def ratios(results: list[Result]) -> list[dict[str, Any]]:
     """Per size: in-network over ring and in-network over the link, in algbw of the medians
-    (None where one of them was not measured), and the same ratios round by round."""
+    (None where one of them was not measured), the same ratios round by round, and each
+    algorithm's time per call in RC round trips (None without the rtt column)."""
     sizes = sorted({r.size_bytes for r in results})
     out = []
     for size in sizes:
         switch = _find(results, "switch", size)
         ring, link = _find(results, "ring", size), _find(results, LINK, size)
+        rtt = _find(results, RTT, size)
         out.append({"size_bytes": size,
                     "switch_over_ring": _ratio(switch, ring),
                     "switch_over_link": _ratio(switch, link),
+                    "switch_rtts": _rtts(switch, rtt), "ring_rtts": _rtts(ring, rtt),
                     "per_round": {"switch_over_ring": _per_round(switch, ring),
                                   "switch_over_link": _per_round(switch, link)}})
     return out
+
+
+def rtt_us(results: list[Result]) -> float | None:
+    """The RC round trip: the median over every size's rtt jobs, in µs (None: not measured)."""
+    times = [ns for r in results if r.algo == RTT for ns in r.jobs]
+    return statistics.median(times) / 1e3 if times else None
 
 
 def link_gbps(results: list[Result]) -> float | None:
@@ -229,7 +269,8 @@ def link_gbps(results: list[Result]) -> float | None:
 
 def document(meta: dict[str, Any], results: list[Result]) -> dict[str, Any]:
     return {"meta": meta, "results": [r.to_json() for r in results],
-            "link_gbps": link_gbps(results), "ratios": ratios(results)}
+            "link_gbps": link_gbps(results), "rtt_us": rtt_us(results),
+            "ratios": ratios(results)}
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -254,7 +295,7 @@ def spine_lines(results: list[Result], algos: list[str]) -> list[str]:
 
 def table(results: list[Result]) -> list[str]:
     """Per size: every column's algbw and busbw, then the two ratios."""
-    algos = list(dict.fromkeys(r.algo for r in results))
+    algos = list(dict.fromkeys(r.algo for r in results if r.algo != RTT))
     head = f"{'size':>9}" + "".join(f"{a + ' algbw':>14}{a + ' busbw':>14}" for a in algos)
     lines = [head + f"{'switch/ring':>13}{'switch/link':>13}   (Gbit/s)"]
     per_size = ratios(results)
@@ -280,6 +321,37 @@ def table(results: list[Result]) -> list[str]:
     return lines
 
 
+def latency_table(results: list[Result], itemsize: int = 4) -> list[str]:
+    """nccl-tests style, per size: elements, every column's median time per call (µs),
+    each algorithm's algbw and busbw (Gbit/s), and with the rtt column the RC round trip
+    (µs) and each algorithm's time per call in round trips."""
+    algos = list(dict.fromkeys(r.algo for r in results if r.algo not in (LINK, RTT)))
+    has_link = any(r.algo == LINK for r in results)
+    has_rtt = any(r.algo == RTT for r in results)
+    head = f"{'size':>9}{'count':>10}" + (f"{'link us':>12}" if has_link else "")
+    head += "".join(f"{a + ' us':>12}{'algbw':>9}{'busbw':>9}" for a in algos)
+    if has_rtt:
+        head += f"{'rtt us':>10}" + "".join(f"{a + '/rtt':>12}" for a in algos)
+    lines = ["Time per call (median; us) and rates (Gbit/s); rtt: one RC round trip of "
+             "8 B, rank 0 <-> rank 1, through the switch:", head]
+    for size in sorted({r.size_bytes for r in results}):
+        row = f"{format_size(size):>9}{size // itemsize:>10}"
+        if has_link:
+            link = _find(results, LINK, size)
+            row += f"{_fmt(link and link.median_us, ',.0f'):>12}"
+        for a in algos:
+            r = _find(results, a, size)
+            row += (f"{_fmt(r and r.median_us, ',.0f'):>12}{_fmt(r and r.algbw_gbps, '.4f'):>9}"
+                    f"{_fmt(r and r.busbw_gbps, '.4f'):>9}")
+        if has_rtt:
+            rtt = _find(results, RTT, size)
+            row += f"{_fmt(rtt and rtt.median_us, ',.0f'):>10}"
+            row += "".join(f"{_fmt(_rtts(_find(results, a, size), rtt), '.1f'):>12}"
+                           for a in algos)
+        lines.append(row)
+    return lines
+
+
 META_KEYS = {"workers": int, "dtype": str, "mtu": int, "window": int, "msg_size": int,
              "kernel": str, "git_commit": (str, type(None)), "git_dirty": bool,
              "started_at": str}
@@ -287,7 +359,8 @@ RESULT_KEYS = {"algo": str, "size_bytes": int, "jobs": list, "median_ns": (int, 
                "algbw_gbps": float, "busbw_gbps": float, "verified": bool, "rxe": dict,
                "vm_cpu": dict}
 RATIO_KEYS = {"size_bytes": int, "switch_over_ring": (float, type(None)),
-              "switch_over_link": (float, type(None)), "per_round": dict}
+              "switch_over_link": (float, type(None)), "switch_rtts": (float, type(None)),
+              "ring_rtts": (float, type(None)), "per_round": dict}
 PER_ROUND_KEYS = {"switch_over_ring": (list, type(None)), "switch_over_link": (list, type(None))}
 
 
@@ -304,7 +377,7 @@ def _check(obj: Any, keys: dict[str, Any], where: str) -> None:
 def validate(doc: Any) -> None:
     """Raise ValueError unless `doc` has the shape `document` writes."""
     _check(doc, {"meta": dict, "results": list, "link_gbps": (float, type(None)),
-                 "ratios": list}, "the document")
+                 "rtt_us": (float, type(None)), "ratios": list}, "the document")
     _check(doc["meta"], META_KEYS, "meta")
     for i, r in enumerate(doc["results"]):
         _check(r, RESULT_KEYS, f"results[{i}]")

@@ -13,10 +13,10 @@ from typing import Callable, TypeVar
 
 from netreduce.registration import SWITCH_ENV
 from netreduce.tools.bench.gather import RankLines, meta
-from netreduce.tools.bench.plan import (ALGOS, DTYPES, BenchPlan, parse_algos,
-                                        parse_size, parse_sizes)
+from netreduce.tools.bench.plan import (ALGOS, DTYPES, SWEEP, BenchPlan, parse_algos,
+                                        parse_iters, parse_size, parse_sizes)
 from netreduce.tools.bench.progress import Progress
-from netreduce.tools.bench.report import document, table
+from netreduce.tools.bench.report import document, latency_table, table
 from netreduce.tools.bench.tenants import TENANT_TOKENS_ENV, run_tenants
 from netreduce.tools.launch import launch
 from ring_setup.rendezvous import DEFAULT_PORT
@@ -43,9 +43,20 @@ def _option(parse: Callable[[str], T]) -> Callable[[str], T]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=int(os.environ.get("NR_LAB_HOSTS") or 4),
                    help="ranks, one per lab host (default: the lab's hosts, else 4)")
-    p.add_argument("--sizes", type=_option(parse_sizes), default=parse_sizes(DEFAULT_SIZES),
-                   help=f"comma-separated message sizes in bytes, K/M/G suffixes binary "
-                        f"(default {DEFAULT_SIZES})")
+    p.add_argument("--sizes", type=_option(parse_sizes), default=None,
+                   help=f"comma-separated message sizes in bytes, K/M/G suffixes binary, or "
+                        f"MIN:MAX:FACTOR ranges (default {DEFAULT_SIZES}; {SWEEP} with "
+                        f"--sweep)")
+    p.add_argument("--sweep", action="store_true",
+                   help=f"the latency sweep, nccl-tests style: sizes {SWEEP} (4 B .. 16 MiB "
+                        f"by powers of 4) unless --sizes is given, --iters auto, --rtt")
+    p.add_argument("--iters", type=_option(parse_iters), default=None, metavar="N|auto",
+                   help="calls per timed job, back to back; the job reports its time per "
+                        "call (default 1; auto with --sweep: up to 16 at small sizes)")
+    p.add_argument("--rtt", action="store_true",
+                   help="also measure the lab's RC round trip (ranks 0 and 1 ping-pong an "
+                        "8-byte RDMA WRITE WITH IMMEDIATE through the switch) and count "
+                        "each algorithm's time per call in round trips (on with --sweep)")
     p.add_argument("--dtype", choices=DTYPES, default="int32")
     p.add_argument("--algos", type=_option(parse_algos), default=None,
                    help=f"comma-separated allreduce algorithms from {','.join(ALGOS)} "
@@ -78,10 +89,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan_of(args: argparse.Namespace) -> BenchPlan:
     algos = args.algos or default_algos()
-    return BenchPlan(workers=args.workers, sizes=tuple(args.sizes), algos=tuple(algos),
+    sizes = args.sizes or parse_sizes(SWEEP if args.sweep else DEFAULT_SIZES)
+    iters = args.iters if args.iters is not None else 0 if args.sweep else 1
+    return BenchPlan(workers=args.workers, sizes=tuple(sizes), algos=tuple(algos),
                      dtype=args.dtype, jobs=args.jobs, warmup=args.warmup,
                      window=args.window, msg_size=args.msg_size, mtu=args.mtu,
-                     seed=args.seed, ack_timeout=args.ack_timeout)
+                     seed=args.seed, ack_timeout=args.ack_timeout, iters=iters,
+                     rtt=args.rtt or args.sweep)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         return launched.exit_code
     results = sink.measured()
     print()
-    for line in table(results):
+    for line in table(results) + [""] + latency_table(results, plan.itemsize):
         print(line)
     if args.json:
         args.json.write_text(json.dumps(document(meta(plan, started), results), indent=2)

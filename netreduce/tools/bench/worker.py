@@ -3,8 +3,10 @@
     python -m netreduce.tools.bench.worker --plan JSON
 
 For every size of the plan, `warmup` + `jobs` rounds; a round runs one job of every column
-in order -- the link (netreduce.tools.bench.link), then each allreduce algorithm -- so that a slow
-spell of the lab hits every column alike. A job: prepare, barrier (a one-element ring
+in order -- the link (netreduce.tools.bench.link), then each allreduce algorithm, then with
+`--rtt` the RC round trip between ranks 0 and 1 (netreduce.tools.bench.rtt) -- so that a
+slow spell of the lab hits every column alike. A job makes `plan.calls(size)` calls back to
+back. A job: prepare, barrier (a one-element ring
 allreduce: nobody leaves it before every rank entered it), run (timed), verify, read the
 rxe counters (and, rank 0, the lab's CPU time by state and, on a two-tier fabric, the bytes
 that crossed its ToR-spine links, read around the job's barriers). One `Record` line per job goes
@@ -24,8 +26,9 @@ import numpy as np
 import netreduce
 from netreduce.registration import SWITCH_ENV
 from netreduce.tools.bench.link import LinkProbe
-from netreduce.tools.bench.plan import LINK, BenchPlan
+from netreduce.tools.bench.plan import LINK, RTT, BenchPlan
 from netreduce.tools.bench.report import CPU, SPINE, Record
+from netreduce.tools.bench.rtt import RTT_PINGS, PingPong
 from netreduce.tools.reference import Reference, rank_input as seeded_input
 from ring_setup.device import hw_counters
 from switch.api.client import ControllerClient
@@ -44,10 +47,11 @@ def size_reference(plan: BenchPlan, world_size: int, size: int) -> Reference:
 
 
 class Measured(Protocol):
-    """One kind of job at one size: set up (untimed), run (timed), verify (untimed)."""
+    """One kind of job at one size: set up (untimed), run `calls` calls (timed), verify
+    (untimed)."""
 
     def prepare(self) -> None: ...
-    def run(self) -> None: ...
+    def run(self, calls: int) -> None: ...
     def check(self) -> bool: ...
 
 
@@ -60,11 +64,12 @@ class AllreduceJob:
     def prepare(self) -> None:
         self.out.fill(0)                  # a job that wrote nothing cannot pass the check
 
-    def run(self) -> None:
-        self.comm.allreduce(self.x, algo=self.algo, out=self.out)
-        if self.comm.last_algo != self.algo:
-            raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator ran "
-                               f"{self.comm.last_algo!r}")
+    def run(self, calls: int) -> None:
+        for _ in range(calls):
+            self.comm.allreduce(self.x, algo=self.algo, out=self.out)
+            if self.comm.last_algo != self.algo:
+                raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator "
+                                   f"ran {self.comm.last_algo!r}")
 
     def check(self) -> bool:
         return self.reference.failure(self.out, self.algo) is None
@@ -77,11 +82,28 @@ class LinkJob:
     def prepare(self) -> None:
         self.probe.prepare(self.size)
 
-    def run(self) -> None:
-        self.probe.run()
+    def run(self, calls: int) -> None:
+        for _ in range(calls):
+            self.probe.run()
 
     def check(self) -> bool:
         return self.probe.check()
+
+
+class RoundTripJob:
+    """`calls` RC round trips between ranks 0 and 1 (the other ranks only wait)."""
+
+    def __init__(self, pingpong: PingPong) -> None:
+        self.pingpong = pingpong
+
+    def prepare(self) -> None:
+        return None
+
+    def run(self, calls: int) -> None:
+        self.pingpong.run(calls)
+
+    def check(self) -> bool:
+        return self.pingpong.check()
 
 
 def lab_cpu() -> dict[str, int]:
@@ -138,6 +160,7 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
                            f"{comm.switch.note}")
     token = np.zeros(1, dtype=np.int32)
     probe = LinkProbe(comm, max(plan.sizes))
+    pingpong = PingPong(comm) if plan.rtt else None
     spine = SpineMeter(comm)
     try:
         for size in plan.sizes:
@@ -145,27 +168,32 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
             reference = size_reference(plan, comm.world_size, size)
             jobs: dict[str, Measured] = {
                 column: LinkJob(probe, size) if column == LINK
+                else RoundTripJob(pingpong) if column == RTT and pingpong is not None
                 else AllreduceJob(comm, column, x, reference) for column in plan.columns}
+            calls = plan.calls(size)
             counters = hw_counters(comm.device)
             for i in range(-plan.warmup, plan.jobs):
                 for column, job in jobs.items():
+                    n_calls = max(calls, RTT_PINGS) if column == RTT else calls
                     job.prepare()
                     crossed = spine.read()
                     comm.allreduce(token, algo="ring")           # the barrier
                     cpu = lab_cpu() if comm.rank == 0 else {}
                     t0 = time.perf_counter_ns()
-                    job.run()
+                    job.run(n_calls)
                     ns = time.perf_counter_ns() - t0
                     cpu = _moved(cpu, lab_cpu()) if comm.rank == 0 else {}
                     comm.allreduce(token, algo="ring")           # every rank is done
                     crossed = _moved(crossed, spine.read())
                     now = hw_counters(comm.device)
                     emit(Record(column, size, i, ns, job.check(),
-                                _moved(counters, now) | cpu | crossed))
+                                _moved(counters, now) | cpu | crossed, n_calls))
                     counters = now
     finally:
         spine.close()
         probe.close()
+        if pingpong is not None:
+            pingpong.close()
 
 
 def main(argv: list[str] | None = None) -> int:
