@@ -144,6 +144,7 @@ class FakeLink:
         self.recv_cq: deque[Completion] = deque()
         self.recv_posted = 0
         self.in_switch = 0          # WRITEs the fake switch holds until their sum is complete
+        self.held_src: dict[int, LocalBuffer] = {}   # their sources, by message index
         self.max_in_flight = 0      # most WRITEs posted and not yet polled at once
         self.armed = 0              # arm() calls
         self.waits: list[float] = []   # wait() timeouts
@@ -245,6 +246,21 @@ class FakeSwitch:
         self.rings = {q: v for q, v in self.rings.items() if v[0] != ring_id}
         del self.world[ring_id]
 
+    def restart(self) -> None:
+        """Forget every ring, like a restarted switch. The WRITEs it held for an incomplete
+        sum are lost with it: each goes back to the front of its sender's wire, as RoCE's
+        go-back-N resends it, and the restarted switch forwards it plainly."""
+        held = sorted(((index, part) for (_, index), parts in self.pending.items()
+                       for part in parts.values()), key=lambda item: -item[0])
+        for index, (sender, receiver, dst, payload) in held:
+            src = sender.held_src.pop(index)
+            sender.wire.appendleft((index, src, dst))
+            sender.in_switch -= 1
+            receiver.recv_posted += 1
+        self.pending.clear()
+        for ring_id in list(self.world):
+            self.unregister(ring_id)
+
     def contribute(self, link: FakeLink, target: FakeLink, index: int, src: LocalBuffer,
                    dst: RemoteBuffer) -> bool:
         """Take the WRITE if its ring is registered (False: not ours, deliver it plainly)."""
@@ -257,6 +273,7 @@ class FakeSwitch:
         parts = self.pending.setdefault((ring_id, index), {})
         assert rank not in parts, f"rank {rank} sent message {index} twice"
         parts[rank] = (link, target, dst, payload)
+        link.held_src[index] = src
         link.in_switch += 1
         assert len({len(p[3]) for p in parts.values()}) == 1, \
             f"ring {ring_id}: message {index} differs in length between ranks"
@@ -271,11 +288,11 @@ class FakeSwitch:
                 good = summed is None or i < summed
                 ctypes.memmove(where.addr, total.tobytes() if good else data, where.nbytes)
                 sender.in_switch -= 1
+                del sender.held_src[index]
                 sender.arrive(receiver, index)
             self.messages[ring_id] += 1
             if summed is not None:
-                for ring in list(self.world):
-                    self.unregister(ring)
+                self.restart()
         return True
 
 
@@ -336,8 +353,7 @@ class FakeController:
 
     def restart(self) -> None:
         with self.fabric.lock:
-            for ring_id in list(self.fabric.switch.world):
-                self.fabric.switch.unregister(ring_id)
+            self.fabric.switch.restart()
 
     def unregister_ring(self, ring_id: str) -> dict:
         with self.fabric.lock:
