@@ -85,15 +85,24 @@ class Labelled:
         sys.stdout.flush()
 
 
+# How long a rank of these jobs waits for its peers in init (allreduce_worker.py --timeout,
+# 60 s by default). Both jobs' 9 ranks start at once in the one TCG VM, beside three BMv2
+# processes on the machine: in the first lab run (a machine shared with three other labs,
+# fork servers up in 297 s) every rank reached init's first collective just over 60 s late.
+JOIN_TIMEOUT = 300
+
+
 def run_at_once(jobs: tuple[Job, ...], *args: str) -> list[LaunchResult]:
-    """allreduce_worker.py ARGS as every job at the same time; their results in order."""
+    """allreduce_worker.py ARGS as every job at the same time (each rank waiting up to
+    JOIN_TIMEOUT for its peers); their results in order."""
     lock = threading.Lock()
     results: list[LaunchResult | None] = [None] * len(jobs)
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
-            results[i] = run_worker(jobs[i].n, *args, first_host=jobs[i].first, timeout=900,
+            results[i] = run_worker(jobs[i].n, *args, "--timeout", str(JOIN_TIMEOUT),
+                                    first_host=jobs[i].first, timeout=900,
                                     out=Labelled(f"job {i}", lock))   # type: ignore[arg-type]
         except BaseException as e:  # noqa: BLE001 - re-raised by the test's thread below
             errors.append(e)
@@ -140,6 +149,10 @@ def bmv2_fabric() -> Iterator[LabSwitch | None]:
 def check_jobs(results: list[LaunchResult], sizes: list[int], before: dict[str, dict[str, int]],
                lossy: bool) -> list[dict[str, int]]:
     """Each job exact, its ring fitted to the fabric, its counters once per tier."""
+    for job, result in zip(JOBS, results):      # name the job that failed, before its lines
+        assert result.ok, f"job {job}: exit {result.exit_code}; " + "; ".join(
+            f"rank {r.rank}: {r.output[-1] if r.output else 'no output'}"
+            for r in result.ranks if r.returncode)
     out = []
     for job, result in zip(JOBS, results):
         inc = inc_config(result)              # path MTU 256 and BMv2's pace, by init itself
