@@ -185,7 +185,8 @@ LOSSY_PROBE = """
 import json, socket, subprocess, sys
 from tools.fabric_lab import frames_lost, lossy_egress
 subprocess.run(["ip", "link", "add", "nrla", "type", "veth", "peer", "name", "nrlb"], check=True)
-for d in ("nrla", "nrlb"):
+for d in ("nrla", "nrlb"):     # no IPv6: its ND and MLD frames would meet the loss too
+    subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{d}.disable_ipv6=1"], check=True)
     subprocess.run(["ip", "link", "set", d, "up"], check=True)
 lossy_egress("nrla", float(sys.argv[1]))
 a = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x88b5)); a.bind(("nrla", 0))
