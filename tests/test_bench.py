@@ -21,7 +21,7 @@ from netreduce.tools.bench.progress import Progress
 from netreduce.tools.bench.report import (Collector, Record, Result, Summary, document, gbps,
                                           latency_table, quartiles, ratios, rtt_us, table,
                                           validate)
-from netreduce.tools.bench.worker import rank_input, run, size_reference
+from netreduce.tools.bench.worker import rank_input, run, size_reference, spine_link_bytes
 from netreduce.tools.launch import LaunchResult, RankResult
 from fakefabric import FakeController, FakeFabric
 from netreduce.algorithms.switch import SWITCH
@@ -464,6 +464,18 @@ def test_the_worker_runs_both_quantizers_through_the_fake_switch_and_verifies_ea
         assert [r.algo for r in records] == ["link", "switch", "switch-call"] * 2
         assert all(r.ok for r in records)
     assert [bool(b) for b in published] == [True] * 3 + [False] * 3 + [True] * 3 + [False] * 3
+
+
+def test_spine_link_bytes_are_what_both_ends_of_each_link_received() -> None:
+    """A fabric's ports (FabricTarget.counters): the ToRs' uplinks and the spine's ports 1..R
+    count; host ports, the spine's controller leg and tx bytes (a BMv2 switch counts a built
+    partial's as its carrier's) do not."""
+    def port(name: str, rx: int) -> dict[str, Any]:
+        return {"ifname": name, "rx_bytes": rx, "tx_bytes": 10**9}
+    ports = {str(i + 1): p for i, p in enumerate([
+        port("tor0:1", 1), port("tor0:uplink", 100), port("tor1:3", 2), port("tor1:uplink", 200),
+        port("spine:1", 1000), port("spine:2", 2000), port("spine:5", 4)])}
+    assert spine_link_bytes(ports) == 3300
 
 
 def test_the_worker_times_several_calls_and_the_round_trip_on_the_fake_fabric() -> None:

@@ -51,3 +51,43 @@ def test_result_line_names_the_rates_and_the_ring_counters() -> None:
     assert r.line() == ("bmv2  aggregate 400 frames in, 400 out in 2.00 s:    0.20 kframes/s "
                         "in,    0.20 kframes/s out; ring: aggregated 400 (0.20 k/s), "
                         "completed 100, results_sent 400, drops 0")
+
+
+def test_replay_answers_a_tors_partials_with_their_totals() -> None:
+    """bench_bmv2's ToR mode against the software ToR 0 as stand-in (socket pairs): the
+    driver sends a slot's two contributions, answers the partial that comes up with the
+    spine's total, and counts the two results; the window holds."""
+    from switch.control.fabric import TorTarget
+    from switch.dataplane.tor import TorPipeline
+    from tools.bench_bmv2 import SLOTS, UPLINK, placement, role_traffic, tor_config
+    traffic = role_traffic(300)
+    tor = TorPipeline(tor_config(0))
+    TorTarget(tor, lambda mac: None).register_ring(traffic.spec, SLOTS,
+                                                   placement(traffic.spec))
+    pairs = {n: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for n in (1, 2, UPLINK)}
+    ports = {n: Port(n, f"drv{n}", a) for n, (a, _) in pairs.items()}
+    for a, b in pairs.values():
+        a.setblocking(False)
+        b.settimeout(0.05)
+    done = threading.Event()
+
+    def switch() -> None:
+        while not done.is_set():
+            for n, (_, b) in pairs.items():
+                try:
+                    frame = b.recv(65536)
+                except TimeoutError:
+                    continue
+                tor.process(memoryview(bytearray(frame)), n,
+                            lambda p, parts: pairs[p][1].send(b"".join(parts)))
+
+    t = threading.Thread(target=switch, daemon=True)
+    t.start()
+    totals = iter(traffic.totals)
+    back, _ = replay(traffic.contributions, ports, 2, 8, 2,
+                     lambda port, frame: [(UPLINK, next(totals))] if port == UPLINK else None)
+    done.set()
+    t.join(5)
+    ring = tor.counters()[traffic.spec.ring_id]
+    assert back == 600 and ring["counters"]["results_sent"] == 600, ring
+    assert ring["tor"]["partials_sent"] == ring["tor"]["totals"] == 300, ring

@@ -138,4 +138,5 @@ def test_spine_switch_serves_it_like_the_software_spine(spine: Bmv2SpineTarget) 
     served = SpineSwitch(SpineTarget(target, target.port_counters),   # type: ignore[arg-type]
                          limits=target.limits())
     assert served.limits()["path_mtus"] == [256] and served.limits()["max_slots"] == 256
+    assert served.limits()["max_rings"] == 4                   # limits.p4's NR_MAX_RINGS
     assert served.limits()["max_ranks"] == switch.limits()["max_ranks"]   # what Ping needs

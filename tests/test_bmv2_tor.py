@@ -154,6 +154,7 @@ def test_bmv2_lab_serves_it_as_a_tor_switch_with_its_limits() -> None:
     switch = served(SimpleNamespace(target=target))          # type: ignore[arg-type]
     assert isinstance(switch, TorSwitch)
     assert switch.limits()["path_mtus"] == [256] and switch.limits()["max_slots"] == 256
+    assert switch.limits()["max_rings"] == 4                   # limits.p4's NR_MAX_RINGS
     assert switch.port_of_mac("02:4e:52:00:00:01") == 1
 
 

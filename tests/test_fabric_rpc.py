@@ -89,6 +89,9 @@ def test_allreduce_through_switches_programmed_over_grpc(rpc: RpcFabric, racks: 
     spine = ring["switches"]["spine"]
     assert spine["counters"]["completed"] == K and spine["tors"] == [0, 1]
     assert spine["counters"]["totals_sent"] >= 2 * K
+    tiers = ring["counters"]                     # the same, flat, as the hosts read them
+    assert [tiers[f"tor{j}.aggregated"] for j in range(len(racks))] == [n * K for n in racks]
+    assert tiers["spine.completed"] == tiers["spine.per_tor.1.partials"] == K
     assert set(counters["interswitch"]) == {"tor0", "tor1", "spine"}
     # each switch holds the ring under a lease, owned by the fabric's principal
     for name, addr in rpc.addrs.items():
@@ -176,6 +179,70 @@ def test_the_lab_spreads_hosts_over_racks_as_evenly_as_possible() -> None:
         [[2, 2], [3, 2], [3, 3], [3, 2, 2], [1, 1]]
     with pytest.raises(ValueError, match="3 racks for 2 hosts"):
         rack_sizes(2, 3)
+
+
+LOSSY_PROBE = """
+import json, socket, subprocess, sys
+from tools.fabric_lab import frames_lost, lossy_egress
+subprocess.run(["ip", "link", "add", "nrla", "type", "veth", "peer", "name", "nrlb"], check=True)
+for d in ("nrla", "nrlb"):     # no IPv6: its ND and MLD frames would meet the loss too
+    subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{d}.disable_ipv6=1"], check=True)
+    subprocess.run(["ip", "link", "set", d, "up"], check=True)
+lossy_egress("nrla", float(sys.argv[1]))
+a = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x88b5)); a.bind(("nrla", 0))
+b = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x88b5)); b.bind(("nrlb", 0))
+b.settimeout(0.05)
+sent = refused = got = 0
+frame = bytes.fromhex("02aabbccddee02aabbccddff88b5") + bytes(64)
+for i in range(int(sys.argv[2])):
+    try:
+        a.send(frame)
+    except OSError:          # ENOBUFS: the frame was dropped (the sender goes on, as BMv2)
+        refused += 1
+    sent += 1
+    if i % 50 == 49:         # never more in flight than the veth's backlog takes
+        while True:
+            try:
+                b.recv(2048)
+                got += 1
+            except socket.timeout:
+                break
+print(json.dumps({"sent": sent, "got": got, "refused": refused, "lost": frames_lost("nrla")}))
+"""
+
+
+def test_lossy_egress_loses_the_share_asked_and_counts_it() -> None:
+    """tools/fabric_lab.py's loss on a BMv2 end's veth (tc: htb, classic BPF, pfifo of
+    limit 0; this machine's kernel has no netem): 5% of 4000 frames, at random, each lost
+    frame counted; the rest arrive."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from p4tools import unavailable
+    if os.geteuid() != 0:
+        unavailable("needs root: a network namespace and a veth pair")
+    ns = f"nrlt{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        root = Path(__file__).resolve().parents[1]
+        run = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", LOSSY_PROBE,
+                              "5", "4000"], capture_output=True, text=True, timeout=120,
+                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+        assert run.returncode == 0, run.stderr
+        got = json.loads(run.stdout)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert got["lost"] == got["refused"] == got["sent"] - got["got"], got
+    assert 120 <= got["lost"] <= 290, got            # 200 expected; 5 sigma either way
+
+
+def test_lab_switch_kinds_compare_with_their_defaults_spelt_out() -> None:
+    from tests.lab.labswitch import canonical
+    assert canonical("racks:2") == canonical("racks:2:0") == "racks:2:0:soft:soft"
+    assert canonical("racks:2:1.0:bmv2:bmv2") == "racks:2:1:bmv2:bmv2"
+    assert canonical("racks:2:0:bmv2") != canonical("racks:2:0:bmv2:bmv2")
+    assert (canonical("soft"), canonical("racks:2:x")) == ("soft", "racks:2:x")
 
 
 def test_unregister_removes_the_ring_from_every_switch_that_answers(rpc: RpcFabric) -> None:

@@ -325,7 +325,13 @@ def test_fabric_controller_over_grpc() -> None:
             with pytest.raises(ControllerError,
                                match="FAILED_PRECONDITION: .*rank 3 .*no rack"):
                 client.register_ring(make_ring(4, ring_id="big", qpn_base=0x300))
-            assert set(client.counters()["rings"]) == {"ring"}
+            rings = client.counters()["rings"]
+            assert set(rings) == {"ring"}
+            # each tier's counters reach the hosts under dotted names (tier_counters)
+            counts = rings["ring"]["counters"]
+            assert counts["tor0.aggregated"] == counts["tor1.partials_sent"] == 0, counts
+            assert {"spine.completed", "spine.per_tor.0.partials",
+                    "spine.per_tor.1.partials"} <= set(counts), counts
             # rack placement is the fabric's own view (the typed reply carries ring, slots, ports)
             assert target.counters()["rings"]["ring"]["racks"] == [0, 0, 1]
     finally:
@@ -531,6 +537,11 @@ def test_tor_refuses_a_connection_another_ring_has_and_bad_local_ports() -> None
     # limits to what every switch takes, so netreduce.init() fits rings to all of them.
     target.spine.limits = lambda: {"path_mtus": [256], "max_slots": 256}    # type: ignore
     assert target.limits() == {"path_mtus": [256], "max_slots": 256, "max_ranks": 64}
+    # ... and the rings it holds (BMv2 ToRs and spine: 4; a switch process's Ping: its own)
+    target.tors[1].limits = lambda: {"path_mtus": [256], "max_rings": 64}     # type: ignore
+    target.spine.limits = lambda: {"max_slots": 256, "max_rings": 4}        # type: ignore
+    assert target.limits() == {"path_mtus": [256], "max_slots": 256, "max_ranks": 64,
+                               "max_rings": 4}
 
 
 def test_random_fabrics_under_random_faults() -> None:

@@ -10,12 +10,19 @@ renamed if FILE is not netreduce.p4): switch/p4 as built, or a variant of it wit
 removed. MODES (default `forward,aggregate`) as in `tools.bench_targets`, whose traffic and
 replay this uses: forward = the ring not registered, every frame L2-forwarded (a build needs
 only switch/p4's `l2` table and flood group for it, e.g. docs/bmv2_l2_baseline.p4);
-aggregate = the ring registered (every slot's contributions come back as results). Each
+aggregate = the ring registered (every slot's contributions come back as results). The
+fabric's roles, each its own mode and build (`tor.json` in build/p4-tor, `spine.json` in
+build/p4-spine), on the same ring as 2 racks of 2 ranks (`role_traffic`: the software roles
+make the partials and totals, which the role vectors hold to the BMv2 programs byte for
+byte): tor = ToR 0 gets its rack's two contributions per slot, sends the partial up, gets
+the spine's total (sent as soon as the partial is back) and sends the two results; spine =
+the spine gets both ToRs' partials per slot and sends both totals. Each
 (build, log level, mode) gets a fresh simple_switch_grpc (`--log-level` as given; BMv2's
 default is trace), started and programmed directly (no controller process), in namespace
 `<prefix>` on veth pairs `<prefix>sN`/`<prefix>hN`. It reports the switch process's CPU
-seconds (utime + stime) per frame sent, which on a shared machine moves far less than wall
-time; runs are interleaved `--repeat` times and the median of each row printed last.
+seconds (utime + stime) per frame sent, and per slot, which on a shared machine move far
+less than wall time; runs are interleaved `--repeat` times and the medians of each row
+printed last.
 """
 from __future__ import annotations
 
@@ -29,16 +36,98 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from switch.contract import RingSpec
 from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
+from switch.control.bmv2_spine import Bmv2SpineTarget
+from switch.control.bmv2_tor import Bmv2TorTarget
+from switch.control.fabric import Placement, SpineTarget, TorTarget
+from switch.dataplane.interswitch import Endpoint, is_interswitch
 from switch.dataplane.ports import Port, open_port
-from switch.p4.program import build_paths
+from switch.dataplane.spine import SpineConfig, SpinePipeline
+from switch.dataplane.tor import TorConfig, TorPipeline
+from switch.p4.program import MAIN, SPINE_MAIN, TOR_MAIN, build_paths
 from tools.bench_pipeline import frames, lab_ring
-from tools.bench_targets import replay
+from tools.bench_targets import Answer, replay
 from tools.bmv2_lab import SIMPLE_SWITCH, wait_listening
+from tools.fabric_lab import SPINE_IP, SPINE_MAC, tor_ip, tor_mac
 
 GRPC_PORT = 9591
 THRIFT_PORT = 9391
-MODES = ("forward", "aggregate")
+MODES = ("forward", "aggregate", "tor", "spine")
+PROGRAMS = {"tor": TOR_MAIN, "spine": SPINE_MAIN}     # the roles' programs (else netreduce.p4)
+UPLINK = 3                       # ToR 0's uplink: its hosts are on ports 1 and 2
+RACKS = (0, 0, 1, 1)             # ranks 0-1 on ToR 0, 2-3 on ToR 1 (the lab's 2 x 2)
+SLOTS = 256
+
+
+@dataclass(frozen=True)
+class RoleTraffic:
+    """Per slot k, in order: what ToR 0 gets (its rack's two contributions on ports 1-2,
+    then the spine's total for it on the uplink) and what the spine gets (the partials of
+    ToR 0 on port 1 and of ToR 1 on port 2)."""
+
+    spec: RingSpec
+    contributions: list[tuple[int, bytes]]    # ToR 0's, k-major, 2 per slot
+    totals: list[bytes]                       # the spine's to ToR 0, one per slot
+    partials: list[tuple[int, bytes]]         # the spine's input, k-major, 2 per slot
+
+
+def tor_config(j: int) -> TorConfig:
+    return TorConfig(j, UPLINK, Endpoint(tor_mac(j), tor_ip(j)), Endpoint(SPINE_MAC, SPINE_IP))
+
+
+def spine_config() -> SpineConfig:
+    return SpineConfig(Endpoint(SPINE_MAC, SPINE_IP),
+                       {j: (j + 1, Endpoint(tor_mac(j), tor_ip(j))) for j in (0, 1)})
+
+
+def placement(spec: RingSpec) -> Placement:
+    """RACKS, each rack's hosts on ports 1, 2 of its ToR."""
+    local: dict[int, dict[str, int]] = {}
+    for c in spec.connections:
+        rack = local.setdefault(RACKS[c.rank], {})
+        rack[c.src_ip] = len(rack) + 1
+    return Placement(RACKS, local)
+
+
+def _through(pipe: TorPipeline | SpinePipeline, port: int, frame: bytes
+             ) -> list[tuple[int, bytes]]:
+    """What the software role `pipe` sends for `frame` arriving on `port`."""
+    out: list[tuple[int, bytes]] = []
+    pipe.process(memoryview(bytearray(frame)), port,
+                 lambda p, parts: out.append((p, b"".join(parts))))
+    return out
+
+
+def role_traffic(packets: int) -> RoleTraffic:
+    """bench_pipeline.frames of 4 ranks (256 B payloads) through the software ToRs and
+    spine, slot by slot, every total handed back to its ToR (so slots are reused)."""
+    spec = lab_ring(len(RACKS), 256)
+    place = placement(spec)
+    tors = [TorPipeline(tor_config(j)) for j in (0, 1)]
+    for tor in tors:
+        TorTarget(tor, lambda mac: None).register_ring(spec, SLOTS, place)
+    spine = SpinePipeline(spine_config())
+    SpineTarget(spine).register_ring(spec, SLOTS, place)
+    traffic = RoleTraffic(spec, [], [], [])
+    todo = frames(spec, packets, 256)
+    for k in range(packets):
+        ups = []
+        for c, (_, frame) in zip(spec.connections, todo[k * len(RACKS):(k + 1) * len(RACKS)]):
+            rack = RACKS[c.rank]
+            port = place.local_ports[rack][c.src_ip]
+            if rack == 0:
+                traffic.contributions.append((port, frame))
+            ups += [(rack + 1, f) for p, f in _through(tors[rack], port, frame) if p == UPLINK]
+        traffic.partials.extend(ups)
+        for p, total in [out for port, f in ups for out in _through(spine, port, f)]:
+            if p == 1:                                 # spine port j + 1: ToR j
+                traffic.totals.append(total)
+            _through(tors[p - 1], UPLINK, total)
+    if len(traffic.totals) != packets or len(traffic.partials) != 2 * packets:
+        raise RuntimeError(f"the software roles made {len(traffic.partials)} partials and "
+                           f"{len(traffic.totals)} totals for {packets} slots")
+    return traffic
 
 
 @dataclass(frozen=True)
@@ -50,7 +139,9 @@ class Run:
     frames_back: int
     wall: float              # s, first frame sent .. last frame back
     cpu: float               # s of simple_switch_grpc CPU over the replay
-    aggregated: int          # the ring's counter (aggregate), else 0
+    aggregated: int          # the ring's counter (aggregate, tor), else 0
+    slots: int               # slots the replay fed
+    expected_back: int       # frames it should have got back (a ToR's partials answered)
 
     @property
     def row(self) -> str:
@@ -60,12 +151,17 @@ class Run:
     def us_per_frame(self) -> float:
         return self.cpu / self.frames_in * 1e6
 
+    @property
+    def us_per_slot(self) -> float:
+        return self.cpu / self.slots * 1e6
+
     def line(self) -> str:
         return (f"{self.row:32s} {self.frames_in} in, {self.frames_back} back in "
                 f"{self.wall:6.2f} s ({self.frames_in / self.wall:7.0f}/s); CPU {self.cpu:6.2f} s"
-                f" = {self.us_per_frame:7.1f} us/frame ({1e6 / self.us_per_frame:7.0f} "
-                f"frames per CPU-s)" + (f"; aggregated {self.aggregated}"
-                                        if self.mode == "aggregate" else ""))
+                f" = {self.us_per_frame:7.1f} us/frame in ({1e6 / self.us_per_frame:7.0f} "
+                f"frames per CPU-s), {self.us_per_slot:7.1f} us/slot"
+                + (f"; aggregated {self.aggregated}" if self.mode in ("aggregate", "tor")
+                   else ""))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -105,37 +201,82 @@ def _drain(drivers: dict[int, Port]) -> None:
             pass
 
 
+@dataclass
+class Setup:
+    """One run's target, programmed, and what the replay sends and expects per slot."""
+
+    target: Bmv2Target | Bmv2TorTarget | Bmv2SpineTarget
+    ring_id: str
+    todo: list[tuple[int, bytes]]
+    per_slot: int                        # frames of `todo` per slot
+    back_per_slot: int
+    answer: Optional[Answer] = None
+    extra_in: int = 0                    # frames sent in answers (a ToR's totals)
+
+
+def setup(mode: str, session: ShellSession, ports: dict[int, str],
+          registers: ThriftRegisters, ranks: int, packets: int,
+          roles: Optional[RoleTraffic]) -> Setup:
+    """The `mode` run's target on `ports`, its ring registered (not in forward mode)."""
+    if mode not in PROGRAMS:
+        spec = lab_ring(ranks, 256)
+        switch = Bmv2Target(session, ports, {c.src_mac: c.rank + 1 for c in spec.connections},
+                            registers)
+        if mode == "aggregate":
+            switch.register_ring(spec, SLOTS)
+        return Setup(switch, spec.ring_id, frames(spec, packets, 256), ranks, ranks)
+    assert roles is not None
+    spec, place = roles.spec, placement(roles.spec)
+    if mode == "spine":
+        spine = Bmv2SpineTarget(session, spine_config(), ports,
+                                {tor_mac(j): j + 1 for j in (0, 1)}, registers)
+        SpineTarget(spine).register_ring(spec, SLOTS, place)       # type: ignore[arg-type]
+        return Setup(spine, spec.ring_id, roles.partials, 2, 2)
+    macs = {c.src_mac: place.local_ports[0].get(c.src_ip, UPLINK) for c in spec.connections}
+    tor = Bmv2TorTarget(session, tor_config(0), ports, {**macs, SPINE_MAC: UPLINK}, registers)
+    TorTarget(tor, lambda mac: None).register_ring(spec, SLOTS, place)  # type: ignore[arg-type]
+    totals = iter(roles.totals)
+
+    def answer(port: int, frame: bytes) -> Optional[list[tuple[int, bytes]]]:
+        """A partial up (they leave in k order): the spine's total of its slot comes down."""
+        return [(UPLINK, next(totals))] if port == UPLINK and is_interswitch(frame) else None
+    return Setup(tor, spec.ring_id, roles.contributions, 2, 2, answer, len(roles.totals))
+
+
 def run_once(name: str, build_dir: Path, log_level: str, mode: str, ranks: int,
              packets: int, window: int, links: dict[int, tuple[str, str]],
-             drivers: dict[int, Port]) -> Run:
-    spec = lab_ring(ranks, 256)
-    todo = frames(spec, packets, 256)
+             drivers: dict[int, Port], roles: Optional[RoleTraffic] = None) -> Run:
+    nums = {"tor": [1, 2, UPLINK], "spine": [1, 2]}.get(mode, list(range(1, ranks + 1)))
+    ports = {n: links[n][0] for n in nums}
+    mine = {n: drivers[n] for n in nums}
     cmd = [SIMPLE_SWITCH, "--device-id", "0", "--thrift-port", str(THRIFT_PORT),
            "--log-level", log_level]
-    cmd += [a for n, (sw, _) in sorted(links.items()) for a in ("-i", f"{n}@{sw}")]
+    cmd += [a for n, sw in sorted(ports.items()) for a in ("-i", f"{n}@{sw}")]
     cmd += ["--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_listening(proc, GRPC_PORT)
-        target = Bmv2Target(ShellSession(f"127.0.0.1:{GRPC_PORT}", build_paths(build_dir)),
-                            {n: sw for n, (sw, _) in links.items()},
-                            {c.src_mac: c.rank + 1 for c in spec.connections},
-                            ThriftRegisters(THRIFT_PORT))
+        session = ShellSession(f"127.0.0.1:{GRPC_PORT}",
+                               build_paths(build_dir, PROGRAMS.get(mode, MAIN)))
+        run = setup(mode, session, ports, ThriftRegisters(THRIFT_PORT), ranks, packets, roles)
         try:
-            if mode == "aggregate":
-                target.register_ring(spec, 256)
-            _drain(drivers)
+            _drain(mine)
             cpu0 = cpu_seconds(proc.pid)
-            back, wall = replay(todo, drivers, ranks, window)
+            back, wall = replay(run.todo, mine, run.per_slot, window, run.back_per_slot,
+                                run.answer)
             cpu = cpu_seconds(proc.pid) - cpu0
-            aggregated = (target.counters()["rings"][spec.ring_id]["counters"]["aggregated"]
-                          if mode == "aggregate" else 0)
+            rings = run.target.counters() if mode != "forward" else {}
+            rings = rings.get("rings", rings)       # Bmv2Target's, beside its ports
+            aggregated = (rings[run.ring_id]["counters"].get("aggregated", 0)
+                          if mode != "forward" else 0)
         finally:
-            target.close()
+            run.target.close()
     finally:
         proc.terminate()
         proc.wait()
-    return Run(name, log_level, mode, len(todo), back, max(wall, 1e-9), cpu, aggregated)
+    slots = len(run.todo) // run.per_slot
+    return Run(name, log_level, mode, len(run.todo) + run.extra_in, back, max(wall, 1e-9),
+               cpu, aggregated, slots, slots * run.back_per_slot)
 
 
 def parse_build(text: str) -> tuple[str, Path, tuple[str, ...]]:
@@ -144,11 +285,14 @@ def parse_build(text: str) -> tuple[str, Path, tuple[str, ...]]:
     if not sep or not name:
         raise ValueError(f"{text!r}: expected NAME=BUILD_DIR[:MODES]")
     path, _, modes = rest.partition(":")
-    chosen = tuple(modes.split(",")) if modes else MODES
+    chosen = tuple(modes.split(",")) if modes else MODES[:2]
     unknown = [m for m in chosen if m not in MODES]
     if unknown:
         raise ValueError(f"{text!r}: unknown mode(s) {unknown}: {', '.join(MODES)}")
-    build = build_paths(Path(path))
+    roles = {PROGRAMS[m] for m in chosen if m in PROGRAMS}
+    if roles and len(chosen) > 1:
+        raise ValueError(f"{text!r}: a role's build runs its role's mode alone (tor, spine)")
+    build = build_paths(Path(path), *roles)
     missing = [str(p) for p in (build.json, build.p4info) if not p.exists()]
     if missing:
         raise ValueError(f"{text!r}: missing {', '.join(missing)}")
@@ -185,7 +329,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         finally:
             subprocess.run(["ip", "netns", "del", args.prefix], capture_output=True)
     runs: list[Run] = []
-    with veth_pairs(args.prefix, args.ranks) as links:
+    roles = (role_traffic(args.packets)
+             if any(m in PROGRAMS for _, _, modes in builds for m in modes) else None)
+    with veth_pairs(args.prefix, max(args.ranks, UPLINK)) as links:
         drivers = {n: open_port(n, drv) for n, (_, drv) in links.items()}
         try:
             for _ in range(args.repeat):
@@ -193,18 +339,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     for level in args.log_levels.split(","):
                         for mode in modes:
                             runs.append(run_once(name, path, level, mode, args.ranks,
-                                                 args.packets, args.window, links, drivers))
+                                                 args.packets, args.window, links, drivers,
+                                                 roles))
                             print(runs[-1].line(), flush=True)
         finally:
             for p in drivers.values():
                 p.sock.close()
-    print(f"median of {args.repeat}: us of simple_switch_grpc CPU per frame sent")
+    print(f"median of {args.repeat}: us of simple_switch_grpc CPU per frame sent in, per slot")
     for row in dict.fromkeys(r.row for r in runs):
         mine = [r for r in runs if r.row == row]
         us = statistics.median(r.us_per_frame for r in mine)
-        lost = sum(r.frames_in - r.frames_back for r in mine)
-        print(f"  {row:32s} {us:8.1f} us/frame  {1e6 / us:7.0f} frames per CPU-s"
-              + (f"  ({lost} frames not back)" if lost else ""))
+        slot = statistics.median(r.us_per_slot for r in mine)
+        lost = sum(r.expected_back - r.frames_back for r in mine)
+        print(f"  {row:32s} {us:8.1f} us/frame  {1e6 / us:7.0f} frames per CPU-s  "
+              f"{slot:8.1f} us/slot" + (f"  ({lost} frames not back)" if lost else ""))
     return 0
 
 

@@ -31,9 +31,10 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from switch.api.client import ControllerClient
+from switch.dataplane.interswitch import is_interswitch
 from switch.dataplane.packets import parse
 from switch.dataplane.ports import Port, open_port
 from tools.bench_pipeline import frames, lab_ring
@@ -131,17 +132,25 @@ def switch_process(kind: str, ports: dict[int, str], macs: dict[str, int],
             proc.wait()
 
 
+# A frame back on a driver port -> frames to send in answer (counted as not back), or None:
+# it counts as back (bench_bmv2's ToR: a partial is answered with its slot's total).
+Answer = Callable[[int, bytes], Optional[Sequence[tuple[int, bytes]]]]
+
+
 def replay(todo: Sequence[tuple[int, bytes]], ports: dict[int, Port], ranks: int,
-           window: int) -> tuple[int, float]:
+           window: int, back_per_slot: Optional[int] = None,
+           answer: Optional[Answer] = None) -> tuple[int, float]:
     """Send `todo` (k-major, `ranks` frames per slot) keeping at most `window` slots without
-    all their `ranks` frames back; (RoCE frames back, seconds first send .. last frame)."""
-    socks = {p.sock.fileno(): p.sock for p in ports.values()}
+    all their `back_per_slot` (default `ranks`) frames back; a RoCE or inter-switch frame
+    back counts, unless `answer` answers it. (Frames back, seconds first send .. last frame.)"""
+    socks = {p.sock.fileno(): (num, p.sock) for num, p in ports.items()}
     slots = len(todo) // ranks
+    per_slot = back_per_slot or ranks
     sent = back = 0
     buf = bytearray(65536)
     t0 = last = time.perf_counter()
-    while back < len(todo):
-        while sent < slots and sent - back // ranks < window:
+    while back < slots * per_slot:
+        while sent < slots and sent - back // per_slot < window:
             for port, frame in todo[sent * ranks:(sent + 1) * ranks]:
                 ports[port].sock.send(frame)
             sent += 1
@@ -149,15 +158,21 @@ def replay(todo: Sequence[tuple[int, bytes]], ports: dict[int, Port], ranks: int
         if not ready:
             break                              # lost frames: report what came back
         for fd in ready:
-            recv_into = socks[fd].recv_into
+            num, sock = socks[fd]
             while True:
                 try:
-                    n = recv_into(buf)
+                    n = sock.recv_into(buf)
                 except BlockingIOError:
                     break
-                if parse(memoryview(buf)[:n]) is not None:       # RoCEv2
+                frame = memoryview(buf)[:n]
+                if parse(frame) is None and not is_interswitch(frame):
+                    continue                   # neither RoCEv2 nor a fabric's message
+                reply = answer(num, bytes(frame)) if answer else None
+                if reply is None:
                     back += 1
                     last = time.perf_counter()
+                for port, out in reply or ():
+                    ports[port].sock.send(out)
     return back, last - t0
 
 

@@ -15,11 +15,14 @@ cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its o
 - the fabric's controller (`--role fabric`) on the job's controller address, programming
   the switches through their control APIs on 127.0.0.1 (the lab's token for all; TLS only
   on the job's address: the switch namespace's loopback carries the rest).
-`--link-loss` % of the frames sent on every ToR–spine link is lost, both directions (the
-switches' `--tx-loss`: this machine's kernel, where the switches run, has no netem; the
-hosts' links are inside the lab VM, whose kernel has). Ready when all are.
+`--link-loss` % of the frames sent on every ToR–spine link is lost, both directions: a
+software switch drops them itself (`--tx-loss`: this machine's kernel, where the switches
+run, has no netem; the hosts' links are inside the lab VM, whose kernel has); a BMv2 switch
+cannot, so its end of the veth drops them on egress (`lossy_egress`: tc, no netem needed).
+Ready when all are.
 On SIGTERM the children are stopped (each prints and writes its counters), their counters
-go to `--stats-file` as {"switches": {name: counters}}, the veths are removed. A child that
+go to `--stats-file` as {"switches": {name: counters}, "lost": {veth: frames}} (what each
+BMv2 end's tc dropped), the veths are removed. A child that
 exits on its own stops the fabric (exit 1, naming it): no half-fabric lingers.
 One ToR can be restarted (issue 24: a ToR restart must cost a job one call's time): the
 request "ID tor J" in `--workdir`/fabric.request stops ToR J and starts it again on the
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -51,11 +55,6 @@ BMV2_START_TIMEOUT = 280.0    # a stale build/p4-spine compiles first (lab.sh wa
 # tor.p4 takes longer (~7.5 min of a loaded 2-core machine, switch/p4/README.md): lab.sh's
 # 300 s wait needs build/p4-tor fresh (scripts/test.sh compiles it before the lab stages)
 BMV2_TOR_START_TIMEOUT = 600.0
-
-
-# where --link-loss acts, by (ToR target, spine target): a BMv2 side cannot drop on purpose
-LOSS_SIDE = {("soft", "soft"): "", ("soft", "bmv2"): " (the ToRs' side)",
-             ("bmv2", "soft"): " (the spine's side)", ("bmv2", "bmv2"): " (nowhere: all BMv2)"}
 
 
 def rack_sizes(hosts: int, racks: int) -> list[int]:
@@ -85,6 +84,39 @@ def sh(*cmd: str) -> None:
 # in the lab saw 27-84 retransmit timeouts with no frame lost (completer_retry_err; one job
 # took 8.4 s instead of 2.5); 2^16 x 4.096 us = 268 ms gave none (docs/multirack.md).
 FABRIC_ACK_TIMEOUT = 16
+
+
+# Classic BPF (tc's cls_bpf, no compiler needed): A = a random u32 (SKF_AD_OFF +
+# SKF_AD_RANDOM); A >= threshold -> 0 (no class: the frame goes out), else -1 (the filter's
+# class, 1:2, whose pfifo of limit 0 drops it).
+SKF_AD_RANDOM = 0xFFFFF000 + 56
+LOSSY_BPF = "4,32 0 0 {rand},53 1 0 {threshold},6 0 0 4294967295,6 0 0 0"
+
+
+def lossy_egress(dev: str, pct: float) -> None:
+    """Lose `pct` % of the frames sent on `dev`, at random, where a sender that cannot drop
+    frames on purpose (BMv2) transmits: this machine's kernel has neither netem nor gact, so
+    an htb root (unclassified frames leave at once, as "direct" ones) with a classic-BPF
+    filter sending `pct` % to a class whose pfifo of limit 0 drops all it gets. The sender
+    sees its send fail (ENOBUFS) and goes on, as BMv2 does; `frames_lost` counts them."""
+    threshold = min(2**32 - 1, round(pct / 100 * 2**32))
+    sh("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb")
+    sh("tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:2", "htb", "rate",
+       "1mbit")
+    sh("tc", "qdisc", "add", "dev", dev, "parent", "1:2", "handle", "2:", "pfifo", "limit", "0")
+    sh("tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio", "1", "bpf",
+       "bytecode", LOSSY_BPF.format(rand=SKF_AD_RANDOM, threshold=threshold), "classid", "1:2")
+
+
+def frames_lost(dev: str) -> int:
+    """Frames `lossy_egress` dropped on `dev` so far (its pfifo's drop count)."""
+    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", dev], capture_output=True,
+                         text=True).stdout
+    block = out.partition("qdisc pfifo 2:")[2]
+    found = re.search(r"dropped (\d+)", block)
+    if not found:
+        raise RuntimeError(f"tc shows no lossy pfifo on {dev}: {out.strip()!r}")
+    return int(found[1])
 
 
 def cable(j: int, mtu: int) -> tuple[str, str]:
@@ -139,6 +171,7 @@ class Fabric:
         self.args = args
         self.children: dict[str, subprocess.Popen] = {}
         self.cables: list[str] = []
+        self.lossy: list[str] = []      # veth ends dropping --link-loss % (BMv2 senders)
         self.argvs: dict[str, tuple[list[str], str, float]] = {}   # how each was started
 
     def spawn(self, name: str, argv: list[str], module: str = "switch",
@@ -172,6 +205,9 @@ class Fabric:
         for j, rack in enumerate(racks):
             tor_if, spine_if = cable(j, mtu)
             self.cables.append(tor_if)
+            if a.link_loss:          # a BMv2 end loses frames on the veth, a software one itself
+                self.lossy += [d for d, t in ((tor_if, a.tor_target), (spine_if, a.spine_target))
+                               if t == "bmv2"]
             spine_ports[j + 1] = spine_if
             spine_macs[tor_mac(j)] = j + 1
             tor_macs = {m: (p if p in rack else UPLINK) for m, p in macs.items()}
@@ -186,8 +222,8 @@ class Fabric:
                              "--controller", f"127.0.0.1:{TOR_CONTROL_PORT + j}"])
         for j, argv in enumerate(tor_args):
             if a.tor_target == "bmv2":
-                # tor.p4 on BMv2 (its first start compiles it: minutes), which cannot lose
-                # frames on purpose: --link-loss acts on the spine's side only
+                # tor.p4 on BMv2 (its first start compiles it: minutes); it cannot lose
+                # frames on purpose: its uplink's veth does (lossy_egress)
                 self.spawn(f"tor{j}", [*argv, "--grpc-port", str(TOR_GRPC_PORT + j),
                                        "--thrift-port", str(TOR_THRIFT_PORT + j),
                                        "--bmv2-log", str(a.workdir / f"fabric-tor{j}-bmv2.log")],
@@ -206,7 +242,7 @@ class Fabric:
                     "--max-in-flight", str(BMV2_MAX_IN_FLIGHT)]
         if a.spine_target == "bmv2":
             # spine.p4 on BMv2 (its first start compiles it: minutes); it cannot lose frames
-            # on purpose, so --link-loss acts on the ToRs' side of the links only.
+            # on purpose: its ports' veths do (lossy_egress)
             self.spawn("spine", [*spine, "--grpc-port", str(SPINE_GRPC_PORT),
                                  "--thrift-port", str(SPINE_THRIFT_PORT),
                                  "--bmv2-log", str(a.workdir / "fabric-spine-bmv2.log")],
@@ -214,6 +250,8 @@ class Fabric:
         else:
             self.spawn("spine", [*spine, *[f"--tx-loss={j + 1}={a.link_loss}"
                                            for j in range(len(racks))]])
+        for dev in self.lossy:
+            lossy_egress(dev, a.link_loss)
         tls = [f"--tls-cert={a.tls_cert}", f"--tls-key={a.tls_key}"] if a.tls_cert else []
         self.spawn("fabric", ["--role", "fabric", "--controller", a.controller, *tls, *pace,
                               "--spine-controller", SPINE_CONTROL,
@@ -223,8 +261,8 @@ class Fabric:
               + "; ".join(f"tor{j} ports {rack} uplink {UPLINK}={self.cables[j]}"
                           for j, rack in enumerate(racks))
               + f"; ToRs ({a.tor_target}); spine ({a.spine_target}) ports "
-              + f"{sorted(spine_ports)}; link loss {a.link_loss}%" + LOSS_SIDE[a.tor_target,
-                                                                               a.spine_target],
+              + f"{sorted(spine_ports)}; link loss {a.link_loss}%"
+              + (f" (tc on the BMv2 ends {', '.join(self.lossy)})" if self.lossy else ""),
               file=sys.stderr, flush=True)
 
     def restart(self, name: str) -> int:
@@ -277,8 +315,18 @@ class Fabric:
             path = self.args.workdir / f"fabric-{name}.json"
             if path.exists():
                 stats[name] = json.loads(path.read_text())
+        lost = {}
+        for dev in self.lossy:
+            try:
+                lost[dev] = frames_lost(dev)
+            except RuntimeError as e:
+                print(f"fabric_lab: {e}", file=sys.stderr, flush=True)
+        if lost:
+            print("fabric_lab: frames lost on the BMv2 ends' veths: "
+                  + ", ".join(f"{d} {n}" for d, n in lost.items()), file=sys.stderr, flush=True)
         if self.args.stats_file:
-            self.args.stats_file.write_text(json.dumps({"switches": stats}, indent=1))
+            self.args.stats_file.write_text(json.dumps({"switches": stats, "lost": lost},
+                                                       indent=1))
         for tor_if in self.cables:
             subprocess.run(["ip", "link", "del", tor_if], capture_output=True)
 

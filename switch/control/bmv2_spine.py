@@ -136,8 +136,10 @@ class Bmv2SpineTarget(Bmv2RoleDevice):
                        lambda index: self._ring_raw(index, len(tors)))
 
     def limits(self) -> dict[str, Any]:
-        """spine.p4's: path MTU 256 only (64 int32 per partial and total), its slots."""
-        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots}
+        """spine.p4's: path MTU 256 only (64 int32 per partial and total), its slots, its
+        rings (NR_MAX_RINGS: the fabric publishes the fewest any of its switches holds)."""
+        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots,
+                "max_rings": self.c.max_rings}
 
     def _ring_raw(self, index: int, lanes: int) -> dict[str, Any]:
         """Raw counter values of ring `index`: {"ring": {name: n}, "lanes": [{name: n}]}."""

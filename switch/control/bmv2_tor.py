@@ -152,8 +152,9 @@ class Bmv2TorTarget(Bmv2RoleDevice):
                        lambda index: self._tor_raw(index, len(lanes.local)))
 
     def limits(self) -> dict[str, Any]:
-        """tor.p4's: path MTU 256 only (64 int32 per packet), its slots."""
-        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots}
+        """tor.p4's: path MTU 256 only (64 int32 per packet), its slots, its rings."""
+        return {"path_mtus": [self.c.max_payload], "max_slots": self.c.slots,
+                "max_rings": self.c.max_rings}
 
     def _tor_raw(self, index: int, local: int) -> dict[str, Any]:
         """Raw counter values of ring `index`: the single switch's ring and connection

@@ -151,6 +151,22 @@ class SpineTarget:
         return software_limits()
 
 
+def tier_counters(switches: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """One ring's counters at each of its switches (`FabricTarget.counters`' `switches`) as
+    flat dotted names: a ToR's ring and ToR counters ("tor0.aggregated",
+    "tor0.partials_sent"), the spine's ring counters and per-ToR outcomes ("spine.completed",
+    "spine.per_tor.1.partials"). Each contribution is counted once per tier: at 0 loss, a ToR's
+    `aggregated` is its rack's ranks times the ring's packets, its `partials_sent` and the
+    spine's `completed` and each `per_tor.J.partials` the packets."""
+    out: dict[str, int] = {}
+    for name, ring in switches.items():
+        out.update({f"{name}.{k}": v for k, v in ring["counters"].items()})
+        out.update({f"{name}.{k}": v for k, v in (ring.get("tor") or {}).items()})
+        out.update({f"{name}.per_tor.{t}.{k}": v for t, c in ring.get("per_tor", {}).items()
+                    for k, v in c.items()})
+    return out
+
+
 class FabricTarget(Target):
     """The controller's Target for a ToR/spine fabric (see the module doc)."""
 
@@ -265,7 +281,9 @@ class FabricTarget(Target):
 
         Per ring: the host-facing view every Target gives (its ToRs' counters summed, their
         connections by rank, next_emit of the slowest ToR) and, beside it, `racks` and each
-        switch's own counters for the ring (`switches`). Ports are numbered 1.. over the
+        switch's own counters for the ring (`switches`), which also go into `counters` under
+        dotted names (`tier_counters`: how each tier counted the ring's packets, through the
+        API's string map to the hosts). Ports are numbered 1.. over the
         fabric, switch by switch; each says which switch and port it is in `ifname`
         ('tor0:3'; a ToR's uplink is 'tor0:uplink': the ToR-spine links are the uplinks)."""
         per_switch = {s.name: s.counters() for s in [*self.tors.values(), self.spine]}
@@ -275,14 +293,16 @@ class FabricTarget(Target):
             names = [self.tors[t].name for t in placement.tor_ids]
             if len(names) > 1:
                 names.append(self.spine.name)
+            switches = {n: per_switch[n]["rings"][rid] for n in names}
             rings[rid] = {"world_size": spec.world_size, "slots": slots,
                           "next_emit": min(t["next_emit"] for t in tors),
-                          "counters": {n: sum(t["counters"][n] for t in tors)
-                                       for n in RING_COUNTERS},
+                          "counters": {**{n: sum(t["counters"][n] for t in tors)
+                                          for n in RING_COUNTERS},
+                                       **tier_counters(switches)},
                           "connections": sorted((c for t in tors for c in t["connections"]),
                                                 key=lambda c: c["rank"]),
                           "racks": list(placement.rack_of_rank),
-                          "switches": {n: per_switch[n]["rings"][rid] for n in names}}
+                          "switches": switches}
         ports = {}
         for name, snap in per_switch.items():
             for p, c in snap["ports"].items():
@@ -302,11 +322,15 @@ class FabricTarget(Target):
     def limits(self) -> dict[str, Any]:
         """What the fabric can aggregate (the fields of control.proto's TargetLimits it
         sets): what every one of its switches takes (e.g. path MTU 256 only with a BMv2
-        spine), ranks up to MAX_RANKS per ToR."""
-        mtus, slots = set(PATH_MTUS), MAX_SLOTS
+        spine), ranks up to MAX_RANKS per ToR, and, when its switches state one, the fewest
+        rings any of them holds (a BMv2 role's 4: a ring across racks takes a place at the
+        spine and at each of its ToRs; one inside a software rack would take fewer)."""
+        mtus, slots, rings = set(PATH_MTUS), MAX_SLOTS, []
         for switch in [*self.tors.values(), self.spine]:
             theirs = switch.limits()
             mtus &= set(theirs.get("path_mtus", PATH_MTUS))
             slots = min(slots, theirs.get("max_slots", MAX_SLOTS))
+            rings += [theirs["max_rings"]] if "max_rings" in theirs else []
         return {"path_mtus": sorted(mtus), "max_slots": slots,
-                "max_ranks": MAX_RANKS * len(self.tors)}
+                "max_ranks": MAX_RANKS * len(self.tors), **({"max_rings": min(rings)}
+                                                             if rings else {})}

@@ -268,8 +268,10 @@ class ControllerService:
             else:
                 self.leases[spec.ring_id] = Lease(principal, reg.lease_ms, math.inf, memory,
                                                   busy=True, hosts=hosts)
+        asked = time.monotonic()         # wall time, for the log: how long a registration takes
         try:
             with self._target_lock:
+                began = time.monotonic()
                 if isinstance(self.target, FabricSwitchTarget) and reg.racks:
                     placed = self.target.register_in_fabric(spec, reg.slots, reg.racks)
                 elif reg.racks:
@@ -291,8 +293,9 @@ class ControllerService:
             self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
                                               self.clock() + reg.lease_ms / 1000, memory,
                                               hosts=hosts)
-        log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms",
-                 spec.ring_id, principal, spec.world_size, reg.slots, reg.lease_ms)
+        log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms (%.1f s waiting "
+                 "for the target, %.1f s programming it)", spec.ring_id, principal,
+                 spec.world_size, reg.slots, reg.lease_ms, began - asked, time.monotonic() - began)
         return pb.RegisterRingReply(ring_id=placed["ring_id"], slots=placed["slots"],
                                     ports=placed["ports"], lease_ms=reg.lease_ms)
 

@@ -91,6 +91,21 @@ def restart_switch(kind: str | None = None, timeout: float = RESTART_TIMEOUT) ->
     return LabSwitch(kind, int(pid), target, time.monotonic() - t0)
 
 
+def canonical(kind: str) -> str:
+    """`kind` with a fabric's defaults spelt out ("racks:2" and "racks:2:0" are
+    "racks:2:0:soft:soft"): two names of one switch compare equal."""
+    family, _, rest = kind.partition(":")
+    if family != "racks" or not rest:
+        return kind
+    parts = rest.split(":")
+    r, loss, spine, tors = (parts + ["0", "soft", "soft"][len(parts) - 1:])[:4]
+    try:
+        loss = f"{float(loss):g}"
+    except ValueError:
+        return kind                     # restart_switch names what is wrong with it
+    return f"racks:{r}:{loss}:{spine}:{tors}"
+
+
 def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
     """Restart ToR `j` of the lab's fabric (the switch kind "racks:..."), fresh state, same
     ports (tools/fabric_lab.py serves it: fabric.request / fabric.reply in $NR_LAB_DIR);
@@ -108,7 +123,7 @@ def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
 
 def use_switch(kind: str, timeout: float = RESTART_TIMEOUT) -> LabSwitch | None:
     """Make `kind` the lab's switch: restarted only when another kind runs (None then)."""
-    if current_switch() == kind:
+    if canonical(current_switch()) == canonical(kind):
         return None
     return restart_switch(kind, timeout)
 

@@ -28,17 +28,19 @@ _ports = itertools.count(29600)
 
 
 def run_worker(n: int, *args: str, timeout: float = 1800,
-               out: TextIO | None = None, grace: float = 30) -> LaunchResult:
-    """allreduce_worker.py ARGS as n ranks; their prefixed output goes to `out` as it comes
-    (default: stdout); `grace`: how long the others may run on after one rank failed."""
-    if n > HOSTS:
-        pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
+               out: TextIO | None = None, grace: float = 30,
+               first_host: int = 0) -> LaunchResult:
+    """allreduce_worker.py ARGS as n ranks (on hosts first_host, first_host + 1, ...); their
+    prefixed output goes to `out` as it comes (default: stdout); `grace`: how long the
+    others may run on after one rank failed."""
+    if first_host + n > HOSTS:
+        pytest.fail(f"the lab has {HOSTS} hosts, the test needs {first_host + n}")
     # The worker runs as a script: without this its `import netreduce` would find whatever
     # the venv has installed (another checkout's code), not this tree's.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return launch([sys.executable, str(WORKER), *args], n, port=next(_ports), timeout=timeout,
-                  grace=grace, out=out, env=env)
+                  grace=grace, out=out, env=env, first_host=first_host)
 
 
 class Watch(io.StringIO):

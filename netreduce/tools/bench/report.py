@@ -38,8 +38,8 @@ class Record:
     made back to back, `ns` their total) and, from rank 0 only, the
     lab's CPU time by state over the timed part (`CPU` + user/system/softirq/idle/..., clock
     ticks of /proc/stat, which every host namespace shares) and, on a two-tier fabric, the
-    bytes that crossed its ToR-spine links (`SPINE`, both directions, from the ToRs' uplink
-    port counters; from just before the job's barrier to after the barrier that follows
+    bytes that crossed its ToR-spine links (`SPINE`, both directions, as the receiving ends
+    counted them: worker.SpineMeter; from just before the job's barrier to after the barrier that follows
     it: a one-element ring allreduce each, ~2 x 60 B per link, in the figure)."""
 
     algo: str

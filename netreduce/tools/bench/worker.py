@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -122,9 +122,11 @@ def lab_cpu() -> dict[str, int]:
 
 
 class SpineMeter:
-    """Rank 0's reading of the bytes that crossed a two-tier fabric's ToR-spine links (the
-    ToRs' uplink port counters, tx + rx, through the job's controller); {} on other ranks
-    and when the controller is not a fabric's."""
+    """Rank 0's reading of the bytes that crossed a two-tier fabric's ToR-spine links, as
+    the receiving ends counted them (rx bytes of the ToRs' uplinks, "torJ:uplink", and of the
+    spine's ToR ports, "spine:1".."spine:R", through the job's controller: a BMv2 switch's
+    tx bytes are those of the frame it built a partial or total from, its rx bytes the
+    frame's own); {} on other ranks and when the controller is not a fabric's."""
 
     def __init__(self, comm: netreduce.Communicator) -> None:
         self.client: ControllerClient | None = None
@@ -139,13 +141,20 @@ class SpineMeter:
     def read(self) -> dict[str, int]:
         if self.client is None:
             return {}
-        ports = self.client.counters(connections=False)["ports"]
-        return {SPINE: sum(int(p["tx_bytes"]) + int(p["rx_bytes"]) for p in ports.values()
-                           if str(p["ifname"]).endswith(":uplink"))}
+        return {SPINE: spine_link_bytes(self.client.counters(connections=False)["ports"])}
 
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
+
+
+def spine_link_bytes(ports: dict[str, dict[str, Any]]) -> int:
+    """Bytes received at both ends of a fabric's ToR-spine links, from its Counters reply's
+    ports: the ToRs' uplinks and the spine's ports 1..R (ToR j is on spine port j+1)."""
+    names = {str(p["ifname"]) for p in ports.values()}
+    ends = {f"spine:{j + 1}" for j in range(sum(n.endswith(":uplink") for n in names))}
+    return sum(int(p["rx_bytes"]) for p in ports.values()
+               if str(p["ifname"]).endswith(":uplink") or p["ifname"] in ends)
 
 
 def _moved(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
