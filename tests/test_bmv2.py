@@ -17,8 +17,8 @@ import pytest
 from roce_layers import mac_ports, make_ring
 from switch.p4 import program as p4program
 from tools import bmv2_lab
-from switch.control.bmv2 import (Bmv2Target, McGroup, ShellSession, TableEntry, ThriftRegisters,
-                         plan_ring)
+from switch.control.bmv2 import Bmv2Target, McGroup, ShellSession, TableEntry, plan_ring
+from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.service import serve
 from switch.api.client import ControllerClient
 from switch.control.target import SoftwareTarget
@@ -267,11 +267,40 @@ def fake_tool(directory: Path, name: str, script: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def test_thrift_registers_reads_the_cli(tmp_path: Path) -> None:
-    fake_tool(tmp_path, "cli", 'cat >/dev/null; echo "RuntimeCmd: conn_reth[33]= 1234"')
+FAKE_CLI = """echo started >> "$(dirname "$0")/starts"
+printf 'Obtaining JSON from switch...\\nDone\\nControl utility for runtime P4 table manipulation\\n'
+while read -r cmd a b; do
+  case "$cmd" in
+    register_read) [ "$b" = 33 ] && echo "RuntimeCmd: $a[$b]= 1234"
+                   [ "$b" = 35 ] && echo "RuntimeCmd: $a[34]= 99"
+                   [ "$b" = 66 ] && exit 1
+                   [ "$b" = 77 ] && sleep 30 ;;
+    *) echo "RuntimeCmd: *** Unknown syntax: $cmd" ;;
+  esac
+done"""
+
+
+def test_thrift_registers_read_through_one_long_lived_cli(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One CLI serves every read; a read answers only its own register; a CLI that dies or
+    goes silent gives None once, then a fresh one serves (counted in `restarts`)."""
+    from switch.control import bmv2_registers
+    monkeypatch.setattr(bmv2_registers, "READ_TIMEOUT", 1.0)
+    fake_tool(tmp_path, "cli", FAKE_CLI)
     read = ThriftRegisters(cli=str(tmp_path / "cli"))
-    assert read("conn_reth", 33) == 1234
-    assert read("conn_reth", 34) is None
+    try:
+        assert [read("conn_reth", 33), read("conn_reth", 34), read("ring_next", 33)] == \
+            [1234, None, 1234]
+        assert read("conn_reth", 35) is None            # another index's line is not its
+        assert (tmp_path / "starts").read_text().count("started") == 1
+        assert read("conn_reth", 66) is None            # the CLI exits
+        assert read("conn_reth", 33) == 1234
+        assert read("conn_reth", 77) is None            # silent past READ_TIMEOUT: killed
+        assert read("conn_reth", 33) == 1234
+        assert (tmp_path / "starts").read_text().count("started") == 3
+        assert read.restarts == 2
+    finally:
+        read.close()
     assert ThriftRegisters(cli=str(tmp_path / "missing"))("conn_reth", 1) is None
 
 

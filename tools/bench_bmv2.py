@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from switch.contract import RingSpec
-from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
+from switch.control.bmv2 import Bmv2Target, ShellSession
+from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
 from switch.control.bmv2_tor import Bmv2TorTarget
 from switch.control.fabric import Placement, SpineTarget, TorTarget
@@ -254,11 +255,12 @@ def run_once(name: str, build_dir: Path, log_level: str, mode: str, ranks: int,
     cmd += [a for n, sw in sorted(ports.items()) for a in ("-i", f"{n}@{sw}")]
     cmd += ["--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    registers = ThriftRegisters(THRIFT_PORT)
     try:
         wait_listening(proc, GRPC_PORT)
         session = ShellSession(f"127.0.0.1:{GRPC_PORT}",
                                build_paths(build_dir, PROGRAMS.get(mode, MAIN)))
-        run = setup(mode, session, ports, ThriftRegisters(THRIFT_PORT), ranks, packets, roles)
+        run = setup(mode, session, ports, registers, ranks, packets, roles)
         try:
             _drain(mine)
             cpu0 = cpu_seconds(proc.pid)
@@ -272,6 +274,7 @@ def run_once(name: str, build_dir: Path, log_level: str, mode: str, ranks: int,
         finally:
             run.target.close()
     finally:
+        registers.close()
         proc.terminate()
         proc.wait()
     slots = len(run.todo) // run.per_slot

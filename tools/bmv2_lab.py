@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from switch.cli import build_parser, controller_options, spine_config, tor_config
-from switch.control.bmv2 import Bmv2Target, ShellSession, ThriftRegisters
+from switch.control.bmv2 import Bmv2Target, ShellSession
+from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
 from switch.control.bmv2_tor import Bmv2TorTarget
 from switch.control.fabric import SpineTarget, TorTarget
@@ -104,7 +105,8 @@ class Bmv2Switch:
             cmd += ["-i", f"{num}@{ifname}"]
         cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
         self.build, self.thrift_port = build, thrift_port   # the program, simple_switch_CLI's port
-        self._connect_args = (grpc_addr, build, thrift_port, ports, macs, spine, tor)
+        self._connect_args = (grpc_addr, build, ports, macs, spine, tor)
+        self.registers = ThriftRegisters(thrift_port)   # one CLI for the process's life
         with open(log or os.devnull, "ab") as out:     # the child keeps its own copy
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         self._or_stop(lambda: wait_listening(self.proc, grpc_port), self._connect)
@@ -123,9 +125,9 @@ class Bmv2Switch:
         """Push the program (P4Runtime's SetForwardingPipelineConfig: BMv2 starts every
         table, register and counter over, not its multicast groups: see reset) and serve
         it with a new target, which installs the static MAC table and the flood group."""
-        grpc_addr, build, thrift_port, ports, macs, spine, tor = self._connect_args
+        grpc_addr, build, ports, macs, spine, tor = self._connect_args
         session = ShellSession(grpc_addr, build)
-        registers = ThriftRegisters(thrift_port)
+        registers = self.registers
         if spine is not None:
             self.target = Bmv2SpineTarget(session, spine, ports, macs, registers)
         elif tor is not None:
@@ -151,6 +153,7 @@ class Bmv2Switch:
         self._open = True
 
     def _stop_process(self) -> None:
+        self.registers.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

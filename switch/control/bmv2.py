@@ -13,12 +13,10 @@ registration of an index gets a new epoch (1..65535), so the data plane treats s
 left by an earlier ring as empty; counters of a re-used index are reported relative to
 their values at registration. BMv2's P4Runtime server cannot read registers, so the
 informational per-connection RETH comes from BMv2's Thrift CLI when a `RegisterReader`
-is given, else it is None.
+(`switch.control.bmv2_registers.ThriftRegisters`) is given, else it is None.
 """
 from __future__ import annotations
 
-import re
-import subprocess
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
@@ -393,20 +391,3 @@ class ShellSession:
 
     def close(self) -> None:
         self._sh.teardown()
-
-
-class ThriftRegisters:
-    """Reads BMv2 registers with simple_switch_CLI over Thrift (P4Runtime cannot)."""
-
-    def __init__(self, thrift_port: int = 9090, cli: str = "simple_switch_CLI"):
-        self.cmd = [cli, "--thrift-port", str(thrift_port)]
-
-    def __call__(self, name: str, index: int) -> Optional[int]:
-        """The register's value, or None when the CLI fails or says nothing usable."""
-        try:
-            run = subprocess.run(self.cmd, input=f"register_read {name} {index}\n",
-                                 capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        m = re.search(rf"{re.escape(name)}\[{index}\]\s*=\s*(\d+)", run.stdout)
-        return int(m.group(1)) if m else None
