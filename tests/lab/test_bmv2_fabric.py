@@ -148,7 +148,12 @@ def bmv2_fabric() -> Iterator[LabSwitch | None]:
 
 def check_jobs(results: list[LaunchResult], sizes: list[int], before: dict[str, dict[str, int]],
                lossy: bool) -> list[dict[str, int]]:
-    """Each job exact, its ring fitted to the fabric, its counters once per tier."""
+    """Each job exact, its ring fitted to the fabric, its counters once per tier. A BMv2
+    ToR's egress queues may drop a result replica before counting it whenever go-back-N
+    storms, with or without loss on the links: two jobs at once through three BMv2
+    switches meet RC timeouts without any frame lost (the first quiet run: 1876
+    retransmissions served, 3 of 2945 results made up by them), so `results_sent` is
+    checked against what the retransmissions made up (check_fabric_run's queue_drops)."""
     for job, result in zip(JOBS, results):      # name the job that failed, before its lines
         assert result.ok, f"job {job}: exit {result.exit_code}; " + "; ".join(
             f"rank {r.rank}: {r.output[-1] if r.output else 'no output'}"
@@ -158,7 +163,7 @@ def check_jobs(results: list[LaunchResult], sizes: list[int], before: dict[str, 
         inc = inc_config(result)              # path MTU 256 and BMv2's pace, by init itself
         assert (inc.mtu, inc.msg_size, inc.ack_timeout) == (256, 4096, 17), (job, inc)
         out.append(check_fabric_run(result, job.n, sizes, before, lossy=lossy, config=inc,
-                                    racks=job.racks, queue_drops=lossy))
+                                    racks=job.racks, queue_drops=True))
     return out
 
 
