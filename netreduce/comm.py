@@ -191,8 +191,10 @@ class Communicator:
         set by the user and are never changed) and registered with it; a refusal is an
         error naming the controller. Rank 0 prints one line on stderr saying whether a switch is used.
         A rank that fails on its own tells the others through the rendezvous; `timeout`
-        bounds every wait for peers; the controller gets min(10 s, timeout / 2) per call,
-        so that a silent controller is reported before the other ranks stop waiting."""
+        bounds every wait for peers; the controller gets min(10 s, timeout / 2) per call
+        (min(30 s, timeout / 2) to register, unregister or read counters: a fabric programs
+        several switches), so that a silent controller is reported before the other ranks
+        stop waiting."""
         from ring_setup.verbs.host import RdmaHost   # pyverbs: only where a real device is opened
         rdzv = RendezvousConfig.resolve(rank, world_size, master_addr, master_port, timeout)
         ip = local_addr or source_ipv4_towards(rdzv.master_addr)
@@ -205,7 +207,8 @@ class Communicator:
         controller: Controller | None = None
         try:
             if rdzv.rank in LEASE_RANKS and addr is not None:
-                controller = _controller_client(addr, min(10.0, timeout / 2), rdzv.rank)
+                controller = _controller_client(addr, min(10.0, timeout / 2),
+                                                min(30.0, timeout / 2), rdzv.rank)
             host = RdmaHost(ip, device, config)
             comm = cls.connect(rendezvous, host, config, controller, pinned)
         except BaseException as exc:
@@ -794,14 +797,15 @@ def _ring_endpoint(d: dict[str, Any]) -> RingEndpoint:
     return RingEndpoint(QPEndpoint(**d["send"]), QPEndpoint(**d["recv"]))
 
 
-def _controller_client(addr: str, timeout: float, rank: int) -> Controller | None:
+def _controller_client(addr: str, timeout: float, program_timeout: float,
+                       rank: int) -> Controller | None:
     """The switch controller's client for rank 0 (fits, registers, renews) or another of
     `LEASE_RANKS` (renews only: None when it cannot make one, e.g. no token here)."""
     from switch.api.client import ControllerClient  # grpc: only where it is used
     if rank == 0:
-        return ControllerClient(addr, timeout=timeout)
+        return ControllerClient(addr, timeout=timeout, program_timeout=program_timeout)
     try:
-        return ControllerClient(addr, timeout=timeout)
+        return ControllerClient(addr, timeout=timeout, program_timeout=program_timeout)
     except Exception as exc:        # noqa: BLE001 - rank 0 renews alone then
         logger.info("netreduce: rank %d does not renew the switch lease (rank 0 does): %s",
                     rank, exc)

@@ -474,6 +474,26 @@ def test_unreachable_controller_times_out_clearly() -> None:
             c.ping()
 
 
+def test_programming_calls_get_their_own_deadline(start: Start,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target that takes 1.5 s to program a ring: RegisterRing waits for it under the
+    programming deadline (3 s) while Ping keeps the short one (1 s), named when missed."""
+    addr, pipeline = start()
+    slow = pipeline.register_ring
+
+    def register_ring(*args: object, **kw: object) -> object:
+        time.sleep(1.5)
+        return slow(*args, **kw)
+
+    monkeypatch.setattr(pipeline, "register_ring", register_ring)
+    with ControllerClient(addr, timeout=1, program_timeout=3) as c:
+        assert c.register_ring(make_ring(3))["ring_id"] == make_ring(3).ring_id
+        assert c.ping()["target"] == "software"
+    with ControllerClient(addr, timeout=1) as c:
+        with pytest.raises(ControllerError, match="did not answer RegisterRing in 1 s"):
+            c.register_ring(make_ring(2))
+
+
 def test_resolve_ports_normalises_macs() -> None:
     spec = make_ring(2)
     shouting = dataclasses.replace(spec, connections=tuple(

@@ -97,12 +97,20 @@ def counters_dict(reply: pb.CountersReply) -> dict[str, Any]:
 
 
 class ControllerClient:
-    """Calls the controller at `addr`; waits up to `timeout` s for it to answer each call."""
+    """Calls the controller at `addr`; waits up to `timeout` s for it to answer each call,
+    and up to `program_timeout` s (default `timeout`) for the calls that make it program
+    or read its target (RegisterRing, UnregisterRing, Counters): a fabric's controller
+    programs every switch of the ring's racks one after the other, and under load a BMv2
+    switch takes seconds to apply a ring's entries (docs/multirack.md)."""
+
+    PROGRAMMING = frozenset({"RegisterRing", "UnregisterRing", "Counters"})
 
     def __init__(self, addr: str = DEFAULT_ADDR, timeout: float = 10.0, *,
+                 program_timeout: Optional[float] = None,
                  token_file: Optional[str | Path] = None, ca_file: Optional[str | Path] = None):
         self.addr = addr
         self.timeout = timeout
+        self.program_timeout = max(timeout, program_timeout or timeout)
         token_file = token_file or os.environ.get(TOKEN_ENV) or None
         ca_file = ca_file or os.environ.get(CA_ENV) or None
         self._metadata: tuple[tuple[str, str], ...] = ()
@@ -124,13 +132,14 @@ class ControllerClient:
 
     def _call(self, method: str, request: Any) -> Any:
         rpc = getattr(self._stub, method)
+        timeout = self.program_timeout if method in self.PROGRAMMING else self.timeout
         try:
-            return rpc(request, timeout=self.timeout, wait_for_ready=True,
+            return rpc(request, timeout=timeout, wait_for_ready=True,
                        metadata=self._metadata)
         except grpc.RpcError as e:
             code, detail = e.code(), e.details()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                detail = f"controller at {self.addr} did not answer {method} in {self.timeout} s"
+                detail = f"controller at {self.addr} did not answer {method} in {timeout} s"
                 if not self._tls:
                     detail += (f" (over clear text: a controller serving TLS never answers "
                                f"that; give ca_file or ${CA_ENV})")
