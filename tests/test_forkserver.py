@@ -89,6 +89,24 @@ def test_a_forked_rank_imports_from_the_pythonpath_its_launch_gave(servers: Path
     for r in result.ranks:
         assert r.returncode == 0, r.output
         assert r.output == [f"{lib / 'nr_probe_module.py'} 1"]
+    # a server started in `lib` (python -m: its sys.path[0] is lib) and lib on the rank's
+    # PYTHONPATH: lib must stay on the path once the script's directory takes [0] (the
+    # lab's torch worker failed so: its server ran in the repository, on its PYTHONPATH)
+    here = tmp_path / "in-lib"
+    here.mkdir()
+    proc = subprocess.Popen([PY, "-m", "netreduce.tools.forkserver", str(here / "local.sock")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=lib, env={**os.environ,
+                                          "PYTHONPATH": str(Path(F.__file__).parents[2])})
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == str(here / "local.sock")
+        result, _ = warm(here, [PY, str(script), str(lib)], 2, grace=5.0, env=env)
+        for r in result.ranks:
+            assert (r.returncode, r.output) == (0, [f"{lib / 'nr_probe_module.py'} 1"]), r.output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
 
 
 def test_modules_run_as_main_and_stop_with_their_process_group(servers: Path) -> None:

@@ -109,14 +109,16 @@ class Job:
 
     def run(self) -> None:
         sys.argv = [self.target, *self.args]    # -m: runpy puts the module's path in [0]
+        # [0] first, then the request's PYTHONPATH after it, as a cold start orders them (the
+        # server's own [0], e.g. its working directory, may be one of those entries)
+        sys.path[0] = (os.getcwd() if self.kind == "module"
+                       else os.path.dirname(os.path.abspath(self.target)))
         pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[1:1] = [p for p in pythonpath if p not in sys.path]   # as a cold start
+        sys.path[1:1] = [p for p in pythonpath if p not in sys.path]
         if self.kind == "module":
-            sys.path[0] = os.getcwd()
             sys.modules.pop(self.target, None)         # preloaded: runs afresh, as cold
             runpy.run_module(self.target, run_name="__main__", alter_sys=True)
         else:
-            sys.path[0] = os.path.dirname(os.path.abspath(self.target))
             runpy.run_path(self.target, run_name="__main__")
 
 
