@@ -38,11 +38,15 @@ class ThriftRegisters:
 
     def __init__(self, thrift_port: int = 9090, cli: str = "simple_switch_CLI"):
         self.cmd = [cli, "--thrift-port", str(thrift_port)]
-        self.restarts = 0               # CLIs started after the first (each one logged)
         self._proc: Optional[subprocess.Popen[str]] = None
         self._lines: queue.Queue[Optional[str]] = queue.Queue()
         self._lock = threading.Lock()
-        self._started = 0
+        self._started = 0               # CLIs started (or tried)
+
+    @property
+    def restarts(self) -> int:
+        """CLIs started after the first (each one logged)."""
+        return max(0, self._started - 1)
 
     def __call__(self, name: str, index: int) -> Optional[int]:
         with self._lock:
@@ -79,10 +83,9 @@ class ThriftRegisters:
             self._stop()
 
     def _start(self) -> bool:
-        if self._started:
-            self.restarts += 1
-            log.warning("%s: starting it again (restart %d)", " ".join(self.cmd), self.restarts)
         self._started += 1
+        if self.restarts:
+            log.warning("%s: starting it again (restart %d)", " ".join(self.cmd), self.restarts)
         try:
             proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, bufsize=1,
