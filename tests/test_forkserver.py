@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -23,19 +24,29 @@ from netreduce.tools import launch as L
 PY = sys.executable
 
 
+@contextmanager
+def forkserver(tmp: Path, *args: str, **popen: object) -> Iterator[Path]:
+    """A fork server for --local ranks in `tmp` (local.sock), `args` on its command line and
+    `popen` (cwd, env) for its process; it must stop cleanly on SIGTERM, its socket gone."""
+    proc = subprocess.Popen([PY, "-m", "netreduce.tools.forkserver", str(tmp / "local.sock"),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)  # type: ignore[call-overload]
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == str(tmp / "local.sock")
+        yield tmp
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert not (tmp / "local.sock").exists()
+
+
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[Path]:
     """A fork server for --local ranks in tmp_path (local.sock), numpy preloaded."""
-    proc = subprocess.Popen([PY, "-m", "netreduce.tools.forkserver", str(tmp_path / "local.sock"),
-                             "--preload", "numpy"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == str(tmp_path / "local.sock")
-    yield tmp_path
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=10)
-    assert proc.returncode == 0, err
-    assert not (tmp_path / "local.sock").exists()
+    with forkserver(tmp_path, "--preload", "numpy") as tmp:
+        yield tmp
 
 
 def warm(tmp: Path, cmd: list[str], hosts: int, **kw: object) -> tuple[L.LaunchResult, str]:
@@ -94,19 +105,11 @@ def test_a_forked_rank_imports_from_the_pythonpath_its_launch_gave(servers: Path
     # lab's torch worker failed so: its server ran in the repository, on its PYTHONPATH)
     here = tmp_path / "in-lib"
     here.mkdir()
-    proc = subprocess.Popen([PY, "-m", "netreduce.tools.forkserver", str(here / "local.sock")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=lib, env={**os.environ,
-                                          "PYTHONPATH": str(Path(F.__file__).parents[2])})
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == str(here / "local.sock")
+    with forkserver(here, cwd=lib,
+                    env={**os.environ, "PYTHONPATH": str(Path(F.__file__).parents[2])}):
         result, _ = warm(here, [PY, str(script), str(lib)], 2, grace=5.0, env=env)
-        for r in result.ranks:
-            assert (r.returncode, r.output) == (0, [f"{lib / 'nr_probe_module.py'} 1"]), r.output
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+    for r in result.ranks:
+        assert (r.returncode, r.output) == (0, [f"{lib / 'nr_probe_module.py'} 1"]), r.output
 
 
 def test_modules_run_as_main_and_stop_with_their_process_group(servers: Path) -> None:
