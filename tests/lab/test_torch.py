@@ -1,8 +1,9 @@
 """PyTorch DDP with netreduce's comm hook and process group on real rxe, against DDP over
-gloo (netreduce's store port goes through torch's store): one launch per world size.
+gloo (netreduce's store port goes through torch's store), in one launch of 4 ranks
+(tests/lab/torch_worker.py) that both tests read: each launch imports torch on every rank,
+minutes of emulated CPU.
 
 Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_torch.py
-torch imports slowly under TCG: few, small runs.
 """
 from __future__ import annotations
 
@@ -26,23 +27,32 @@ def run(n: int, script: Path, *args: str, grace: float = 30) -> LaunchResult:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return launch([sys.executable, str(script), *args], n, port=next(_ports), timeout=900,
+    return launch([sys.executable, str(script), *args], n, port=next(_ports), timeout=1800,
                   grace=grace, env=env)
 
 
-def test_ddp_with_netreduce_against_gloo() -> None:
-    """tests/lab/torch_worker.py on 4 ranks: the hook and the process group train like gloo,
-    one step of the bf16 hook through the switch like torch's bf16_compress_hook over
-    gloo, a NaN bucket goes over the ring like gloo, then rank 2 is killed during backward
-    and the others name it. One launch covers it all: the survivors check every mode before the
-    victim dies (a clean 2-rank launch proved nothing more, for 4 of CI's minutes; the
-    README's DDP snippet runs cleanly on 4 ranks in tests/lab/test_readme.py)."""
-    n, victim = 4, 2
-    result = run(n, WORKER, "--steps", "5", "--victim", str(victim), grace=120)
+#: the rank that kills itself during backward at the end of the launch
+VICTIM = 2
+
+
+@pytest.fixture(scope="module")
+def ddp_job() -> LaunchResult:
+    """The one launch: 5 steps of every mode against gloo, the bf16 and NaN checks, 200
+    steps through two restarts of the lab's switch, then rank VICTIM dies."""
+    result = run(4, WORKER, "--steps", "5", "--restart-at", "40,120", "--survive-steps", "200",
+                 "--victim", str(VICTIM), grace=120)
     print("\n".join(x for x in result.ranks[0].output if x.startswith(("OK", "FAIL"))))
-    for r in (r for r in range(n) if r != victim):
-        out = result.ranks[r].output
-        assert result.ranks[r].returncode == 0, "\n".join(out)
+    return result
+
+
+def test_ddp_with_netreduce_against_gloo(ddp_job: LaunchResult) -> None:
+    """The hook and the process group train like gloo, one step of the bf16 hook through
+    the switch like torch's bf16_compress_hook over gloo, a NaN bucket goes over the ring
+    like gloo, then rank 2 is killed during backward and the others name it (the README's
+    DDP snippet runs cleanly on 4 ranks in tests/lab/test_readme.py)."""
+    for r in (r for r in range(4) if r != VICTIM):
+        out = ddp_job.ranks[r].output
+        assert ddp_job.ranks[r].returncode == 0, "\n".join(out[-40:])
         for mode in ("switch", "ring", "backend"):
             assert any(x.startswith(f"OK {mode}: max |param - gloo|") for x in out), out
         assert any(x.startswith("OK bf16 gradients: switch") for x in out), out
@@ -50,19 +60,17 @@ def test_ddp_with_netreduce_against_gloo() -> None:
         assert f"netreduce: rank {r}: DDP gradient bucket" in line and "holds NaN or Inf" in line
         line = next(x for x in out if x.startswith("OK error:"))
         # DDP re-raises the hook's PeerFailure from C++ (as a RuntimeError): its message
-        assert f"rank {victim}: its process died" in line \
+        assert f"rank {VICTIM}: its process died" in line \
             and f"rank {r}: allreduce call" in line, line
-    assert result.ranks[victim].returncode == -9
+    assert ddp_job.ranks[VICTIM].returncode == -9
 
 
-def test_ddp_trains_through_two_switch_restarts() -> None:
+def test_ddp_trains_through_two_switch_restarts(ddp_job: LaunchResult) -> None:
     """Issue 24: 200 DDP steps with netreduce's hook next to gloo, the lab's switch
     restarted at steps 40 and 120: no exception, the parameters within 1e-5 of gloo's,
-    two fallbacks."""
-    result = run(4, WORKER, "--steps", "200", "--restart-at", "40,120", grace=120)
+    two fallbacks (every rank, the victim included: it dies only after)."""
     for r in range(4):
-        out = result.ranks[r].output
-        assert result.ranks[r].returncode == 0, "\n".join(out[-40:])
+        out = ddp_job.ranks[r].output
         assert any(x.startswith("OK survive: max |param - gloo|") for x in out), out[-40:]
-    print("\n".join(x for x in result.ranks[0].output if x.startswith(("OK survive",
-                                                                       "netreduce: "))))
+    print("\n".join(x for x in ddp_job.ranks[0].output if x.startswith(("OK survive",
+                                                                        "netreduce: "))))

@@ -1,8 +1,7 @@
 """One rank of the lab PyTorch test, run by `python -m netreduce.tools.launch` (one per host);
-one launch checks everything (torch imports slowly under TCG), in this order:
+one launch checks everything (each launch imports torch, minutes under TCG), in this order:
 
-    torch_worker.py [--steps K] [--victim R]
-    torch_worker.py --steps K --restart-at S1,S2     (only: DDP while the switch restarts)
+    torch_worker.py [--steps K] [--restart-at S1,S2 [--survive-steps M]] [--victim R]
   1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
      netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
      of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
@@ -12,9 +11,13 @@ one launch checks everything (torch imports slowly under TCG), in this order:
      element: stricter than training a few steps with it, and ~3x cheaper in the lab;
      training with both bf16 hooks is examples/train_mlp.py's, docs/torch.md);
   3. a NaN in rank 1's batch: the hook warns and gives gloo's gradients (NaN included);
-  4. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
+  4. with --restart-at: M steps of DDP with netreduce's hook beside DDP over gloo while
+     rank 0 restarts the lab's switch at those steps: no exception, within 1e-5 of gloo,
+     one fallback per restart;
+  5. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
 
-Prints "OK ..." lines the test looks for; a failed check exits non-zero with the reason.
+Prints "OK ..." lines (each with the seconds since the worker started) the test looks for;
+a failed check exits non-zero with the reason.
 """
 from __future__ import annotations
 
@@ -38,6 +41,14 @@ import netreduce.torch as nrtorch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train_mlp import batch, gloo_bf16_hook, global_max, local_hook, mlp, train  # noqa: E402
+
+
+STARTED = time.monotonic()
+
+
+def say(line: str) -> None:
+    """An "OK ..." line for the test, with the seconds since this worker started."""
+    print(f"{line} [{time.monotonic() - STARTED:.0f} s]", flush=True)
 
 
 def grads_after_one_step(comm: netreduce.Communicator, hook: bool, poison: bool
@@ -89,9 +100,9 @@ def bf16_gradients(comm: netreduce.Communicator) -> None:
             sys.exit(f"FAIL bf16: gradients {float((o - t).abs().max()):.3g} from torch's "
                      f"bf16_compress_hook over gloo, beyond the roundings' bound")
         worst = max(worst, float(((o - t).abs() / mean_abs.clamp_min(1e-30)).max()))
-    print(f"OK bf16 gradients: switch, within the bound of torch's bf16_compress_hook over "
-          f"gloo (largest difference {worst:.3g} of the mean |gradient|; "
-          f"{time.monotonic() - start:.1f} s)", flush=True)
+    say(f"OK bf16 gradients: switch, within the bound of torch's bf16_compress_hook over "
+        f"gloo (largest difference {worst:.3g} of the mean |gradient|; "
+        f"{time.monotonic() - start:.1f} s)")
 
 
 def nan(comm: netreduce.Communicator) -> None:
@@ -110,7 +121,7 @@ def nan(comm: netreduce.Communicator) -> None:
     clean = grads_after_one_step(comm, hook=True, poison=False)
     if comm.last_algo != "switch" or not all(bool(g.isfinite().all()) for g in clean):
         sys.exit(f"FAIL nan: the next clean step ran {comm.last_algo}")
-    print(f"OK nan: {len(warned)} warning(s): {warned[0]}", flush=True)
+    say(f"OK nan: {len(warned)} warning(s): {warned[0]}")
 
 
 def die(comm: netreduce.Communicator, victim: int) -> None:
@@ -124,7 +135,7 @@ def die(comm: netreduce.Communicator, victim: int) -> None:
     try:
         nn.CrossEntropyLoss()(model(x), y).backward()
     except Exception as exc:            # noqa: BLE001 - the message is what is checked
-        print(f"OK error: {type(exc).__name__}: {exc}", flush=True)
+        say(f"OK error: {type(exc).__name__}: {exc}")
         return
     sys.exit("FAIL die: backward completed although a rank died")
 
@@ -139,16 +150,18 @@ def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
         diff = global_max(float((got - want).abs().max()))
         if diff > 1e-5:
             sys.exit(f"FAIL {mode}: parameters {diff:.3g} from gloo's after {steps} steps")
-        print(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps", flush=True)
+        say(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps")
 
 
 def survive(comm: netreduce.Communicator, steps: int, restarts: list[int]) -> None:
     """`steps` steps of DDP with netreduce's hook (algo="auto") next to DDP over gloo, the
     lab's switch restarted (by rank 0, in the background) at each step of `restarts`: no
-    exception, the parameters within 1e-5 of gloo's, one fallback per restart."""
+    exception, the parameters within 1e-5 of gloo's, one fallback per restart (counted from
+    the communicator's stats before the first step)."""
     import threading
     from tests.lab.labswitch import restart_switch
     started: list[threading.Thread] = []
+    fallbacks_before = comm.stats()["switch"]["fallbacks"]
 
     pending = sorted(restarts)
 
@@ -170,29 +183,29 @@ def survive(comm: netreduce.Communicator, steps: int, restarts: list[int]) -> No
     stats = comm.stats()
     if comm.rank == 0 and pending:
         sys.exit(f"FAIL survive: the switch was not back in time for the restarts at {pending}")
-    if diff > 1e-5 or stats["switch"]["fallbacks"] != len(restarts):
+    if diff > 1e-5 or stats["switch"]["fallbacks"] - fallbacks_before != len(restarts):
         sys.exit(f"FAIL survive: parameters {diff:.3g} from gloo's, stats {stats}")
-    print(f"OK survive: max |param - gloo| {diff:.3g} after {steps} steps, "
-          f"{sum(results['switch'][1]):.1f} s of steps; stats {stats}", flush=True)
+    say(f"OK survive: max |param - gloo| {diff:.3g} after {steps} steps, "
+        f"{sum(results['switch'][1]):.1f} s of steps; stats {stats}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--victim", type=int, default=None)
-    p.add_argument("--restart-at", default="", help="survive: restart the lab's switch at "
-                   "these steps (comma-separated) of a DDP run of --steps steps, only that")
+    p.add_argument("--restart-at", default="", help="restart the lab's switch at these steps "
+                   "(comma-separated) of a DDP run of --survive-steps steps")
+    p.add_argument("--survive-steps", type=int, default=200)
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     netreduce.log_to_stderr()
     comm = netreduce.init()
-    if args.restart_at:
-        survive(comm, args.steps, [int(s) for s in args.restart_at.split(",")])
-        netreduce.finalize()
-        return
+    say("OK init: gloo and netreduce")
     like_gloo(comm, args.steps)
     bf16_gradients(comm)
     nan(comm)
+    if args.restart_at:
+        survive(comm, args.survive_steps, [int(s) for s in args.restart_at.split(",")])
     if args.victim is None:
         netreduce.finalize()
     else:
