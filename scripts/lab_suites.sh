@@ -27,7 +27,7 @@ fi
 # (docs/lab.md, "Boot panics").
 lab_rc=0
 stage "test: lab A, 4 hosts (one boot)" "$ROOT/scripts/lab.sh" --hosts 4 \
-  -- python -m pytest -q -rs --durations=15 -m lab --ignore=tests/lab/test_bmv2_fabric.py \
+  -- python -m pytest -q -rs --durations=45 -m lab --ignore=tests/lab/test_bmv2_fabric.py \
   tests/lab "$@" || lab_rc=1
 stage "test: lab C, 6 hosts in 2 racks (one boot)" "$ROOT/scripts/lab.sh" --name nrlab6 --racks 2 --hosts 6 \
   -- python -m pytest -q -rs --durations=8 -m lab \

@@ -36,10 +36,14 @@ fi
 
 # The unit run holds the conformance vectors of both targets (tests/test_conformance.py):
 # software always, BMv2 when p4c and BMv2 are there (under CI=true they fail, never skip,
-# without them: tests/p4tools.py). Skips are listed (-rs).
+# without them: tests/p4tools.py). Skips are listed (-rs). Three pytest-xdist workers, a
+# file each at a time (--dist loadfile keeps tests/conftest.py's order within a file): the
+# unit tests mostly wait (sockets, timers, subprocesses), 528 s in one process against
+# 207 s in three (docs/tests.md).
 # (a unit failure does not stop the run: the labs still run, and the exit code says it)
 unit_rc=0
-stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -m "not lab" tests "$@" \
+stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -n 3 --dist loadfile \
+  -m "not lab" tests "$@" \
   || unit_rc=$?
 for pid in $p4c_pids; do
   wait "$pid" || { echo "test.sh: p4c failed to compile switch/p4 (build/p4*/p4c.log)" >&2; exit 1; }

@@ -75,5 +75,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ready (BUILDS; it starts p4c in the background, the other tests overlap it, and these
     wait for it: compile_program locks the build directory, a second caller waits, then
     finds the build fresh); a BMv2 switch then serves the vectors of one key in a row
-    (stable: the order stays the files' otherwise)."""
+    (stable: the order stays the files' otherwise). Under pytest-xdist scripts/test.sh runs
+    `--dist loadfile`: each file on one worker, in this order."""
     items.sort(key=_order)

@@ -87,8 +87,11 @@ class Port:
 
 
 def open_port(number: int, ifname: str) -> Port:
-    """A raw socket on `ifname` that sees every frame arriving there, none of its own."""
-    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    """A raw socket on `ifname` that sees every frame arriving there, none of its own, and
+    never a frame of another interface: it is opened for no protocol and receives only once
+    bound to `ifname` (opened for ETH_P_ALL, it would queue every interface's frames until
+    the bind)."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)

@@ -2,8 +2,9 @@
 of its own, its ports cabled by veth pairs to a hosts' namespace where the tests inject and
 capture raw frames; the controller on a unix socket (reachable from any namespace).
 
-Names: namespaces nrxsw (switch) and nrxh (hosts); switch port I is nrxsI, its host end
-nrxhI. Host H (lab numbering: MAC 02:4e:52:00:00:0H+1, IP 10.77.0.H+1) is on port H+1.
+Names: namespaces nrxswW (switch) and nrxhW (hosts), W the pytest-xdist worker's number
+(empty outside xdist: parallel workers' rigs never share a namespace); switch port I is
+nrxsI, its host end nrxhI (inside them). Host H (lab numbering: MAC 02:4e:52:00:00:0H+1, IP 10.77.0.H+1) is on port H+1.
 Invariants: everything the rig creates is removed on close (the namespaces take their veths
 with them); the switch process is ended by its own pid; nothing leaves the namespaces (no
 addresses, IPv6 off, so the kernel sends nothing of its own).
@@ -26,8 +27,10 @@ import pytest
 
 from roce_layers import lab_mac
 
-SWITCH_NS = "nrxsw"
-HOSTS_NS = "nrxh"
+#: this pytest-xdist worker's number ("" outside xdist), in every namespace name of tests/hostile
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+SWITCH_NS = f"nrxsw{WORKER}"
+HOSTS_NS = f"nrxh{WORKER}"
 ROOT = Path(__file__).resolve().parents[2]
 ETH_P_ALL = 0x0003
 CLONE_NEWNET = 0x40000000
@@ -95,7 +98,7 @@ class HostPort:
         self.ifname = f"nrxh{port}"
 
         def open_sock() -> socket.socket:
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)   # receives once bound
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             s.bind((self.ifname, ETH_P_ALL))
             s.setblocking(False)

@@ -1,5 +1,5 @@
 """DataPlane's MAC-table and fault rules, frame by frame (`_handle` called directly on a
-DataPlane whose ports are a veth pair in namespace nrxdp; its loop does not run)."""
+DataPlane whose ports are a veth pair in namespace nrxdpW; its loop does not run)."""
 from __future__ import annotations
 
 import logging
@@ -10,9 +10,9 @@ import pytest
 
 from roce_layers import WRITE_ONLY, lab_mac, make_ring, write_frame
 from switch.dataplane.ports import DataPlane
-from tests.hostile.netns import in_netns, require_netns, run_ip
+from tests.hostile.netns import WORKER, in_netns, require_netns, run_ip
 
-NS = "nrxdp"
+NS = f"nrxdp{WORKER}"
 
 
 @pytest.fixture
