@@ -4,7 +4,8 @@ capture raw frames; the controller on a unix socket (reachable from any namespac
 
 Names: namespaces nrxswW (switch) and nrxhW (hosts), W the pytest-xdist worker's number
 (empty outside xdist: parallel workers' rigs never share a namespace); switch port I is
-nrxsI, its host end nrxhI (inside them). Host H (lab numbering: MAC 02:4e:52:00:00:0H+1, IP 10.77.0.H+1) is on port H+1.
+nrxsI, its host end nrxhI (inside them). Host H (lab numbering: MAC 02:4e:52:00:00:0H+1,
+IP 10.77.0.H+1) is on port H+1.
 Invariants: everything the rig creates is removed on close (the namespaces take their veths
 with them); the switch process is ended by its own pid; nothing leaves the namespaces (no
 addresses, IPv6 off, so the kernel sends nothing of its own).

@@ -16,7 +16,7 @@ one launch checks everything (each launch imports torch, minutes under TCG), in 
      one fallback per restart;
   5. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
 
-Prints "OK ..." lines (each with the seconds since the worker started) the test looks for;
+Prints "OK ..." lines (each with the seconds since its imports ended) the test looks for;
 a failed check exits non-zero with the reason.
 """
 from __future__ import annotations
@@ -43,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train_mlp import batch, gloo_bf16_hook, global_max, local_hook, mlp, train  # noqa: E402
 
 
-STARTED = time.monotonic()
+STARTED = time.monotonic()     # after torch's and netreduce's imports
 
 
 def say(line: str) -> None:
-    """An "OK ..." line for the test, with the seconds since this worker started."""
+    """An "OK ..." line for the test, with the seconds since this worker's imports ended."""
     print(f"{line} [{time.monotonic() - STARTED:.0f} s]", flush=True)
 
 
