@@ -90,11 +90,18 @@ class Labelled:
 # processes on the machine: in the first lab run (a machine shared with three other labs,
 # fork servers up in 297 s) every rank reached init's first collective just over 60 s late.
 JOIN_TIMEOUT = 300
+# How long a call of these jobs may make no progress at all before its ranks raise the stall
+# error that names the rank, the peer, the message, the QP states and the counters (instead
+# of the launcher's timeout stopping a silent job: once, in CI at a38aa09, the 5-rank job
+# under 1% loss made no progress for 900 s and nothing said why). A 1% loss costs a few RC
+# timeouts of ~0.5 s each; 300 s without any completion is a stall.
+STALL_TIMEOUT = 300
 
 
 def run_at_once(jobs: tuple[Job, ...], *args: str) -> list[LaunchResult]:
     """allreduce_worker.py ARGS as every job at the same time (each rank waiting up to
-    JOIN_TIMEOUT for its peers); their results in order."""
+    JOIN_TIMEOUT for its peers, and up to STALL_TIMEOUT for any progress in a call); their
+    results in order."""
     lock = threading.Lock()
     results: list[LaunchResult | None] = [None] * len(jobs)
     errors: list[BaseException] = []
@@ -102,6 +109,7 @@ def run_at_once(jobs: tuple[Job, ...], *args: str) -> list[LaunchResult]:
     def one(i: int) -> None:
         try:
             results[i] = run_worker(jobs[i].n, *args, "--timeout", str(JOIN_TIMEOUT),
+                                    "--collective-timeout", str(STALL_TIMEOUT),
                                     first_host=jobs[i].first, timeout=900,
                                     out=Labelled(f"job {i}", lock))   # type: ignore[arg-type]
         except BaseException as e:  # noqa: BLE001 - re-raised by the test's thread below

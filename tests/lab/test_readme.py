@@ -1,9 +1,9 @@
 """The README's library snippets, run verbatim under the lab launcher as a new user would
 run them (`netreduce launch --hosts N -- python snippet.py`): nothing in the environment
 beyond what the lab and the launcher set (no GLOO_SOCKET_IFNAME of our own). Each snippet is
-followed by a short check of ours that prints one line per rank. The numpy snippet runs on
-4 ranks, the DDP one on 2 (4 ranks importing torch under TCG take ~8 minutes of CI; the
-4-rank DDP paths run in tests/lab/test_torch.py).
+followed by a short check of ours that prints one line per rank. The numpy snippet runs
+here on 4 ranks; the DDP one opens the one torch launch of tests/lab/test_torch.py (each
+launch of torch ranks costs minutes of emulated CPU), which checks it the same way.
 """
 from __future__ import annotations
 
@@ -32,17 +32,6 @@ bound = n * 2.0 ** -(e + 1) * (1 + 2.0 ** -24) + 2.0 ** -24 * np.abs(expected) +
 excess = float(np.max(np.abs(x - expected) - bound))
 print(f"README-CHECK numpy rank {os.environ['RANK']}: worst error - bound {excess:.3e}", flush=True)
 assert excess <= 0, excess
-"""
-# After the DDP snippet: one step on rank-specific inputs; DDP averages the gradients through
-# the hook, so every rank must hold the same ones.
-DDP_CHECK = """
-import os
-torch.manual_seed(int(os.environ["RANK"]))
-model(torch.randn(32, 64)).square().sum().backward()
-g = torch.cat([p.grad.flatten() for p in model.parameters()])
-print(f"README-CHECK ddp rank {os.environ['RANK']}: grad sum {g.double().sum().item():.6e} "
-      f"algo {comm.last_algo}", flush=True)
-netreduce.finalize()
 """
 
 
@@ -81,11 +70,3 @@ def test_the_numpy_snippet_sums_through_the_switch(tmp_path: Path) -> None:
     for r in result.ranks:     # the snippet's own print(comm.last_algo)
         assert "switch" in r.output, r.output
 
-
-def test_the_ddp_snippet_trains_with_the_hook(tmp_path: Path) -> None:
-    snippet = readme_snippets()[1]
-    _, checks = run_snippet(snippet + DDP_CHECK, tmp_path, "readme_ddp", 2)
-    assert len(checks) == 2, checks
-    sums = {re.search(r"grad sum (\S+)", c)[1] for c in checks}
-    assert len(sums) == 1, checks          # every rank holds the same averaged gradients
-    assert all(c.endswith("algo switch") for c in checks), checks

@@ -1,55 +1,81 @@
 """PyTorch DDP with netreduce's comm hook and process group on real rxe, against DDP over
-gloo (netreduce's store port goes through torch's store), in one launch of 4 ranks
-(tests/lab/torch_worker.py) that both tests read: each launch imports torch on every rank,
-minutes of emulated CPU.
+gloo (netreduce's store port goes through torch's store), in one launch of 4 ranks that
+every test here reads: each launch imports torch, and DDP's first construction imports
+torch._dynamo, on every rank: ~7 minutes of emulated CPU (docs/tests.md).
+
+The launch runs, as every rank's script: the README's DDP snippet verbatim (as a new user
+would: nothing in the environment beyond what the lab and the launcher set, no
+GLOO_SOCKET_IFNAME of our own; PYTHONPATH for the checks' import), one step of its model with a README-CHECK line, then
+tests/lab/torch_worker.py's checks on the snippet's communicator.
 
 Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_torch.py
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from netreduce.tools.launch import LaunchResult, launch
 from tests.lab.labhosts import HOSTS, ROOT
 from tests.lab.test_allreduce import _ports
+from tests.lab.test_readme import readme_snippets
 
 pytestmark = pytest.mark.lab
 
-WORKER = Path(__file__).with_name("torch_worker.py")
-
-
-def run(n: int, script: Path, *args: str, grace: float = 30) -> LaunchResult:
-    if n > HOSTS:
-        pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return launch([sys.executable, str(script), *args], n, port=next(_ports), timeout=1800,
-                  grace=grace, env=env)
-
+# After the DDP snippet: one step on rank-specific inputs; DDP averages the gradients through
+# the hook, so every rank must hold the same ones. Then the checks of torch_worker.py.
+DDP_CHECK = """
+import os, sys
+torch.manual_seed(int(os.environ["RANK"]))
+model(torch.randn(32, 64)).square().sum().backward()
+g = torch.cat([p.grad.flatten() for p in model.parameters()])
+print(f"README-CHECK ddp rank {os.environ['RANK']}: grad sum {g.double().sum().item():.6e} "
+      f"algo {comm.last_algo}", flush=True)
+from tests.lab import torch_worker
+torch_worker.run(comm, sys.argv[1:])
+"""
 
 #: the rank that kills itself during backward at the end of the launch
 VICTIM = 2
 
 
 @pytest.fixture(scope="module")
-def ddp_job() -> LaunchResult:
-    """The one launch: 5 steps of every mode against gloo, the bf16 and NaN checks, 200
-    steps through two restarts of the lab's switch, then rank VICTIM dies."""
-    result = run(4, WORKER, "--steps", "5", "--restart-at", "40,120", "--survive-steps", "200",
-                 "--victim", str(VICTIM), grace=120)
-    print("\n".join(x for x in result.ranks[0].output if x.startswith(("OK", "FAIL"))))
+def ddp_job(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    """The one launch: the README's DDP snippet and its step, 5 steps of every mode against
+    gloo, the bf16 and NaN checks, 200 steps through two restarts of the lab's switch,
+    then rank VICTIM dies."""
+    if HOSTS < 4:
+        pytest.fail(f"the lab has {HOSTS} hosts, the test needs 4")
+    script = tmp_path_factory.mktemp("torch") / "readme_ddp_then_checks.py"
+    script.write_text(readme_snippets()[1] + DDP_CHECK)
+    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME",
+                                                           "TP_SOCKET_IFNAME")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "40,120",
+                     "--survive-steps", "200", "--victim", str(VICTIM)], 4, port=next(_ports),
+                    timeout=1800, grace=120, env=env)
+    print("\n".join(x for x in result.ranks[0].output
+                    if x.startswith(("OK", "FAIL", "README-CHECK"))))
     return result
+
+
+def test_the_readme_ddp_snippet_trains_with_the_hook(ddp_job: LaunchResult) -> None:
+    """The README's DDP snippet, run verbatim on 4 ranks: one step through its hook leaves
+    every rank the same averaged gradients, summed by the switch."""
+    checks = [x for r in ddp_job.ranks for x in r.output if x.startswith("README-CHECK ddp")]
+    assert len(checks) == 4, [r.output[-20:] for r in ddp_job.ranks]
+    sums = {re.search(r"grad sum (\S+)", c)[1] for c in checks}
+    assert len(sums) == 1, checks          # every rank holds the same averaged gradients
+    assert all(c.endswith("algo switch") for c in checks), checks
 
 
 def test_ddp_with_netreduce_against_gloo(ddp_job: LaunchResult) -> None:
     """The hook and the process group train like gloo, one step of the bf16 hook through
     the switch like torch's bf16_compress_hook over gloo, a NaN bucket goes over the ring
-    like gloo, then rank 2 is killed during backward and the others name it (the README's
-    DDP snippet runs cleanly on 4 ranks in tests/lab/test_readme.py)."""
+    like gloo, then rank 2 is killed during backward and the others name it."""
     for r in (r for r in range(4) if r != VICTIM):
         out = ddp_job.ranks[r].output
         assert ddp_job.ranks[r].returncode == 0, "\n".join(out[-40:])

@@ -1,7 +1,9 @@
-"""One rank of the lab PyTorch test, run by `python -m netreduce.tools.launch` (one per host);
-one launch checks everything (each launch imports torch, minutes under TCG), in this order:
+"""The lab PyTorch checks, run by the one torch launch of tests/lab/test_torch.py (each launch
+imports torch and torch._dynamo, which DDP needs, on every rank: minutes under TCG). That
+launch runs a script composed of the README's DDP snippet (verbatim: it makes `comm` and a
+DDP model with netreduce's hook), one step of that model, then `run(comm, ARGS)`:
 
-    torch_worker.py [--steps K] [--restart-at S1,S2 [--survive-steps M]] [--victim R]
+    ARGS: [--steps K] [--restart-at S1,S2 [--survive-steps M]] [--victim R]
   1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
      netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
      of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
@@ -16,8 +18,8 @@ one launch checks everything (each launch imports torch, minutes under TCG), in 
      one fallback per restart;
   5. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
 
-Prints "OK ..." lines (each with the seconds since its imports ended) the test looks for;
-a failed check exits non-zero with the reason.
+Prints "OK ..." lines (each with the seconds since `run` began) the test looks for; a failed
+check exits non-zero with the reason.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ import signal
 import sys
 import time
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -43,11 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train_mlp import batch, gloo_bf16_hook, global_max, local_hook, mlp, train  # noqa: E402
 
 
-STARTED = time.monotonic()     # after torch's and netreduce's imports
+STARTED = time.monotonic()     # after the README snippet and its check
 
 
 def say(line: str) -> None:
-    """An "OK ..." line for the test, with the seconds since this worker's imports ended."""
+    """An "OK ..." line for the test, with the seconds since the checks began."""
     print(f"{line} [{time.monotonic() - STARTED:.0f} s]", flush=True)
 
 
@@ -189,18 +190,16 @@ def survive(comm: netreduce.Communicator, steps: int, restarts: list[int]) -> No
         f"{sum(results['switch'][1]):.1f} s of steps; stats {stats}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def run(comm: netreduce.Communicator, argv: list[str]) -> None:
+    """Checks 1-5 on `comm` (the README snippet's, over gloo's default process group)."""
+    p = argparse.ArgumentParser(prog="torch_worker.run")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--victim", type=int, default=None)
     p.add_argument("--restart-at", default="", help="restart the lab's switch at these steps "
                    "(comma-separated) of a DDP run of --survive-steps steps")
     p.add_argument("--survive-steps", type=int, default=200)
-    args = p.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    args = p.parse_args(argv)
     netreduce.log_to_stderr()
-    comm = netreduce.init()
-    say("OK init: gloo and netreduce")
     like_gloo(comm, args.steps)
     bf16_gradients(comm)
     nan(comm)
@@ -211,7 +210,3 @@ def main() -> None:
     else:
         die(comm, args.victim)
         os._exit(0)     # the communicator is broken and gloo's peer is gone: no teardown
-
-
-if __name__ == "__main__":
-    main()
