@@ -20,16 +20,20 @@ import pytest
 
 from netreduce.tools import forkserver as F
 from netreduce.tools import launch as L
+from tests.hostile.netns import WORKER as NETNS_WORKER, require_netns
 
 PY = sys.executable
 
 
 @contextmanager
-def forkserver(tmp: Path, *args: str, **popen: object) -> Iterator[Path]:
+def forkserver(tmp: Path, *args: str, netns: str | None = None,
+               **popen: object) -> Iterator[Path]:
     """A fork server for --local ranks in `tmp` (local.sock), `args` on its command line and
-    `popen` (cwd, env) for its process; it must stop cleanly on SIGTERM, its socket gone."""
-    proc = subprocess.Popen([PY, "-m", "netreduce.tools.forkserver", str(tmp / "local.sock"),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    `popen` (cwd, env) for its process, in named network namespace `netns` if given; it
+    must stop cleanly on SIGTERM, its socket gone."""
+    where = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*where, PY, "-m", "netreduce.tools.forkserver",
+                             str(tmp / "local.sock"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **popen)  # type: ignore[call-overload]
     try:
         assert proc.stdout is not None
@@ -187,16 +191,62 @@ def test_only_the_servers_own_interpreter_and_environment_runs_warm() -> None:
             F.warm_target([system, "x.py"], PY)
 
 
-def test_a_server_in_another_network_namespace_is_refused(servers: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def two_netns() -> Iterator[tuple[str, str]]:
+    """Two empty named network namespaces (/run/netns/NAME), this xdist worker's own."""
+    require_netns()
+    names = (f"nrxfa{NETNS_WORKER}", f"nrxfb{NETNS_WORKER}")
+    for name in names:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield names
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+NETNS_CHECK = """\
+import os
+print("netns", os.stat("/proc/self/ns/net").st_ino, sorted(os.listdir("/sys/class/net")))
+"""
+
+
+def test_a_server_in_another_network_namespace_is_refused(tmp_path: Path,
+                                                         two_netns: tuple[str, str]) -> None:
     """A lab host set up again is a new namespace under the same name: a server started in
-    the old one must not run that host's ranks."""
-    here = tmp_path / "same"
-    os.symlink("/proc/self/ns/net", here)       # where this test (and the server) run
-    proc = F.WarmProcess(str(servers / "local.sock"), [PY, "-m", "json.tool", "--help"], {},
-                         netns=str(here))
-    assert proc.wait(timeout=30) == 0
-    with pytest.raises(F.Refused, match="another network namespace than"):
-        F.WarmProcess(str(servers / "local.sock"), [PY, "x.py"], {}, netns="/proc/self/ns/uts")
+    the old one must not run that host's ranks; only namespaces under /run/netns are named."""
+    mine, other = two_netns
+    with forkserver(tmp_path, "--preload", "json", netns=mine) as tmp:
+        proc = F.WarmProcess(str(tmp / "local.sock"), [PY, "-m", "json.tool", "--help"], {},
+                             netns=f"/run/netns/{mine}")
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(F.Refused, match="another network namespace than"):
+            F.WarmProcess(str(tmp / "local.sock"), [PY, "x.py"], {}, netns=f"/run/netns/{other}")
+        with pytest.raises(F.Refused, match="not a network namespace under /run/netns"):
+            F.WarmProcess(str(tmp / "local.sock"), [PY, "x.py"], {}, netns="/proc/self/ns/net")
+
+
+def test_one_server_with_enter_netns_runs_each_rank_in_its_namespace(
+        tmp_path: Path, two_netns: tuple[str, str]) -> None:
+    """--enter-netns: one server (one preload) serves every host; each child is in its
+    request's namespace, with a /sys that lists that namespace's interfaces (only lo here,
+    not the machine's), as under `ip netns exec`; the server's own namespace is unchanged."""
+    script = tmp_path / "where.py"
+    script.write_text(NETNS_CHECK)
+    with forkserver(tmp_path, "--preload", "json", "--enter-netns") as tmp:
+        for name in two_netns:
+            proc = F.WarmProcess(str(tmp / "local.sock"), [PY, str(script)], {},
+                                 netns=f"/run/netns/{name}")
+            assert proc.stdout is not None
+            out = proc.stdout.read().decode()
+            assert proc.wait(timeout=30) == 0, out
+            assert out.split()[:2] == ["netns", str(os.stat(f"/run/netns/{name}").st_ino)], out
+            assert out.rstrip().endswith("['lo']"), out
+        with pytest.raises(F.Refused, match="not a network namespace under /run/netns"):
+            F.WarmProcess(str(tmp / "local.sock"), [PY, str(script)], {},
+                          netns="/proc/1/ns/net")
+    assert sorted(os.listdir("/sys/class/net")) != ["lo"]   # ours was left alone
 
 
 TORCH_WORKER = """\

@@ -1,6 +1,7 @@
 """Warm starts for launched ranks: one fork server per lab host, rank processes forked from it.
 
     python -m netreduce.tools.forkserver SOCKET [--preload MOD,MOD,...] [--also MOD,...]
+                                         [--enter-netns]
 
 Under the lab's emulated CPUs a rank spends ~12 s importing numpy, pyverbs and grpc before
 its first line runs (docs/lab.md); a launch of 4 ranks ~45 s. A fork server imports those
@@ -23,6 +24,11 @@ Invariants:
 - Only the server's own user may use it: the socket is created mode 0600 and every
   connection's peer credentials (SO_PEERCRED) are checked; a request is at most
   `MAX_REQUEST` bytes and must arrive within `REQUEST_TIMEOUT` s, else it is refused.
+- A request may name the network namespace its command must run in (/run/netns/NAME). A
+  server in another one refuses it; a server started with `--enter-netns` (one server
+  for every host of a launch: a costly preload, e.g. torch, paid once instead of once per
+  host) forks a child that enters it as `ip netns exec` does: the namespace, and a /sys of
+  its own that shows that namespace's devices (libibverbs finds the host's rxe there).
 - A command the server cannot run warm (another interpreter, interpreter options) is
   refused with the reason; the caller (netreduce.tools.launch) then starts it cold, logs
   why, and counts it. Nothing falls back silently.
@@ -31,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import array
+import ctypes
+import gc
 import importlib
 import json
 import logging
@@ -53,6 +61,7 @@ MAX_REQUEST = 1 << 20          # bytes of one request's JSON
 REQUEST_TIMEOUT = 5.0          # s for a client to send its whole request
 DEFAULT_PRELOAD = ("numpy", "netreduce", "netreduce.tools.reference", "ring_setup.verbs.host",
                    "switch.api.client", "switch.ctl")
+NETNS_DIR = "/run/netns"       # where `ip netns` names namespaces
 _HEADER = struct.Struct("!I")
 _FDS = 3                       # stdin, stdout, stderr
 
@@ -166,8 +175,10 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
                 and isinstance(request.get("env"), dict)
                 and all(isinstance(k, str) and isinstance(v, str) and "=" not in k and k
                         for k, v in request["env"].items())
-                and isinstance(request.get("cwd"), str)):
-            raise Refused("a request is {argv: [str], env: {str: str}, cwd: str}")
+                and isinstance(request.get("cwd"), str)
+                and isinstance(request.get("netns"), (str, type(None)))):
+            raise Refused("a request is {argv: [str], env: {str: str}, cwd: str, "
+                          "netns: str | null}")
     except (Refused, ValueError, OSError) as exc:
         for fd in fds:
             os.close(fd)
@@ -175,8 +186,53 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return request, list(fds)
 
 
-def _child(job: Job, request: dict, fds: list[int]) -> Job:
-    """In the forked child: become the command's process, then return `job` to run."""
+_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
+_MS_REC, _MS_SLAVE, _MNT_DETACH = 0x4000, 0x80000, 2
+
+
+def _netns_path(netns: str) -> str:
+    """The namespace file a request names, or `Refused`: only /run/netns/NAME."""
+    path = os.path.abspath(netns)               # no symlinks followed: /proc's are magic
+    if os.path.dirname(path) != NETNS_DIR or not os.path.exists(path):
+        raise Refused(f"{netns} is not a network namespace under {NETNS_DIR}")
+    return path
+
+
+def _check_netns(netns: str) -> None:
+    """`Refused` unless this process runs in network namespace `netns`."""
+    ours, theirs = os.stat("/proc/self/ns/net"), os.stat(netns)
+    if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
+        raise Refused(f"the fork server (pid {os.getpid()}) runs in another network namespace "
+                      f"than {netns} (was the host set up again since it started?)")
+
+
+def _enter_netns(path: str) -> None:
+    """Join network namespace `path` the way iproute2's `ip netns exec` does: setns, then a
+    mount namespace of our own (mounts slaved, not shared back) with sysfs mounted afresh
+    on /sys, so that /sys/class shows this namespace's devices."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"fork server: {what}: {os.strerror(err)}")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        check(libc.setns(fd, _CLONE_NEWNET), f"setns({path})")
+    finally:
+        os.close(fd)
+    check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+    libc.umount2(b"/sys", _MNT_DETACH)              # none mounted: nothing to take away
+    check(libc.mount(os.path.basename(path).encode(), b"/sys", b"sysfs", 0, None),
+          "mount sysfs /sys")
+
+
+def _child(job: Job, request: dict, fds: list[int], enter: str | None) -> Job:
+    """In the forked child: become the command's process (in network namespace `enter`,
+    if given), then return `job` to run."""
+    if enter is not None:
+        _enter_netns(enter)
     os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -207,11 +263,16 @@ def _child(job: Job, request: dict, fds: list[int]) -> Job:
 
 
 def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
-          ready: IO[str] | None = None) -> Job:
+          ready: IO[str] | None = None, enter_netns: bool = False) -> Job:
     """Import `preload`, listen on `path` and serve until SIGTERM (then exit). Returns only
-    in a forked child, with the job that child must run."""
+    in a forked child, with the job that child must run. `enter_netns`: a request's network
+    namespace is entered by its child, not required of the server."""
     for name in preload:
         importlib.import_module(name)
+    # what the preload made lives as long as the server: out of the cyclic collector's reach,
+    # so a child's collections never write to those objects' pages, which stay shared
+    # instead of being copied into every child (the gc docs' advice for fork without exec)
+    gc.freeze()
     if os.path.exists(path):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -245,7 +306,19 @@ def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
                     if peer_uid != uid:
                         raise Refused(f"uid {peer_uid} may not use this fork server")
                     request, fds = _recv_request(conn)
-                    kind, target, args = warm_target(request["argv"], sys.executable)
+                    enter = None
+                    try:
+                        kind, target, args = warm_target(request["argv"], sys.executable)
+                        if request.get("netns") is not None:
+                            netns = _netns_path(request["netns"])
+                            if enter_netns:
+                                enter = netns
+                            else:
+                                _check_netns(netns)
+                    except (Refused, OSError) as exc:
+                        for fd in fds:
+                            os.close(fd)
+                        raise Refused(str(exc)) from None
                 except Refused as exc:
                     log.warning("fork server: refused a request: %s", exc)
                     _send(conn, {"refused": str(exc)})
@@ -259,7 +332,7 @@ def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
                         os.close(pidfd)
                         c.close()
                     conn.close()
-                    return _child(Job(kind, target, args), request, fds)
+                    return _child(Job(kind, target, args), request, fds, enter)
                 for fd in fds:
                     os.close(fd)
                 served += 1
@@ -292,9 +365,9 @@ class WarmProcess:
     def __init__(self, socket_path: str, argv: list[str], env: Mapping[str, str],
                  cwd: str | None = None, netns: str | None = None,
                  connect_timeout: float = 10.0) -> None:
-        """`netns`: the named network namespace (its /run/netns/NAME) the command must run in;
-        a server in any other one (e.g. one started before the host was set up again) is
-        `Refused`."""
+        """`netns`: the named network namespace (its /run/netns/NAME) the command must run in:
+        a server in any other one (e.g. one started before the host was set up again)
+        refuses, one started with --enter-netns forks a child that enters it."""
         self.returncode: int | None = None
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.settimeout(connect_timeout)
@@ -302,10 +375,8 @@ class WarmProcess:
         devnull = os.open(os.devnull, os.O_RDONLY)
         try:
             self._conn.connect(socket_path)
-            if netns is not None:
-                _check_netns(self._conn, netns)
             data = json.dumps({"argv": list(argv), "env": dict(env),
-                               "cwd": cwd or os.getcwd()}).encode()
+                               "cwd": cwd or os.getcwd(), "netns": netns}).encode()
             self._conn.sendmsg([_HEADER.pack(len(data))],
                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                  array.array("i", [devnull, w, w]))])
@@ -356,14 +427,6 @@ class WarmProcess:
         return self.returncode
 
 
-def _check_netns(conn: socket.socket, netns: str) -> None:
-    pid, _uid, _gid = _peer_credentials(conn)
-    ours, theirs = os.stat(netns), os.stat(f"/proc/{pid}/ns/net")
-    if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
-        raise Refused(f"the fork server (pid {pid}) runs in another network namespace than "
-                      f"{netns} (was the host set up again since it started?)")
-
-
 _FORK_SERVER_LOST = 125        # exit code reported when the fork server vanished mid-run
 
 
@@ -378,10 +441,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--also", default="",
                         help="more modules imported after --preload's (comma-separated), "
                              "e.g. torch for a suite whose every launch imports it")
+    parser.add_argument("--enter-netns", action="store_true",
+                        help="serve requests for any network namespace under /run/netns: "
+                             "each child enters its request's (as `ip netns exec` does), so "
+                             "one server, and one preload, serves every host of a launch")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     modules = f"{args.preload},{args.also}".split(",")
-    job = serve(args.socket, tuple(m for m in modules if m), ready=sys.stdout)
+    job = serve(args.socket, tuple(m for m in modules if m), ready=sys.stdout,
+                enter_netns=args.enter_netns)
     job.run()                  # in a forked child: the command, as __main__
     return 0
 

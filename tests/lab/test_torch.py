@@ -1,7 +1,9 @@
 """PyTorch DDP with netreduce's comm hook and process group on real rxe, against DDP over
 gloo (netreduce's store port goes through torch's store), in one launch of 4 ranks that
-every test here reads: each launch imports torch, and DDP's first construction imports
-torch._dynamo, on every rank: ~7 minutes of emulated CPU (docs/tests.md).
+every test here reads. A rank imports torch, and DDP's first construction torch._dynamo:
+~7 minutes of emulated CPU when 4 ranks do it (docs/tests.md). So the launch's ranks fork
+from one fork server that imported both once and enters each host's namespace
+(`netreduce.tools.forkserver --enter-netns`), not from the hosts' own servers.
 
 The launch runs, as every rank's script: the README's DDP snippet verbatim (as a new user
 would: nothing in the environment beyond what the lab and the launcher set, no
@@ -14,7 +16,13 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import subprocess
 import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -40,6 +48,35 @@ torch_worker.run(comm, sys.argv[1:])
 
 #: the rank that kills itself during backward at the end of the launch
 VICTIM = 2
+#: what the launch's fork server imports beyond its defaults (DDP imports torch._dynamo)
+TORCH_PRELOAD = "torch,torch.distributed,torch._dynamo,netreduce.torch"
+
+
+@contextmanager
+def torch_forkserver(where: Path, hosts: int) -> Iterator[float]:
+    """One fork server for hosts h0..h(hosts-1) with TORCH_PRELOAD imported, serving as each
+    host's (where/hI.sock); yields how long its start took."""
+    sock, log = where / "torch.sock", where / "torch.log"
+    start = time.monotonic()
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "netreduce.tools.forkserver", str(sock),
+                                 "--also", TORCH_PRELOAD, "--enter-netns"],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 900)
+        if not ready or proc.stdout.readline().strip() != str(sock):
+            pytest.fail(f"the torch fork server did not listen within 900 s: {log.read_text()}")
+        for i in range(hosts):
+            (where / f"h{i}.sock").symlink_to(sock)
+        yield time.monotonic() - start
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +86,21 @@ def ddp_job(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
     then rank VICTIM dies."""
     if HOSTS < 4:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs 4")
-    script = tmp_path_factory.mktemp("torch") / "readme_ddp_then_checks.py"
+    where = tmp_path_factory.mktemp("torch")
+    script = where / "readme_ddp_then_checks.py"
     script.write_text(readme_snippets()[1] + DDP_CHECK)
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME",
                                                            "TP_SOCKET_IFNAME")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "40,120",
-                     "--survive-steps", "200", "--victim", str(VICTIM)], 4, port=next(_ports),
-                    timeout=1800, grace=120, env=env)
+    with torch_forkserver(where, 4) as started:
+        result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "40,120",
+                         "--survive-steps", "200", "--victim", str(VICTIM)], 4,
+                        port=next(_ports), timeout=1800, grace=120, env=env,
+                        forkservers=str(where))
+    print(f"\n[torch] the launch's fork server imported {TORCH_PRELOAD} in {started:.0f} s")
     print("\n".join(x for x in result.ranks[0].output
                     if x.startswith(("OK", "FAIL", "README-CHECK"))))
+    assert result.cold == 0, f"{result.cold} rank(s) started cold, not from the torch server"
     return result
 
 
