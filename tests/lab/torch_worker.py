@@ -1,7 +1,8 @@
-"""The lab PyTorch checks, run by the one torch launch of tests/lab/test_torch.py (each launch
-imports torch and torch._dynamo, which DDP needs, on every rank: minutes under TCG). That
-launch runs a script composed of the README's DDP snippet (verbatim: it makes `comm` and a
-DDP model with netreduce's hook), one step of that model, then `run(comm, ARGS)`:
+"""The lab PyTorch checks, run by the one torch launch of tests/lab/test_torch.py (its ranks
+fork from a server that imported torch and torch._dynamo, which DDP needs: minutes of
+emulated CPU per import). That launch runs a script composed of the README's DDP snippet
+(verbatim: it makes `comm` and a DDP model with netreduce's hook), one step of that model,
+then `run(comm, ARGS)`:
 
     ARGS: [--steps K] [--restart-at S1,S2 [--survive-steps M]] [--victim R]
   1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
