@@ -33,8 +33,9 @@ def forkserver(tmp: Path, *args: str, netns: str | None = None,
     must stop cleanly on SIGTERM, its socket gone."""
     where = ["ip", "netns", "exec", netns] if netns else []
     proc = subprocess.Popen([*where, PY, "-m", "netreduce.tools.forkserver",
-                             str(tmp / "local.sock"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **popen)  # type: ignore[call-overload]
+                             str(tmp / "local.sock"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            **popen)  # type: ignore[call-overload]
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == str(tmp / "local.sock")

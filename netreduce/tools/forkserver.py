@@ -190,20 +190,22 @@ _CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
 _MS_REC, _MS_SLAVE, _MNT_DETACH = 0x4000, 0x80000, 2
 
 
-def _netns_path(netns: str) -> str:
-    """The namespace file a request names, or `Refused`: only /run/netns/NAME."""
+def _netns_to_enter(netns: str | None, enter_netns: bool) -> str | None:
+    """The network namespace a request's child must enter (None: it stays in the server's),
+    or `Refused`: a request names only /run/netns/NAME, and a server without
+    --enter-netns must already run in it."""
+    if netns is None:
+        return None
     path = os.path.abspath(netns)               # no symlinks followed: /proc's are magic
     if os.path.dirname(path) != NETNS_DIR or not os.path.exists(path):
         raise Refused(f"{netns} is not a network namespace under {NETNS_DIR}")
-    return path
-
-
-def _check_netns(netns: str) -> None:
-    """`Refused` unless this process runs in network namespace `netns`."""
-    ours, theirs = os.stat("/proc/self/ns/net"), os.stat(netns)
+    if enter_netns:
+        return path
+    ours, theirs = os.stat("/proc/self/ns/net"), os.stat(path)
     if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
         raise Refused(f"the fork server (pid {os.getpid()}) runs in another network namespace "
                       f"than {netns} (was the host set up again since it started?)")
+    return None
 
 
 def _enter_netns(path: str) -> None:
@@ -306,15 +308,9 @@ def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
                     if peer_uid != uid:
                         raise Refused(f"uid {peer_uid} may not use this fork server")
                     request, fds = _recv_request(conn)
-                    enter = None
                     try:
                         kind, target, args = warm_target(request["argv"], sys.executable)
-                        if request.get("netns") is not None:
-                            netns = _netns_path(request["netns"])
-                            if enter_netns:
-                                enter = netns
-                            else:
-                                _check_netns(netns)
+                        enter = _netns_to_enter(request.get("netns"), enter_netns)
                     except (Refused, OSError) as exc:
                         for fd in fds:
                             os.close(fd)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Mapping, Protocol, TextIO
 
-from netreduce.tools.forkserver import Refused, WarmProcess
+from netreduce.tools.forkserver import NETNS_DIR as _NETNS_DIR, Refused, WarmProcess
 from ring_setup.rendezvous import DEFAULT_PORT, SECRET_ENV, new_secret
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ LAB_NET = "10.77.0."               # host hI is LAB_NET + (I + 1) (scripts/setup
 LOCAL_MASTER_ADDR = "127.0.0.1"
 LAB_IFNAME = "nr0"                 # every lab host's interface (scripts/setup_rxe.sh)
 TORCH_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
-NETNS_DIR = Path("/run/netns")
+NETNS_DIR = Path(_NETNS_DIR)
 TIMEOUT_EXIT = 124
 FORKSERVERS_ENV = "NR_FORKSERVERS"
 _STOP_WAIT = 5.0

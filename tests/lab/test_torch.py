@@ -7,8 +7,9 @@ from one fork server that imported both once and enters each host's namespace
 
 The launch runs, as every rank's script: the README's DDP snippet verbatim (as a new user
 would: nothing in the environment beyond what the lab and the launcher set, no
-GLOO_SOCKET_IFNAME of our own; PYTHONPATH for the checks' import), one step of its model with a README-CHECK line, then
-tests/lab/torch_worker.py's checks on the snippet's communicator.
+GLOO_SOCKET_IFNAME of our own; PYTHONPATH for the checks' import), one step of its model
+with a README-CHECK line, then tests/lab/torch_worker.py's checks on the snippet's
+communicator.
 
 Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_torch.py
 """
