@@ -8,7 +8,8 @@
  * slot is READY at all, every k up to the horizon is passed over at once (a k 2^22 ahead
  * costs one step). Run by a pass that set the horizon, by an accepted total and by the
  * continuation; writes back next_emit, the READY count and slots_skipped, and counts the
- * emission (completed).
+ * emission (completed). A horizon next_emit has passed is cleared: a horizon is live only
+ * while it is at or ahead of next_emit.
  * NrTorRecover(k): the partials of next_emit and of k (once if k is next_emit) go up again
  * if their slot is locally complete and has no total (part_a, part_b; partials_resent).
  * Needs meta.ring, epoch, slot_mask, full (ring_table).
@@ -94,6 +95,11 @@ control NrTorAdvance(inout meta_t meta) {
         }
         if (skipped != skipped0) {
             tor_skipped.write(ring, meta.epoch ++ skipped);
+        }
+        if (behind && horizon - ne >= PSN_HALF) {
+            /* next_emit is past the horizon: forget it (epoch 0 is no ring's), or 2^23 k
+             * later the modular comparisons would take it for a horizon ahead again */
+            tor_horizon.write(ring, 0);
         }
     }
 }
