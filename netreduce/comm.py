@@ -49,7 +49,7 @@ import numpy as np
 from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
-from flowctl.stream import FlowError
+from flowctl.stream import FlowError, StallError
 from netreduce.algorithms import Algorithm, CallContext
 from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import SWITCH
@@ -423,12 +423,35 @@ class Communicator:
         try:
             return step()
         except FlowError as exc:
-            if isinstance(exc, SwitchNotAggregating) or not self._notice_within(NOTICE_GRACE):
-                raise
-            raise SwitchAway(f"a transfer on 'inc' failed after the switch went away: "
-                             f"{exc}") from exc
+            if not isinstance(exc, SwitchNotAggregating) and self._notice_within(NOTICE_GRACE):
+                raise SwitchAway(f"a transfer on 'inc' failed after the switch went away: "
+                                 f"{exc}") from exc
+            if isinstance(exc, StallError):
+                raise StallError(f"{exc}; {self._switch_view()}") from exc
+            raise
         finally:
             self._inc_busy = False
+
+    def _switch_view(self) -> str:
+        """What the switch counted for this ring, for a stall on "inc": its next_emit and the
+        nonzero counters of the ring and of each connection. A connection whose packets the
+        switch keeps dropping names the stall's cause (a BMv2 ToR's drop_mismatch on one
+        connection did, docs/reliability.md). Rank 0 holds the controller client and asks;
+        the other ranks' errors point to its."""
+        ring_id = self.switch.ring_id
+        if self.rank != 0 or self._controller is None or ring_id is None:
+            return "what the switch counted: in rank 0's error"
+        try:
+            ring = self._controller.counters(ring_id)["rings"][ring_id]
+        except Exception as e:  # noqa: BLE001 - a diagnostic of the stall, never its error
+            return f"what the switch counted for ring {ring_id}: unavailable ({e})"
+
+        def nonzero(counters: dict[str, int]) -> dict[str, int]:
+            return {k: v for k, v in sorted(counters.items()) if v}
+        conns = "; ".join(f"rank {c['rank']}'s connection {nonzero(c['counters'])}"
+                          for c in ring.get("connections", []))
+        return (f"what the switch counted for ring {ring_id}: next_emit {ring['next_emit']}, "
+                f"{nonzero(ring['counters'])}; {conns}")
 
     def _notice_within(self, seconds: float) -> bool:
         end = time.monotonic() + seconds

@@ -313,7 +313,8 @@ class FakeController:
     """switch.control.service.ControllerClient for a fake fabric: `refuse` makes registration
     fail with that message; `lease_ms` > 0 grants leases (renewals counted in `renewed`);
     `restart()` forgets every ring like a restarted switch; Ping answers `target` and
-    `limits` (None: a controller that publishes none; an exception: raised);
+    `limits` (None: a controller that publishes none; an exception: raised); Counters
+    answers `ring_counters` for every registered ring (an exception: raised);
     `registered` / `unregistered` record the calls."""
 
     addr = "fake-controller:1"
@@ -328,6 +329,8 @@ class FakeController:
         self.unregistered: list[str] = []
         self.renewed: list[str] = []
         self.closed = False
+        self.ring_counters: dict | Exception = {"next_emit": 0, "counters": {},
+                                                "connections": []}
 
     def ping(self) -> dict:
         self.pings += 1
@@ -362,6 +365,13 @@ class FakeController:
             self.fabric.switch.unregister(ring_id)
         self.unregistered.append(ring_id)
         return {"ring_id": ring_id}
+
+    def counters(self, ring_id: str | None = None) -> dict:
+        if isinstance(self.ring_counters, Exception):
+            raise self.ring_counters
+        with self.fabric.lock:
+            rings = [r for r in self.fabric.switch.world if ring_id in (None, r)]
+        return {"rings": {r: self.ring_counters for r in rings}}
 
     def close(self) -> None:
         self.closed = True

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fakefabric import FakeController, FakeFabric, FakeHost
-from flowctl.plan import MessagePlan
+from flowctl.plan import FlowConfig, MessagePlan
+from flowctl.stream import StallError
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
 from netreduce.algorithms.base import DataRange
@@ -632,3 +633,47 @@ def test_one_scale_per_call_for_benchmarks_runs_the_quantizer_before_per_block_s
                 assert ref.wrong(got, SWITCH_PER_CALL).size == 0
                 assert np.all(ref.wrong(got, "switch") < count) and \
                     np.all(small[ref.wrong(got, "switch")])
+
+
+
+def stall_through_the_switch(ring_counters: dict | Exception) -> tuple[str, list[str]]:
+    """Both ranks' StallError of a call through the switch that stops moving, the fake
+    controller answering Counters with `ring_counters`; the ring's id. Each rank stays alive
+    until both timed out (else a peer's exit is a PeerFailure, not a stall)."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    controller.ring_counters = ring_counters
+    cfg = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=0.5)
+    both = threading.Barrier(2)
+
+    def body(comm: Communicator, host: FakeHost) -> str:
+        comm.allreduce(np.ones(10, dtype=np.int32), algo="switch")
+        both.wait()
+        fabric.frozen = True
+        with pytest.raises(StallError) as stall:
+            comm.allreduce(np.ones(10, dtype=np.int32), algo="switch")
+        both.wait()
+        return str(stall.value)
+
+    errors = run_ranks(2, body, cfg=cfg, fabric=fabric, controller=controller)
+    return controller.registered[0].ring_id, errors
+
+
+def test_a_stall_through_the_switch_names_what_the_switch_counted() -> None:
+    """Rank 0's StallError of a call through the switch names the switch's view of the
+    ring: next_emit and the nonzero counters of the ring and of each connection (a
+    connection whose packets a switch keeps dropping is the stall's cause); the other
+    ranks' point to it; a controller that cannot answer leaves the stall error whole."""
+    ring, (first, second) = stall_through_the_switch({
+        "next_emit": 379, "counters": {"aggregated": 12, "drop_mismatch": 3, "completed": 0},
+        "connections": [{"rank": 0, "counters": {"aggregated": 6}},
+                        {"rank": 1, "counters": {"aggregated": 6, "drop_mismatch": 3}}]})
+    assert "rank 0, ring 'inc': nothing moved for 0.5s" in first
+    assert (f"; what the switch counted for ring {ring}: next_emit 379, {{'aggregated': 12, "
+            f"'drop_mismatch': 3}}; rank 0's connection {{'aggregated': 6}}; rank 1's "
+            f"connection {{'aggregated': 6, 'drop_mismatch': 3}}") in first
+    assert "rank 1, ring 'inc': nothing moved for 0.5s" in second
+    assert second.endswith("; what the switch counted: in rank 0's error")
+    ring, (first, _) = stall_through_the_switch(RuntimeError("UNAVAILABLE: gone"))
+    assert first.endswith(f"; what the switch counted for ring {ring}: unavailable "
+                          f"(UNAVAILABLE: gone)")
