@@ -11,7 +11,7 @@ cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its o
   own) instead;
 - the spine (`--role spine`) on those peers and the spine ports; with `--spine-target bmv2`
   spine.p4 on BMv2 (`python -m tools.bmv2_lab --role spine`) instead;
-  with either on BMv2 the fabric publishes BMv2's pace;
+  with either on BMv2 the fabric publishes its BMv2 pace (BMV2_FABRIC_ACK_TIMEOUT);
 - the fabric's controller (`--role fabric`) on the job's controller address, programming
   the switches through their control APIs on 127.0.0.1 (the lab's token for all; TLS only
   on the job's address: the switch namespace's loopback carries the rest).
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from switch.cli import _mac_arg, _port_arg
-from tools.bmv2_lab import BMV2_ACK_TIMEOUT, BMV2_MAX_IN_FLIGHT
+from tools.bmv2_lab import BMV2_MAX_IN_FLIGHT
 
 UPLINK = 100
 TOR_CONTROL_PORT = 50100           # ToR j: 127.0.0.1:50100+j; the spine: 127.0.0.1:50199
@@ -55,6 +55,15 @@ BMV2_START_TIMEOUT = 280.0    # a stale build/p4-spine compiles first (lab.sh wa
 # tor.p4 takes longer (~7.5 min of a loaded 2-core machine, switch/p4/README.md): lab.sh's
 # 300 s wait needs build/p4-tor fresh (scripts/test.sh compiles it before the lab stages)
 BMV2_TOR_START_TIMEOUT = 600.0
+# The pace a fabric with a BMv2 switch publishes: its own, not one BMv2 switch's 2^17 x
+# 4.096 us = 537 ms (tools/bmv2_lab.py). A slot there costs the CPU of two or three BMv2
+# processes (~10 ms in a 2 x 2 fabric of BMv2 switches, ~3.5 ms in one switch:
+# docs/benchmarks.md), so 32 slots in flight per job take ~0.3 s of BMv2 CPU, ~0.7 s for
+# CI's two jobs at once, on the two cores the lab's VM shares: past 537 ms, RC timed out
+# on packets only queued (10-15 timeouts per host and run of test_bmv2_fabric's two jobs),
+# and each spurious timeout is a chance for rxe's retry race (docs/roce.md, "rxe's retry
+# race"). 2^18 x 4.096 us = 1.07 s.
+BMV2_FABRIC_ACK_TIMEOUT = 18
 
 
 def rack_sizes(hosts: int, racks: int) -> list[int]:
@@ -237,8 +246,8 @@ class Fabric:
                  "--controller", SPINE_CONTROL]
         pace = ["--ack-timeout", str(a.ack_timeout)]
         if "bmv2" in (a.spine_target, a.tor_target):
-            # The fabric publishes BMv2's pace (docs/benchmarks.md: its per-packet cost).
-            pace = ["--ack-timeout", str(max(a.ack_timeout, BMV2_ACK_TIMEOUT)),
+            # The fabric publishes its BMv2 pace (BMV2_FABRIC_ACK_TIMEOUT above).
+            pace = ["--ack-timeout", str(max(a.ack_timeout, BMV2_FABRIC_ACK_TIMEOUT)),
                     "--max-in-flight", str(BMV2_MAX_IN_FLIGHT)]
         if a.spine_target == "bmv2":
             # spine.p4 on BMv2 (its first start compiles it: minutes); it cannot lose frames

@@ -2,7 +2,7 @@
 tor.p4, the spine spine.p4 (kind "racks:2:PCT:bmv2:bmv2", what `scripts/lab.sh --racks 2
 --switch bmv2` runs), and the hosts run the unchanged user program (allreduce_worker.py:
 `netreduce.init()` defaults, fitted by init to what the fabric publishes: path MTU 256,
-BMv2's pace).
+the fabric's BMv2 pace, tools/fabric_lab.py BMV2_FABRIC_ACK_TIMEOUT).
 
 Two jobs at once through the fabric (two rings on every switch; each ring's sums exact,
 float32 within the bound, every rank checks against numpy): in the 6-host boot of
@@ -169,7 +169,7 @@ def check_jobs(results: list[LaunchResult], sizes: list[int], before: dict[str, 
     out = []
     for job, result in zip(JOBS, results):
         inc = inc_config(result)              # path MTU 256 and BMv2's pace, by init itself
-        assert (inc.mtu, inc.msg_size, inc.ack_timeout) == (256, 4096, 17), (job, inc)
+        assert (inc.mtu, inc.msg_size, inc.ack_timeout) == (256, 4096, 18), (job, inc)
         out.append(check_fabric_run(result, job.n, sizes, before, lossy=lossy, config=inc,
                                     racks=job.racks, queue_drops=True))
     return out
@@ -185,7 +185,7 @@ def test_two_jobs_at_once_through_bmv2_tors_and_spine(bmv2_fabric: LabSwitch | N
                         )["limits"]
     assert (limits["path_mtus"], limits["max_slots"]) == ([256], 256), limits
     assert limits["max_rings"] == limits["free_rings"] == 4, limits
-    assert (limits["max_in_flight"], limits["ack_timeout"]) == (32, 17), limits
+    assert (limits["max_in_flight"], limits["ack_timeout"]) == (32, 18), limits
     sizes = [1, 1000, 2**14 + 1]
     before = spine_link_packets()
     results = run_at_once(JOBS, "switch", "--sizes", ",".join(map(str, sizes)), "--timed", "0")

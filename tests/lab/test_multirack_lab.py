@@ -196,13 +196,13 @@ def test_fabric_with_a_bmv2_spine(fabric: None, capsys: pytest.CaptureFixture[st
         limits = json.loads(run_in_host(0, sys.executable, "-m", "switch.ctl", "ping").stdout
                             )["limits"]
         assert limits["path_mtus"] == [256], limits
-        assert (limits["max_in_flight"], limits["ack_timeout"]) == (32, 17), limits
+        assert (limits["max_in_flight"], limits["ack_timeout"]) == (32, 18), limits
         sizes = [1, 1000, 2**14 + 1]
         before = spine_link_packets()
         result = run_worker(n, "switch", "--sizes", ",".join(map(str, sizes)), "--timed", "0",
                             timeout=900)
         inc = inc_config(result)          # fitted to the BMv2 spine: path MTU 256, its pace
-        assert (inc.mtu, inc.ack_timeout) == (256, 17), inc
+        assert (inc.mtu, inc.ack_timeout) == (256, 18), inc
         clean = check_fabric_run(result, n, sizes, before, lossy=False, config=inc)
         before = spine_link_packets()
         with host_loss("1%"):
