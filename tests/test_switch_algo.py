@@ -635,11 +635,11 @@ def test_one_scale_per_call_for_benchmarks_runs_the_quantizer_before_per_block_s
                     np.all(small[ref.wrong(got, "switch")])
 
 
-
-def stall_through_the_switch(ring_counters: dict | Exception) -> tuple[str, list[str]]:
-    """Both ranks' StallError of a call through the switch that stops moving, the fake
-    controller answering Counters with `ring_counters`; the ring's id. Each rank stays alive
-    until both timed out (else a peer's exit is a PeerFailure, not a stall)."""
+def stall_through_the_switch(ring_counters: dict | Exception, caller: int) -> tuple[str, str]:
+    """The ring's id and the StallError of rank `caller`'s call through the switch that
+    stops moving (the fake controller answering Counters with `ring_counters`), the other
+    rank alive and idle meanwhile: one rank times out, so it never hears another's abort
+    first (a PeerFailure, not a stall)."""
     fabric = FakeFabric()
     controller = FakeController(fabric)
     controller.ring_counters = ring_counters
@@ -650,30 +650,36 @@ def stall_through_the_switch(ring_counters: dict | Exception) -> tuple[str, list
         comm.allreduce(np.ones(10, dtype=np.int32), algo="switch")
         both.wait()
         fabric.frozen = True
-        with pytest.raises(StallError) as stall:
-            comm.allreduce(np.ones(10, dtype=np.int32), algo="switch")
+        error = ""
+        if comm.rank == caller:
+            with pytest.raises(StallError) as stall:
+                comm.allreduce(np.ones(10, dtype=np.int32), algo="switch")
+            error = str(stall.value)
         both.wait()
-        return str(stall.value)
+        return error
 
     errors = run_ranks(2, body, cfg=cfg, fabric=fabric, controller=controller)
-    return controller.registered[0].ring_id, errors
+    return controller.registered[0].ring_id, errors[caller]
 
 
 def test_a_stall_through_the_switch_names_what_the_switch_counted() -> None:
     """Rank 0's StallError of a call through the switch names the switch's view of the
     ring: next_emit and the nonzero counters of the ring and of each connection (a
-    connection whose packets a switch keeps dropping is the stall's cause); the other
-    ranks' point to it; a controller that cannot answer leaves the stall error whole."""
-    ring, (first, second) = stall_through_the_switch({
+    connection whose packets a switch keeps dropping is the stall's cause); another rank's
+    points to it; a controller that cannot answer leaves the stall error whole."""
+    counters = {
         "next_emit": 379, "counters": {"aggregated": 12, "drop_mismatch": 3, "completed": 0},
         "connections": [{"rank": 0, "counters": {"aggregated": 6}},
-                        {"rank": 1, "counters": {"aggregated": 6, "drop_mismatch": 3}}]})
-    assert "rank 0, ring 'inc': nothing moved for 0.5s" in first
-    assert (f"; what the switch counted for ring {ring}: next_emit 379, {{'aggregated': 12, "
-            f"'drop_mismatch': 3}}; rank 0's connection {{'aggregated': 6}}; rank 1's "
-            f"connection {{'aggregated': 6, 'drop_mismatch': 3}}") in first
-    assert "rank 1, ring 'inc': nothing moved for 0.5s" in second
-    assert second.endswith("; what the switch counted: in rank 0's error")
-    ring, (first, _) = stall_through_the_switch(RuntimeError("UNAVAILABLE: gone"))
-    assert first.endswith(f"; what the switch counted for ring {ring}: unavailable "
-                          f"(UNAVAILABLE: gone)")
+                        {"rank": 1, "counters": {"aggregated": 6, "drop_mismatch": 3}}]}
+    ring, error = stall_through_the_switch(counters, caller=0)
+    assert "rank 0, ring 'inc': nothing moved for 0.5s" in error
+    assert error.endswith(
+        f"; what the switch counted for ring {ring}: next_emit 379, {{'aggregated': 12, "
+        f"'drop_mismatch': 3}}; rank 0's connection {{'aggregated': 6}}; rank 1's "
+        f"connection {{'aggregated': 6, 'drop_mismatch': 3}}"), error
+    _, error = stall_through_the_switch(counters, caller=1)
+    assert "rank 1, ring 'inc': nothing moved for 0.5s" in error
+    assert error.endswith("; what the switch counted: in rank 0's error"), error
+    ring, error = stall_through_the_switch(RuntimeError("UNAVAILABLE: gone"), caller=0)
+    assert error.endswith(f"; what the switch counted for ring {ring}: unavailable "
+                          f"(UNAVAILABLE: gone)"), error
