@@ -232,25 +232,34 @@ def test_inc_ring_spec_describes_the_inc_qps_alike_everywhere() -> None:
         assert conn.src_qpn != src.rings["ring"].send_qpn
 
 
-def test_a_stall_breaks_the_communicator_with_a_clear_error() -> None:
+@pytest.mark.parametrize("caller", [0, 1])
+def test_a_stall_breaks_the_communicator_with_a_clear_error(caller: int) -> None:
+    """A call that makes no progress while every peer is alive (here: idle) raises
+    StallError naming the rank, the ring and the timeout, and leaves the communicator
+    unusable. One rank calls: two timing out at once, one could hear the other's abort
+    first and raise a PeerFailure instead."""
     fabric = FakeFabric()
     cfg = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=0.5)
+    both = threading.Barrier(2)
 
     def body(comm: Communicator, host: FakeHost) -> Any:
         comm.allreduce(np.ones(10, dtype=np.int32))
+        both.wait()
         fabric.frozen = True
         errors = []
-        for _ in range(2):
-            try:
-                comm.allreduce(np.ones(10, dtype=np.int32))
-            except (StallError, CommunicatorError) as exc:
-                errors.append(exc)
+        if comm.rank == caller:
+            for _ in range(2):
+                try:
+                    comm.allreduce(np.ones(10, dtype=np.int32))
+                except (StallError, CommunicatorError) as exc:
+                    errors.append(exc)
+        both.wait()
         return errors
 
-    for r, (stall, broken) in enumerate(run_ranks(2, body, cfg=cfg, fabric=fabric)):
-        assert isinstance(stall, StallError)
-        assert f"rank {r}, ring 'ring': nothing moved for 0.5s" in str(stall)
-        assert isinstance(broken, CommunicatorError) and "unusable after an earlier error" in str(broken)
+    stall, broken = run_ranks(2, body, cfg=cfg, fabric=fabric)[caller]
+    assert isinstance(stall, StallError)
+    assert f"rank {caller}, ring 'ring': nothing moved for 0.5s" in str(stall)
+    assert isinstance(broken, CommunicatorError) and "unusable after an earlier error" in str(broken)
 
 
 def test_ring_layout_invariants() -> None:
