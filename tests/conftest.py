@@ -12,14 +12,20 @@ IN_LAB = os.environ.get("NR_LAB") == "1"
 UNDER_CI = os.environ.get("CI") == "true"
 
 
-@pytest.fixture(autouse=True)
-def _lab_guard(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("lab") is None or IN_LAB:
+def require_lab() -> None:
+    """Outside the lab: skip, or fail under CI=true."""
+    if IN_LAB:
         return
     why = ("needs the Soft-RoCE lab: scripts/lab.sh --hosts 4 -- python -m pytest -m lab tests/lab")
     if UNDER_CI:
         pytest.fail(f"lab test outside the lab under CI=true ({why})")
     pytest.skip(why)
+
+
+@pytest.fixture(autouse=True)
+def _lab_guard(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("lab") is not None:
+        require_lab()
 
 
 @pytest.fixture(autouse=True)

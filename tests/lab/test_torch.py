@@ -3,7 +3,8 @@ gloo (netreduce's store port goes through torch's store), in one launch of 4 ran
 every test here reads. A rank imports torch, and DDP's first construction torch._dynamo:
 ~7 minutes of emulated CPU when 4 ranks do it (docs/tests.md). So the launch's ranks fork
 from one fork server that imported both once and enters each host's namespace
-(`netreduce.tools.forkserver --enter-netns`), not from the hosts' own servers.
+(tests/lab/torchserver.py), not from the hosts' own servers; tests/lab/conftest.py starts it
+when this module is collected, so its imports overlap the lab tests that run before.
 
 The launch runs, as every rank's script: the README's DDP snippet verbatim (as a new user
 would: nothing in the environment beyond what the lab and the launcher set, no
@@ -17,13 +18,8 @@ from __future__ import annotations
 
 import os
 import re
-import select
-import subprocess
 import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -31,6 +27,7 @@ from netreduce.tools.launch import LaunchResult, launch
 from tests.lab.labhosts import HOSTS, ROOT
 from tests.lab.test_allreduce import _ports
 from tests.lab.test_readme import readme_snippets
+from tests.lab.torchserver import TORCH_PRELOAD, TorchForkServer, TorchForkServerError
 
 pytestmark = pytest.mark.lab
 
@@ -49,39 +46,11 @@ torch_worker.run(comm, sys.argv[1:])
 
 #: the rank that kills itself during backward at the end of the launch
 VICTIM = 2
-#: what the launch's fork server imports beyond its defaults (DDP imports torch._dynamo)
-TORCH_PRELOAD = "torch,torch.distributed,torch._dynamo,netreduce.torch"
-
-
-@contextmanager
-def torch_forkserver(where: Path, hosts: int) -> Iterator[float]:
-    """One fork server for hosts h0..h(hosts-1) with TORCH_PRELOAD imported, serving as each
-    host's (where/hI.sock); yields how long its start took."""
-    sock, log = where / "torch.sock", where / "torch.log"
-    start = time.monotonic()
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "netreduce.tools.forkserver", str(sock),
-                                 "--also", TORCH_PRELOAD, "--enter-netns"],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 900)
-        if not ready or proc.stdout.readline().strip() != str(sock):
-            pytest.fail(f"the torch fork server did not listen within 900 s: {log.read_text()}")
-        for i in range(hosts):
-            (where / f"h{i}.sock").symlink_to(sock)
-        yield time.monotonic() - start
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
-def ddp_job(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+def ddp_job(tmp_path_factory: pytest.TempPathFactory,
+            torch_server: TorchForkServer) -> LaunchResult:
     """The one launch: the README's DDP snippet and its step, 5 steps of every mode against
     gloo, the bf16 and NaN checks, 200 steps through two restarts of the lab's switch,
     then rank VICTIM dies."""
@@ -93,12 +62,18 @@ def ddp_job(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME",
                                                            "TP_SOCKET_IFNAME")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    with torch_forkserver(where, 4) as started:
-        result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "40,120",
-                         "--survive-steps", "200", "--victim", str(VICTIM)], 4,
-                        port=next(_ports), timeout=1800, grace=120, env=env,
-                        forkservers=str(where))
-    print(f"\n[torch] the launch's fork server imported {TORCH_PRELOAD} in {started:.0f} s")
+    waited = time.monotonic()
+    try:
+        listening = torch_server.ready(4)
+    except TorchForkServerError as e:
+        pytest.fail(str(e))
+    waited = time.monotonic() - waited
+    result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "40,120",
+                     "--survive-steps", "200", "--victim", str(VICTIM)], 4,
+                    port=next(_ports), timeout=1800, grace=120, env=env,
+                    forkservers=str(torch_server.where))
+    print(f"\n[torch] the fork server imported {TORCH_PRELOAD} in {listening:.0f} s from "
+          f"its start at collection; the launch waited {waited:.0f} s for it")
     print("\n".join(x for x in result.ranks[0].output
                     if x.startswith(("OK", "FAIL", "README-CHECK"))))
     assert result.cold == 0, f"{result.cold} rank(s) started cold, not from the torch server"
