@@ -37,8 +37,8 @@ if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } 
   p4c_pids+=" $!"
 fi
 
-# Lab A from the start, beside p4c and the unit tests (its VM waits on timers, restarts and
-# RC retries about half the time: docs/tests.md, "CI time"); its lines come prefixed
+# Lab A from the start, beside p4c and the unit tests (alone, its VM waits on timers, restarts
+# and RC retries a third of its time: docs/tests.md, "CI time"); its lines come prefixed
 # "[lab A] ". Its BMv2 switches wait for p4c's builds (compile_program's lock).
 ( set -o pipefail; "$ROOT/scripts/lab_suites.sh" a "$@" 2>&1 | sed -u 's/^/[lab A] /' ) &
 lab_a_pid=$!
