@@ -6,7 +6,7 @@ docs/tests.md).
 
 tests/lab/conftest.py starts it as soon as pytest has collected a torch test, so its
 ~3 minutes of imports run beside the lab tests before it, which leave the VM's CPUs idle
-about half the time (waiting on timers, switch restarts, RC retries); the torch test then
+about a third of the time (waiting on timers, switch restarts, RC retries); the torch test then
 waits for it (`TorchForkServer.ready`).
 """
 from __future__ import annotations
