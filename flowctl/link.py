@@ -44,11 +44,13 @@ class RemoteBuffer(_Span):
 @dataclass(frozen=True)
 class Completion:
     """One work completion. `index`: for a send, the message index it was posted with; for
-    a receive, the immediate (the sender's message index mod 2^32)."""
+    a receive, the immediate (the sender's message index mod 2^32). `empty`: a receive
+    that wrote no bytes (a zero-length WRITE WITH IMMEDIATE; no message is empty)."""
 
     index: int
     ok: bool
     status: str = "success"
+    empty: bool = False
 
 
 class Link(Protocol):

@@ -9,6 +9,7 @@ import pytest
 from fakefabric import FakeFabric, FakeHost, FakeLink
 from flowctl import (CompletionError, CreditWindow, FlowConfig, Message, MessagePlan, Outgoing,
                      SequenceError, StallError, Stream, WindowError)
+from flowctl.link import Completion
 from flowctl.stream import LIVENESS_POLL
 from switch.contract import RingSpec
 
@@ -204,3 +205,42 @@ def test_out_of_step_receiver_is_a_sequence_error() -> None:
     stream.next_recv_index = 4          # the receiver believes it is further along
     with pytest.raises(SequenceError, match="expected message 4 .* got imm 0"):
         stream.transfer(Outgoing(buf.local(), buf.remote()), recv_nbytes=1024)
+
+
+def inject_empty(link: FakeLink, after: int, imm: int) -> None:
+    """Once message `after` was polled, the next receive completion is an empty write with
+    immediate `imm` that took a posted receive (rxe's re-cut stream, docs/roce.md)."""
+    poll = link.poll_recvs
+
+    def poll_recvs(max_count: int) -> list[Completion]:
+        got = poll(max_count)
+        for i, c in enumerate(got):
+            if c.index == after and not getattr(link, "injected", False):
+                link.injected = True       # type: ignore[attr-defined]
+                link.recv_posted -= 1
+                return got[:i + 1] + [Completion(imm, True, empty=True)] + got[i + 1:]
+        return got
+    link.poll_recvs = poll_recvs           # type: ignore[method-assign]
+
+
+def test_an_arrived_message_sent_again_empty_is_not_a_message() -> None:
+    stream, link, host = loopback()
+    src, dst = host.register(4096), host.register(4096)
+    src.view()[:] = np.arange(4096, dtype=np.uint8)
+    inject_empty(link, after=1, imm=1)
+    arrived: list[int] = []
+    stream.transfer(Outgoing(src.local(), dst.remote()), recv_nbytes=4096,
+                    on_arrival=lambda m: arrived.append(m.index))
+    assert arrived == [0, 1, 2, 3] and np.array_equal(dst.view(), src.view())
+    assert stream.empty_resends == 1 and link.recv_posted == CFG.recv_depth
+
+
+@pytest.mark.parametrize("imm, error", [(0, "expected message 2 .* got imm 0"),
+                                        (2, "message 2 from rank 0 arrived with no bytes")])
+def test_an_empty_write_of_another_message_is_a_sequence_error(imm: int, error: str) -> None:
+    stream, link, host = loopback()
+    buf = host.register(4096)
+    inject_empty(link, after=1, imm=imm)
+    with pytest.raises(SequenceError, match=error):
+        stream.transfer(Outgoing(buf.local(), buf.remote()), recv_nbytes=4096)
+    assert stream.empty_resends == 0

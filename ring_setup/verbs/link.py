@@ -152,8 +152,8 @@ class VerbsLink:
     def poll_recvs(self, max_count: int) -> list[Completion]:
         self.life.check("polling receive completions")
         _, wcs = self.recv_cq.cq.poll(max_count)
-        return [Completion(socket.ntohl(wc.imm_data), wc.status == e.IBV_WC_SUCCESS, _status(wc))
-                for wc in wcs]
+        return [Completion(socket.ntohl(wc.imm_data), wc.status == e.IBV_WC_SUCCESS, _status(wc),
+                           empty=wc.byte_len == 0) for wc in wcs]
 
     def arm(self) -> None:
         self.send_cq.arm()
