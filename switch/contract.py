@@ -41,9 +41,11 @@ MAX_RACKS = 32                   # the spine's per-slot bitmap width
 DROPS = ("drop_wrong_port", "drop_bad_ipcsum", "drop_fragment", "drop_bad_opcode",
          "drop_bad_length", "drop_bad_icrc", "drop_overrun", "drop_mismatch", "drop_duplicate",
          "drop_stale")
-OUTCOMES = ("aggregated", "retransmits_served") + DROPS   # exactly one per registered packet
-RING_COUNTERS = ("aggregated", "completed", "results_sent", "retransmits_served") + DROPS
-CONN_COUNTERS = ("packets", "messages", "aggregated", "retransmits_served") + DROPS
+OUTCOMES = ("aggregated", "retransmits_served", "empties_forwarded") + DROPS  # one per packet
+RING_COUNTERS = ("aggregated", "completed", "results_sent", "retransmits_served",
+                 "empties_forwarded") + DROPS
+CONN_COUNTERS = ("packets", "messages", "recuts", "aggregated", "retransmits_served",
+                 "empties_forwarded") + DROPS
 TOR_COUNTERS = ("partials_sent", "partials_resent", "slots_skipped", "totals",
                 "drop_total_unexpected", "drop_total_duplicate", "drop_total_length",
                 "drop_total_headers", "drop_total_misdirected")

@@ -80,6 +80,8 @@ ONLY_OPCODES = frozenset({Op.SEND_ONLY, Op.SEND_ONLY_WITH_IMM, Op.WRITE_ONLY,
                           Op.WRITE_ONLY_WITH_IMM, Op.READ_RESPONSE_ONLY})
 #: WRITE opcodes that open a message (and carry its RETH).
 MESSAGE_START_WRITES = WRITE_OPCODES & (FIRST_OPCODES | ONLY_OPCODES)
+#: WRITE opcodes of a one-packet message (the only ones that may carry no payload).
+ONLY_WRITES = WRITE_OPCODES & ONLY_OPCODES
 
 #: Extension-header bytes between BTH and payload, indexed by opcode (atomics not modelled).
 EXT_LEN: tuple[int, ...] = tuple(

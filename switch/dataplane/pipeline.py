@@ -20,10 +20,10 @@ import numpy as np
 
 from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, OUTCOMES, PSN_MASK,
                              RING_COUNTERS, Connection, RingSpec, check_ring)
-from switch.dataplane.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, UDP_CSUM_OFF,
-                                      UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES, conn_key, icrc_after,
-                                      icrc_state, icrc_valid, icrcs, ipv4_header_ok, is_fragment,
-                                      parse, reth)
+from switch.dataplane.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, ONLY_WRITES,
+                                      UDP_CSUM_OFF, UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES,
+                                      conn_key, icrc_after, icrc_state, icrc_valid, icrcs,
+                                      ipv4_header_ok, is_fragment, parse, reth)
 
 if TYPE_CHECKING:
     from switch.dataplane.ports import Emit  # the hook contract: parts valid only during the call
@@ -154,11 +154,15 @@ class AggregatorPool:
 class ConnEntry:
     """One registered connection: where its packets may come from and go, its counters.
 
-    `counts` holds the outcomes (one per packet, so `packets` is their sum) and `messages`.
+    `counts` holds the outcomes (one per packet, so `packets` is their sum), `messages` and
+    `recuts`. The requester's packet at relative PSN j is slot k = j - shift: every re-cut
+    of its stream (rxe's retry race, docs/roce.md: a message sent again as one empty
+    WRITE_ONLY, every later packet one PSN late) adds one to `shift`; `recut_at` is the j
+    of the last one, whose repeats change nothing.
     """
 
     __slots__ = ("ring_id", "rank", "src_ip", "dst_ip", "dst_qpn", "psn0", "in_port",
-                 "out_port", "pool", "counts", "reth")
+                 "out_port", "pool", "counts", "reth", "shift", "recut_at")
 
     def __init__(self, ring_id: str, rank: int, src_ip: str, dst_ip: str, dst_qpn: int,
                  psn0: int, in_port: int, out_port: int, pool: AggregatorPool):
@@ -171,8 +175,19 @@ class ConnEntry:
         self.in_port = in_port
         self.out_port = out_port
         self.pool = pool
-        self.counts = dict.fromkeys(OUTCOMES + ("messages",), 0)
+        self.counts = dict.fromkeys(OUTCOMES + ("messages", "recuts"), 0)
         self.reth: Optional[tuple[int, int, int]] = None  # of the current message
+        self.shift = 0
+        self.recut_at = 0
+
+    def follow_recut(self, psn: int) -> None:
+        """Rule 7a: an empty WRITE_ONLY at relative PSN j re-cuts the stream from j on,
+        unless it repeats the last re-cut (same j) or precedes it."""
+        j = (psn - self.psn0) & PSN_MASK
+        if self.shift == 0 or 0 < (j - self.recut_at) & PSN_MASK < PSN_HALF:
+            self.shift = (self.shift + 1) & PSN_MASK
+            self.recut_at = j
+            self.counts["recuts"] += 1
 
     def as_dict(self) -> dict[str, Any]:
         va_rkey_len = dict(zip(("va", "rkey", "dma_len"), self.reth)) if self.reth else None
@@ -319,9 +334,13 @@ class AggregationPipeline:
             elif not icrc_valid(frame, hdr_end, hdr_end + plen,
                                 hcrc := icrc_state(frame, hdr_end)):
                 outcome = "drop_bad_icrc"
+            elif plen == 0 and opcode in ONLY_WRITES:     # rule 7a: a re-cut, passed on
+                conn.follow_recut(psn)
+                emit(conn.out_port, (frame,))
+                outcome = "empties_forwarded"
             else:
-                outcome = pool.offer(conn.rank, (psn - conn.psn0) & PSN_MASK, frame,
-                                     hdr_end, plen, opcode, hcrc, emit)
+                outcome = pool.offer(conn.rank, (psn - conn.psn0 - conn.shift) & PSN_MASK,
+                                     frame, hdr_end, plen, opcode, hcrc, emit)
                 if outcome == "aggregated" and opcode in MESSAGE_START_WRITES:
                     conn.counts["messages"] += 1
                     conn.reth = reth(frame)

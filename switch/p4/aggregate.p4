@@ -1,13 +1,14 @@
 /* Rules 2-7 of docs/pipeline.md for one packet of a registered connection: checks (port,
- * IPv4 checksum and fragment, opcode, length, ICRC: verify before adding), then the
- * packet's slot (k mod N) takes its contribution, serves it as a retransmission, or
- * drops it. Counts every outcome in ring_ctr and conn_ctr, exactly as the software
+ * IPv4 checksum and fragment, opcode, length, ICRC: verify before adding), then an empty
+ * ONLY re-cuts the stream and goes on untouched (rule 7a, NrRecut), and any other packet's
+ * slot (k mod N) takes its contribution, serves it as a retransmission, or drops it. Counts every outcome in ring_ctr and conn_ctr, exactly as the software
  * target's AggregationPipeline.process does.
  *
  * The checks are NrVerify's (verify.p4), the addition NrContribute's (contribute.p4).
  * Needs meta.ring, rank, psn0, in_port, out_port (conn_table) and epoch, slot_mask
  * (ring_table). Leaves meta.served = 1 when the packet goes back out as a served
- * retransmission (egress_spec set, payload replaced by the sums); any other packet is
+ * retransmission (egress_spec set, payload replaced by the sums) or a re-cut's empty
+ * packet (egress_spec set, untouched); any other packet is
  * consumed (contributed or dropped) and, if it was parsed whole, free to carry an
  * emission (NrEmit).
  */
@@ -18,10 +19,12 @@
 #include "payload.p4"
 #include "verify.p4"
 #include "contribute.p4"
+#include "recut.p4"
 
 control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     NrVerify() checks;
     NrContribute() contribute;
+    NrRecut() recut;
 
     /* One outcome of the packet: counted for its ring and its connection. */
     action bump(bit<32> id) {
@@ -34,12 +37,21 @@ control NrAggregate(inout headers_t hdr, inout meta_t meta, inout standard_metad
         conn_ctr.count(meta.conn * NR_CTRS + NR_CTR_PACKETS);
         bit<32> drop;
         checks.apply(hdr, meta, sm, drop);
+        bit<24> k = 0;
+        bit<1> empty = 0;
         if (drop != NR_CTR_PACKETS) {
             bump(drop);
         } else {
+            recut.apply(hdr, meta, k, empty);
+        }
+        if (empty == 1) {
+            /* rule 7a: a re-cut's empty packet goes on to the responder untouched */
+            sm.egress_spec = meta.out_port;
+            meta.served = 1;
+            bump(NR_CTR_EMPTIES_FORWARDED);
+        } else if (drop == NR_CTR_PACKETS) {
             /* passed rules 2-6: rule 7 decides what its slot does */
             bit<8> op = hdr.bth.opcode;
-            bit<24> k = hdr.bth.psn - meta.psn0;
             bit<32> gslot = (bit<32>)meta.ring * NR_SLOTS + (bit<32>)(k & meta.slot_mask);
             bit<32> base = gslot * NR_MAX_ELEMS;
             bit<64> head;

@@ -28,7 +28,7 @@
 /* Counter ids. ring_ctr index = ring * NR_CTRS + id; conn_ctr index = conn * NR_CTRS + id
  * with conn = ring * NR_MAX_RANKS + rank. The names are the software target's counter
  * names (switch/contract.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
-#define NR_CTRS                     16
+#define NR_CTRS                     18
 #define NR_CTR_PACKETS              0
 #define NR_CTR_MESSAGES             1
 #define NR_CTR_AGGREGATED           2
@@ -45,6 +45,8 @@
 #define NR_CTR_DROP_BAD_IPCSUM      13
 #define NR_CTR_DROP_FRAGMENT        14
 #define NR_CTR_DROP_BAD_ICRC        15
+#define NR_CTR_EMPTIES_FORWARDED    16
+#define NR_CTR_RECUTS               17
 
 /* Spine counter ids (spine.p4; the software spine's names, switch/contract.py
  * LANE_OUTCOMES and SpinePipeline's): spine_lane_ctr index = (ring * NR_MAX_LANES + lane)

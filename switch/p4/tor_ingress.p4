@@ -44,6 +44,7 @@
 #include "contribute.p4"
 #include "iscrc.p4"
 #include "tor_advance.p4"
+#include "recut.p4"
 
 /* A total's word i becomes the slot's total i (base = gslot * NR_MAX_ELEMS). */
 #define NR_TOR_STORE_ELEM(i)                                            \
@@ -57,6 +58,7 @@
 control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     NrVerify() checks;
     NrContribute() contribute;
+    NrRecut() recut;
     NrIsVerify() is_verify;
     NrTorAdvance() advance;
     NrTorRecover() recover;
@@ -219,9 +221,17 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
             conn_ctr.count(meta.conn * NR_CTRS + NR_CTR_PACKETS);
             bit<32> drop;
             checks.apply(hdr, meta, sm, drop);
+            bit<1> empty = 0;
             if (drop != NR_CTR_PACKETS) {
                 bump(drop);
             } else {
+                recut.apply(hdr, meta, k, empty);
+            }
+            if (empty == 1) {       // rule 7a: a re-cut's empty packet goes on untouched
+                sm.egress_spec = meta.out_port;
+                meta.served = 1;
+                bump(NR_CTR_EMPTIES_FORWARDED);
+            } else if (drop == NR_CTR_PACKETS) {
                 gslot = (bit<32>)meta.ring * NR_SLOTS + (bit<32>)(k & meta.slot_mask);
                 slot_head.read(head, gslot);
                 slot_bitmap.read(bitmap, gslot);
@@ -376,6 +386,7 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
                         contrib_eth.write(c, b[431:336]);
                         contrib_ip.write(c, b[311:304] ++ b[287:272] ++ b[271:256] ++ b[255:248]);
                         contrib_udp.write(c, b[159:144]);
+                        contrib_psn.write(c, b[23:0]);
                         contrib_bth.write(c, b[87:80] ++ b[79:64] ++ b[63:56] ++ b[31:24]);
                         if (hdr.rh_e16.isValid()) {
                             contrib_reth.write(c, hdr.rh_e16.b);

@@ -265,6 +265,20 @@ class TorModel(_Model):
         self.steps.append(Step(self.port[rank] if port is None else port, sent, tuple(out),
                                note or f"rank {rank} k={k}: {outcome}"))
 
+    def empty(self, rank: int, j: int, *, recut: bool, note: str = "") -> None:
+        """Rank's empty WRITE_ONLY_WITH_IMMEDIATE at relative PSN j (rxe's re-cut stream,
+        rule 7a): on to its responder untouched; `recut`: it moves the rank's later packets
+        one PSN on (the author gives them `psn=`)."""
+        frame = write_frame(self.spec.connections[rank], j, WRITE_ONLY_IMM, b"",
+                            reth=(0x7F00AA000000 + j, 0x2A, 0), imm=0x900 + j, ackreq=True)
+        conn = self.conn[rank]
+        conn["packets"] += 1
+        conn["empties_forwarded"] += 1
+        conn["recuts"] += recut
+        self.ring["empties_forwarded"] += 1
+        self.steps.append(Step(self.port[rank], frame, ((self.responder_port(rank), frame),),
+                               note or f"rank {rank} empty at j={j}: forwarded"))
+
     def _offer(self, rank: int, k: int, p: Held, out: list[tuple[int, bytes]]) -> str:
         i = k % self.N
         if self.slot_tag[i] == k:
@@ -664,6 +678,31 @@ def tor_retransmissions_served(s: TorModel) -> None:
     s.write(0, 0, mangle=resigned(flags="MF"), drop="drop_fragment", note="fragment: not served")
 
 
+@role(TorModel, "rule 7a: rxe re-cuts a stream (docs/roce.md): an empty WRITE_ONLY of a "
+            "local requester goes on untouched to its responder (the leaving one's up the "
+            "uplink) and moves its later packets one PSN on; a repeat does not. Partials "
+            "carry, and results and served retransmissions rebuild, the PSN of each "
+            "rank's own contribution; an entering lane's result takes its carried PSN",
+            tor=0, racks=RACKS_2X2)
+def tor_recut_streams(s: TorModel) -> None:
+    psn0 = [c.psn0 for c in s.spec.connections]
+
+    def on(rank: int, k: int, shift: int) -> int:
+        return (psn0[rank] + k + shift) & PSN_MASK
+
+    s.complete(0, total=True)
+    s.empty(1, 1, recut=True, note="leaving rank 1 re-cuts at j=1: up the uplink")
+    s.empty(0, 1, recut=True, note="rank 0 re-cuts at j=1: to rank 1's port")
+    s.empty(0, 1, recut=False, note="rank 0's empty again: forwarded, no second re-cut")
+    s.write(0, 1, psn=on(0, 1, 1), expect="aggregated")
+    s.write(1, 1, psn=on(1, 1, 1), expect="aggregated",
+            note="rank 1 k=1 one PSN on: the partial carries that PSN")
+    s.total(1, carried={3: {"psn": on(3, 1, 1)}}, expect="totals",
+            note="total 1, rank 3 re-cut too: results at each contribution's PSN")
+    s.write(0, 1, psn=on(0, 1, 1), ip_id=0x300, expect="retransmits_served")
+    s.write(1, 1, psn=on(1, 1, 1), ip_id=0x301, expect="retransmits_served")
+
+
 @role(TorModel, "rule 5's refusals, each leaving the slot untouched: a total for a slot "
             "never opened or not locally complete (unexpected), without exactly the "
             "entering connections' headers, from a host port, of kind partial, for "
@@ -998,7 +1037,7 @@ def spine_many_carried(s: SpineModel) -> None:
 
 SCENARIOS: tuple[Callable[[], Vector], ...] = (
     tor_partial_up_total_down, tor_out_of_order_totals_and_gap, tor_duplicates,
-    tor_retransmissions_served, tor_bad_totals, tor_wrong_lengths, tor_transit, tor_rule7_skip,
+    tor_retransmissions_served, tor_recut_streams, tor_bad_totals, tor_wrong_lengths, tor_transit, tor_rule7_skip,
     tor_skip_lands_on_ready_slot, tor_stale_and_no_overrun, tor_skip_far_ahead,
     tor_host_link_corruption, tor_corrupt_interswitch, tor_many_carried, tor_forwarding,
     spine_partials_and_totals,

@@ -112,6 +112,20 @@ class Scenario:
                                note or f"{spec.ring_id} rank {rank} k={k} op={opcode:#x}: "
                                        f"{outcome}" + (f", emits {list(emits)}" if emits else "")))
 
+    def empty(self, rank: int, j: int, opcode: int = WRITE_ONLY_IMM, *, recut: bool,
+              note: str = "") -> None:
+        """Rank's empty WRITE_ONLY at relative PSN j (rxe's re-cut stream): passed on
+        untouched to its responder; `recut`: it moves the rank's later packets one PSN on."""
+        spec = self.rings[next(iter(self.rings))]
+        c = spec.connections[rank]
+        frame = write_frame(c, j, opcode, b"", reth=(0x7F00AA000000 + j, 0x2A, 0), imm=0x900 + j,
+                            ackreq=True)
+        self._count(spec, rank, "empties_forwarded", opcode, 0)
+        self.tally[spec.ring_id]["connections"][rank]["recuts"] += recut
+        self.steps.append(Step(port_of_ip(c.src_ip), frame, ((port_of_ip(c.dst_ip), frame),),
+                               note or f"rank {rank} empty at j={j}: forwarded"
+                                       + (", re-cuts its stream" if recut else "")))
+
     def forward(self, frame: bytes, in_port: int, note: str) -> None:
         """A frame no ring owns: L2 sends it unchanged to its MAC's port, or floods it."""
         dst = Ether(frame).dst
@@ -384,11 +398,47 @@ def ring2_every_opcode_short_payloads() -> Vector:
     return s.vector()
 
 
+def ring3_recut_streams() -> Vector:
+    s = Scenario("ring3_recut_streams",
+                 "rxe re-cuts a stream (docs/roce.md): an empty WRITE_ONLY is passed on "
+                 "untouched and moves its rank's later packets one PSN on (a repeat or an "
+                 "older one does not); results and served retransmissions carry the PSN of "
+                 "the rank's own contribution, the one before a re-cut too",
+                 [(make_ring(3, msg_size=2 * MTU), 256)], hosts=3)
+    ops = [WRITE_FIRST, WRITE_LAST_IMM]
+    psn0 = [c.psn0 for c in s.rings[next(iter(s.rings))].connections]
+
+    def contribute(rank: int, k: int, shift: int, **kw: Any) -> None:
+        s.write(rank, k, ops[k % 2], psn=(psn0[rank] + k + shift) & 0xFFFFFF,
+                ackreq=k % 2 == 1, **kw)
+
+    for k in (0, 1):
+        for r in range(3):
+            contribute(r, k, 0, emits=[k] if r == 2 else [])
+    s.empty(1, 2, recut=True)
+    s.empty(1, 2, WRITE_ONLY, recut=False, note="the same re-cut again (no immediate)")
+    for k in (2, 3):
+        contribute(0, k, 0)
+        contribute(2, k, 0)
+        contribute(1, k, 1, emits=[k])
+    contribute(1, 2, 1, outcome="retransmits_served", ip_id=0x77)
+    contribute(1, 4, 1)                   # message 2's FIRST, before a second re-cut
+    s.empty(1, 6, recut=True)
+    s.empty(1, 2, recut=False, note="an older re-cut's empty, late")
+    contribute(0, 4, 0)
+    contribute(2, 4, 0, emits=[4])        # rank 1's result at its contribution's PSN
+    contribute(1, 5, 2)
+    contribute(0, 5, 0)
+    contribute(2, 5, 0, emits=[5])
+    contribute(1, 5, 2, outcome="retransmits_served")
+    return s.vector()
+
+
 SCENARIOS = (ring2_write_only_imm, ring3_first_middle_last, ring4_out_of_order_completion,
              ring3_duplicates_and_retransmissions, ring2_overrun_and_stale, ring2_psn_wrap,
              ring3_bad_packets, forwarding_untouched, two_rings_same_hosts, ring2_bad_lengths,
              ring3_short_last_packet, ring2_verify_before_adding, ring2_udp_checksum_zero,
-             ring2_every_opcode_short_payloads)
+             ring2_every_opcode_short_payloads, ring3_recut_streams)
 
 
 def all_vectors() -> list[Vector]:
@@ -399,12 +449,14 @@ def every_opcode_every_length() -> Vector:
     """Not one of SCENARIOS (hundreds of steps): test_conformance feeds it in bursts."""
     s = Scenario("every_opcode_every_length",
                  "every RDMA WRITE opcode with every payload length 0 .. 256 B (multiples "
-                 "of 4), two ranks: each result's bytes, ICRC included",
+                 "of 4; not an empty ONLY), two ranks: each result's bytes, ICRC included",
                  [(make_ring(2, msg_size=MTU), 256)], hosts=2, requires=[ANY_PAYLOAD_LENGTH])
     ops = [WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM]
     k = 0
     for op in ops:
         for size in range(0, MTU + 4, 4):
+            if size == 0 and op in (WRITE_ONLY, WRITE_ONLY_IMM):
+                continue                  # an empty one-packet WRITE re-cuts (its own vector)
             kw = {"imm": 0x5000 + k, "reth": (0x10000 + k, 0x77, size), "ackreq": k % 3 == 0,
                   "ip_id": k}
             s.write(0, k, op, size, **kw)
