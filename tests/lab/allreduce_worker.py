@@ -14,6 +14,9 @@
     allreduce_worker.py inc-spec
     allreduce_worker.py floats [--sizes N,...]   (issue 22: NaN under auto, avg, 16-bit floats,
                                                   per-block scales)
+    allreduce_worker.py recut --victim R --calls N --size N
+                                              (rank R re-cuts its stream between calls, as
+                                               rxe's retry race does: docs/roce.md)
 
 Prints "OK ..." lines the tests look for; a failed check exits non-zero with the reason.
 Every rank's data is a function of its rank, so each rank computes the reference itself
@@ -361,11 +364,44 @@ def survive(comm: netreduce.Communicator, size: int, big: int, calls: int, cue: 
     print("OK survive", flush=True)
 
 
+def recut(comm: netreduce.Communicator, victim: int, calls: int, size: int) -> None:
+    """`calls` int32 calls of `size` through the switch; after each but the last, rank
+    `victim` sends on "inc" what rxe's retry race sends: its last message again as one empty
+    WRITE WITH IMMEDIATE at its QP's next PSN, every later packet one PSN on. Every call must
+    be exact; prints each rank's skipped empty arrivals and rank 0 the ring's counters."""
+    from flowctl.link import RemoteBuffer
+    stream = comm._streams["inc"]
+    for call in range(calls):
+        reduce_and_check(comm, size, "int32", "switch", False)
+        if comm.rank == victim and call < calls - 1:
+            index = stream.next_send_index - 1
+            # a zero-byte WRITE needs no address nor R_Key at the responder (IB C9-88)
+            stream.link.post_write(index, comm._control.local().slice(0, 0),
+                                   RemoteBuffer(0, 0, 0))
+            deadline = time.monotonic() + 120
+            done: list = []
+            while not done and time.monotonic() < deadline:
+                done = stream.link.poll_sends(1)
+                time.sleep(0.01)
+            if not done or not done[0].ok or done[0].index != index:
+                sys.exit(f"FAIL: rank {victim}'s empty write of message {index}: {done}")
+    print(f"EMPTY_RESENDS {json.dumps({'rank': comm.rank, 'count': stream.empty_resends})}",
+          flush=True)
+    if comm.rank == 0:
+        from switch.api.client import ControllerClient
+        with ControllerClient(comm.switch.controller) as client:
+            ring = client.counters()["rings"][comm.switch.ring_id]
+        print(f"SWITCH_RING {json.dumps(ring['counters'])}", flush=True)
+        print(f"SWITCH_CONNS {json.dumps([c['counters'] for c in ring['connections']])}",
+              flush=True)
+    print("OK recut", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["correctness", "switch", "hold", "mismatch",
                                     "missing-rank", "stall", "inc-spec", "die", "late",
-                                    "rank0-killed", "floats", "survive"])
+                                    "rank0-killed", "floats", "survive", "recut"])
     p.add_argument("what", nargs="?", default="count")
     p.add_argument("--sizes", default="1,1000,256,4194304")
     p.add_argument("--timed", type=int, default=4194304)
@@ -376,12 +412,13 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--collective-timeout", type=float, default=1800.0,
                    help="collective timeout, seconds")
-    p.add_argument("--victim", type=int, default=2, help="die: the rank that is killed")
+    p.add_argument("--victim", type=int, default=2, help="die: the rank that is killed; "
+                   "recut: the rank that re-cuts its stream")
     p.add_argument("--late", type=float, default=40.0, help="late: seconds the last rank "
                    "sleeps before its call")
-    p.add_argument("--size", type=int, default=1 << 20, help="survive: int32 per call")
+    p.add_argument("--size", type=int, default=1 << 20, help="survive, recut: int32 per call")
     p.add_argument("--big", type=int, default=1 << 22, help="survive: the call restarted")
-    p.add_argument("--calls", type=int, default=30, help="survive: calls in all")
+    p.add_argument("--calls", type=int, default=30, help="survive, recut: calls in all")
     p.add_argument("--gil", type=float, default=25.0, help="survive: s rank 0 holds the GIL")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -415,6 +452,7 @@ def main() -> None:
         "floats": lambda: floats(comm, sizes),
         "survive": lambda: survive(comm, args.size, args.big, args.calls, args.until,
                                    args.gil),
+        "recut": lambda: recut(comm, args.victim, args.calls, args.size),
     }
     modes[args.mode]()
     netreduce.finalize()

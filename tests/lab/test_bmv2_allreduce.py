@@ -24,7 +24,8 @@ from tests.lab.labhosts import run_in_host, switch_counters
 from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, restart_switch,
                                  use_switch)
 from tests.lab.test_allreduce import lines, run_worker
-from tests.lab.test_switch_allreduce import (check_retransmissions_seen, check_switch_run,
+from tests.lab.test_switch_allreduce import (RECUT_CALLS, check_recut_run, run_recut,
+                                             check_retransmissions_seen, check_switch_run,
                                              host_loss, show_run)
 
 pytestmark = pytest.mark.lab
@@ -118,3 +119,13 @@ def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[
     if loss != "0%":
         check_retransmissions_seen(counters)
     show_run(capsys, f"bmv2 allreduce, {loss} loss, {seconds:.0f} s", result, counters)
+
+
+def test_bmv2_follows_a_re_cut_stream(bmv2: LabSwitch, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    """As test_switch_allreduce's test_a_re_cut_stream_is_followed, through switch/p4 on
+    BMv2 (rule 7a in P4: conn_recut, results at each contribution's PSN)."""
+    ring = check_recut_run(run_recut(4, 1, timeout=900), 4, 1)
+    with capsys.disabled():
+        print(f"\n[recut] bmv2: {RECUT_CALLS - 1} re-cuts of rank 1's stream followed, "
+              f"{RECUT_CALLS} calls exact; ring {ring}")

@@ -35,7 +35,8 @@ from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, 
 from tests.lab.test_allreduce import run_worker
 from tests.lab.test_bmv2_allreduce import inc_config
 from tests.lab.test_multirack_lab import RACKS, check_fabric_run, spine_link_packets
-from tests.lab.test_switch_allreduce import check_retransmissions_seen, host_loss
+from tests.lab.test_switch_allreduce import (RECUT_CALLS, check_recut_run,
+                                             check_retransmissions_seen, host_loss, run_recut)
 from tools.fabric_lab import rack_sizes
 
 pytestmark = pytest.mark.lab
@@ -195,6 +196,21 @@ def test_two_jobs_at_once_through_bmv2_tors_and_spine(bmv2_fabric: LabSwitch | N
             print(f"\n[BMv2 fabric] its start took {bmv2_fabric.seconds:.1f} s")
         for job, c in zip(JOBS, counters):
             print(f"\n[BMv2 fabric, {job}, no loss] counters {c}")
+
+
+def test_bmv2_tors_follow_a_re_cut_stream(bmv2_fabric: LabSwitch | None,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """As test_switch_allreduce's test_a_re_cut_stream_is_followed, through the fabric: the
+    victim is the first job's leaving rank (its successor in the next rack), so its ToR
+    sends the empty packet up, the spine and the next ToR pass it on, and the partials carry
+    the re-cut PSN down to the entering connection's results (rule 7a, docs/multirack.md)."""
+    job = JOBS[0]
+    victim = job.racks[0] - 1
+    result = run_recut(job.n, victim, first_host=job.first, timeout=900)
+    ring = check_recut_run(result, job.n, victim)
+    with capsys.disabled():
+        print(f"\n[BMv2 fabric, {job}] {RECUT_CALLS - 1} re-cuts of rank {victim}'s stream "
+              f"(leaving its rack) followed, {RECUT_CALLS} calls exact; ring {ring}")
 
 
 def test_two_jobs_at_once_through_bmv2_with_loss_on_every_link(
