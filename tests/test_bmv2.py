@@ -97,7 +97,7 @@ def test_plan_ring_translates_the_spec() -> None:
     assert plan.replicas[1] == TableEntry(
         "NrEgress.replica_table", (("ring", 2), ("rank", 1)), "NrEgress.set_replica",
         (("src_ip", "10.77.0.2"), ("dst_ip", "10.77.0.3"),
-         ("dest_qp", spec.connections[1].dst_qpn)))
+         ("dest_qp", spec.connections[1].dst_qpn), ("psn0", 20)))
     # rank r's result leaves by its responder's port; the continuation copy rides along
     assert plan.group == McGroup(C.ring_group_base + 2, ((2, 0), (3, 1), (1, 2), (2, C.cont_rid)))
     assert plan.install_order == (plan.ring, *plan.replicas, *plan.conns)

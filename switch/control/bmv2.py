@@ -84,7 +84,8 @@ def plan_ring(spec: RingSpec, ports: dict[str, int], slots: int, index: int, epo
     replicas = tuple(
         TableEntry("NrEgress.replica_table", (("ring", index), ("rank", x.rank)),
                    "NrEgress.set_replica",
-                   (("src_ip", x.src_ip), ("dst_ip", x.dst_ip), ("dest_qp", x.dst_qpn)))
+                   (("src_ip", x.src_ip), ("dst_ip", x.dst_ip), ("dest_qp", x.dst_qpn),
+                    ("psn0", x.psn0)))
         for x in conns)
     conn_entries = tuple(
         TableEntry("NrIngress.conn_table",

@@ -9,7 +9,7 @@ responder's port; the continuation; the partial resent for next_emit and the par
 packet's k, both on the uplink; with an entering connection its transit copy, on its
 responder's port), the ring_table entry (epoch, N - 1, the local lanes' bitmap, 2W, the ToR's
 and the spine's addresses, the leaving and entering lanes), one replica_table entry per lane
-(egress: addresses and DestQP of its result), the tor_tags entry (ring tag -> index: from
+(egress: addresses, DestQP, psn0 of its result), the tor_tags entry (ring tag -> index: from
 here on the ring's totals match), one conn_table entry per local requester (rank = lane) and
 one tor_transit entry for the entering connection. Unregistering removes them in reverse.
 `plan_tor_ring` computes it as plain data; the P4Runtime plumbing is `Bmv2Device`'s and the
@@ -87,7 +87,8 @@ def plan_tor_ring(config: TorConfig, spec: RingSpec, local_ports: dict[str, int]
     replicas = tuple(
         TableEntry(f"{EGRESS}.replica_table", (("ring", index), ("rank", lane)),
                    f"{EGRESS}.set_replica",
-                   (("src_ip", x.src_ip), ("dst_ip", x.dst_ip), ("dest_qp", x.dst_qpn)))
+                   (("src_ip", x.src_ip), ("dst_ip", x.dst_ip), ("dest_qp", x.dst_qpn),
+                    ("psn0", x.psn0)))
         for lane, x in enumerate(conns))
     tag = TableEntry(f"{INGRESS}.tor_tags", (("tag", ring_tag(spec.ring_id)),),
                      f"{INGRESS}.set_tag", (("ring", index),))

@@ -38,6 +38,7 @@ IP_OFF = ETH_LEN                  # 14
 UDP_OFF = IP_OFF + IPV4_LEN       # 34
 BTH_OFF = UDP_OFF + UDP_LEN       # 42
 EXT_OFF = BTH_OFF + BTH_LEN       # 54: first byte after the BTH
+PSN_OFF = BTH_OFF + 9             # 51: the BTH's 24-bit PSN
 MIN_FRAME = EXT_OFF + ICRC_LEN    # the shortest frame that can be RoCEv2
 UDP_OVERHEAD = UDP_LEN + BTH_LEN + ICRC_LEN   # UDP length minus ext. headers, payload, pad
 

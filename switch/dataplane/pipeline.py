@@ -21,7 +21,7 @@ import numpy as np
 from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, OUTCOMES, PSN_MASK,
                              RING_COUNTERS, Connection, RingSpec, check_ring)
 from switch.dataplane.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, ONLY_WRITES,
-                                      UDP_CSUM_OFF, UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES,
+                                      PSN_OFF, UDP_CSUM_OFF, UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES,
                                       conn_key, icrc_after, icrc_state, icrc_valid, icrcs,
                                       ipv4_header_ok, is_fragment, parse, reth)
 
@@ -34,6 +34,28 @@ _WIRE_I32 = np.dtype("<i4")      # payload elements on the wire: the hosts' own 
 _ZERO_CSUM = bytes(2)            # a rewritten packet's UDP checksum (rxe sends 0; the ICRC masks it)
 
 
+class Recut:
+    """How a requester re-cut its stream (rule 7a, docs/roce.md: rxe sends a message again as
+    one empty WRITE_ONLY, every later packet one PSN late): `shift` re-cuts so far, the last
+    at relative PSN `at`. Its packet at relative PSN j is slot k = j - shift, and its
+    results leave at psn0 + shift + k, the shift when they leave."""
+
+    __slots__ = ("shift", "at")
+
+    def __init__(self) -> None:
+        self.shift = 0
+        self.at = 0
+
+    def follow(self, j: int) -> bool:
+        """An empty WRITE_ONLY at relative PSN j: a re-cut (True), unless it repeats or
+        precedes the last one."""
+        if self.shift and not 0 < (j - self.at) & PSN_MASK < PSN_HALF:
+            return False
+        self.shift = (self.shift + 1) & PSN_MASK
+        self.at = j
+        return True
+
+
 class AggregatorPool:
     """The N slots of one ring, its in-order emission point and its emission counters.
 
@@ -42,15 +64,20 @@ class AggregatorPool:
     says the slot's result is in its sum row (here: the wrapping int32 sum, formed when the
     bitmap becomes full), and emitted[i] is set only once every slot before tag[i] was
     emitted; `next_emit` is the first relative PSN not emitted yet. Sums stay in wire order
-    (little-endian), so a result's payload is the sum array's buffer.
+    (little-endian), so a result's payload is the sum array's buffer. A lane's result at k
+    is its stored header with PSN psn0 + shift + k, the lane's `recuts[lane]` when it
+    leaves (the header it was contributed with may predate a re-cut).
     Hooks for a pool whose result comes from elsewhere (the ToR role, switch/dataplane/tor.py):
     `_complete` (the bitmap became full), `_servable` and `_duplicate` (when a held
     contribution that comes again gets the result, and what happens otherwise), `_full` and
     `result_lanes` (the ranks that contribute, and those whose result an emission sends).
     """
 
-    def __init__(self, world_size: int, slots: int, mtu: int, out_ports: Sequence[int]):
+    def __init__(self, world_size: int, slots: int, mtu: int, out_ports: Sequence[int],
+                 psn0s: Sequence[int]):
         self.world_size = world_size
+        self.psn0 = tuple(psn0s)
+        self.recuts = [Recut() for _ in psn0s]
         self.slots = slots
         self.mtu = mtu
         self.out_ports = tuple(out_ports)
@@ -118,6 +145,20 @@ class AggregatorPool:
             self._complete(k, i, emit)
         return "aggregated"
 
+    def recut_of(self, rank: int) -> Recut:
+        """The re-cuts of rank's connection (its lane's)."""
+        return self.recuts[rank]
+
+    def _result_header(self, i: int, lane: int, k: int) -> tuple[bytearray | bytes, int]:
+        """Lane's header for slot i's result at k, and its icrc_state: PSN psn0 + shift + k."""
+        header, hcrc = self.headers[i][lane], self._hcrc[i][lane]
+        psn = (self.psn0[lane] + self.recuts[lane].shift + k) & PSN_MASK
+        if int.from_bytes(header[PSN_OFF:PSN_OFF + 3], "big") != psn:
+            header = bytearray(header)
+            header[PSN_OFF:PSN_OFF + 3] = psn.to_bytes(3, "big")
+            hcrc = icrc_state(header, len(header))
+        return header, hcrc
+
     def _servable(self, i: int) -> bool:
         """May a retransmission into slot i get the result back now? (Once emitted.)"""
         return self.emitted[i]
@@ -140,9 +181,11 @@ class AggregatorPool:
         i = k & self._mask
         while self.tag[i] == k and self.ready[i] and not self.emitted[i]:
             payload = self._sum_bytes[i][:self.plen[i]]
-            lanes, headers, hcrc = self.result_lanes, self.headers[i], self._hcrc[i]
-            for lane, crc in zip(lanes, icrcs(payload, [hcrc[x] for x in lanes])):
-                emit(self.out_ports[lane], (headers[lane], payload, crc))
+            lanes = self.result_lanes
+            headers = [self._result_header(i, lane, k) for lane in lanes]
+            for lane, (header, _), crc in zip(lanes, headers,
+                                              icrcs(payload, [h for _, h in headers])):
+                emit(self.out_ports[lane], (header, payload, crc))
             self.emitted[i] = True
             self.completed += 1
             self.results_sent += len(lanes)
@@ -155,14 +198,11 @@ class ConnEntry:
     """One registered connection: where its packets may come from and go, its counters.
 
     `counts` holds the outcomes (one per packet, so `packets` is their sum), `messages` and
-    `recuts`. The requester's packet at relative PSN j is slot k = j - shift: every re-cut
-    of its stream (rxe's retry race, docs/roce.md: a message sent again as one empty
-    WRITE_ONLY, every later packet one PSN late) adds one to `shift`; `recut_at` is the j
-    of the last one, whose repeats change nothing.
+    `recuts`; `recut` is its lane's in the pool (rule 7a).
     """
 
     __slots__ = ("ring_id", "rank", "src_ip", "dst_ip", "dst_qpn", "psn0", "in_port",
-                 "out_port", "pool", "counts", "reth", "shift", "recut_at")
+                 "out_port", "pool", "counts", "reth", "recut")
 
     def __init__(self, ring_id: str, rank: int, src_ip: str, dst_ip: str, dst_qpn: int,
                  psn0: int, in_port: int, out_port: int, pool: AggregatorPool):
@@ -177,17 +217,7 @@ class ConnEntry:
         self.pool = pool
         self.counts = dict.fromkeys(OUTCOMES + ("messages", "recuts"), 0)
         self.reth: Optional[tuple[int, int, int]] = None  # of the current message
-        self.shift = 0
-        self.recut_at = 0
-
-    def follow_recut(self, psn: int) -> None:
-        """Rule 7a: an empty WRITE_ONLY at relative PSN j re-cuts the stream from j on,
-        unless it repeats the last re-cut (same j) or precedes it."""
-        j = (psn - self.psn0) & PSN_MASK
-        if self.shift == 0 or 0 < (j - self.recut_at) & PSN_MASK < PSN_HALF:
-            self.shift = (self.shift + 1) & PSN_MASK
-            self.recut_at = j
-            self.counts["recuts"] += 1
+        self.recut = pool.recut_of(rank)
 
     def as_dict(self) -> dict[str, Any]:
         va_rkey_len = dict(zip(("va", "rkey", "dma_len"), self.reth)) if self.reth else None
@@ -280,7 +310,8 @@ class AggregationPipeline:
                  ) -> tuple[AggregatorPool, dict[int, ConnEntry]]:
         """A new ring's pool and the entries of the connections it aggregates (all here)."""
         pool = AggregatorPool(spec.world_size, slots, spec.mtu,
-                              [ports[c.dst_ip] for c in spec.connections])
+                              [ports[c.dst_ip] for c in spec.connections],
+                              [c.psn0 for c in spec.connections])
         return pool, connection_entries(spec, spec.connections, ports, pool)
 
     def unregister_ring(self, ring_id: str) -> None:
@@ -335,11 +366,11 @@ class AggregationPipeline:
                                 hcrc := icrc_state(frame, hdr_end)):
                 outcome = "drop_bad_icrc"
             elif plen == 0 and opcode in ONLY_WRITES:     # rule 7a: a re-cut, passed on
-                conn.follow_recut(psn)
                 emit(conn.out_port, (frame,))
+                conn.counts["recuts"] += conn.recut.follow((psn - conn.psn0) & PSN_MASK)
                 outcome = "empties_forwarded"
             else:
-                outcome = pool.offer(conn.rank, (psn - conn.psn0 - conn.shift) & PSN_MASK,
+                outcome = pool.offer(conn.rank, (psn - conn.psn0 - conn.recut.shift) & PSN_MASK,
                                      frame, hdr_end, plen, opcode, hcrc, emit)
                 if outcome == "aggregated" and opcode in MESSAGE_START_WRITES:
                     conn.counts["messages"] += 1

@@ -28,9 +28,10 @@ from switch.contract import (DEFAULT_SLOTS, MAX_RACKS, MAX_RANKS, PSN_MASK, TOR_
                              TRANSIT_COUNTERS, Connection, RingSpec, required_slots)
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag
-from switch.dataplane.packets import BTH_OFF, EXT_LEN, EXT_OFF, conn_key, icrc_state, parse
+from switch.dataplane.packets import (BTH_OFF, EXT_LEN, EXT_OFF, ONLY_WRITES, UDP_OVERHEAD,
+                                      conn_key, icrc_state, parse)
 from switch.dataplane.pipeline import (EMPTY, PSN_HALF, AggregationPipeline, AggregatorPool,
-                                       ConnEntry, connection_entries)
+                                       ConnEntry, Recut, connection_entries)
 
 if TYPE_CHECKING:
     from switch.dataplane.ports import Emit
@@ -93,7 +94,8 @@ class RackPool(AggregatorPool):
 
     def __init__(self, conns: Sequence[Connection], contributing: int, ports: dict[str, int],
                  slots: int, mtu: int, window: int, config: TorConfig, ring: int):
-        super().__init__(len(conns), slots, mtu, [ports[c.dst_ip] for c in conns])
+        super().__init__(len(conns), slots, mtu, [ports[c.dst_ip] for c in conns],
+                         [c.psn0 for c in conns])
         self._window = window        # W: packets a connection may have unacknowledged
         self._full = (1 << contributing) - 1
         self._lane = {c.rank: lane for lane, c in enumerate(conns[:contributing])}
@@ -105,6 +107,9 @@ class RackPool(AggregatorPool):
         self._config = config
         self._ring = ring
         self.counts = dict.fromkeys(TOR_COUNTERS, 0)
+
+    def recut_of(self, rank: int) -> Recut:
+        return self.recuts[self._lane[rank] if rank in self._lane else self._entering[rank]]
 
     def offer(self, rank: int, k: int, frame: memoryview, hdr_end: int, plen: int,
               opcode: int, hcrc: int, emit: Emit) -> str:
@@ -212,7 +217,9 @@ class RackPool(AggregatorPool):
 
 @dataclass
 class TransitEntry:
-    """A connection whose responder is in this rack and whose requester is not."""
+    """A connection whose responder is in this rack and whose requester is not. Its
+    requester's ToR verified the empty WRITE_ONLY of a re-cut before sending it up; passing
+    here it shifts `recut`, the entering lane's, which its results leave with (rule 7a)."""
 
     ring_id: str
     rank: int
@@ -220,6 +227,10 @@ class TransitEntry:
     out_port: int
     pool: AggregatorPool         # the ring's pool here (a RackPool unless all ranks are here)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSIT_COUNTERS, 0))
+
+    @property
+    def recut(self) -> Recut:
+        return self.pool.recut_of(self.rank)
 
 
 class TorPipeline(AggregationPipeline):
@@ -316,7 +327,7 @@ class TorPipeline(AggregationPipeline):
         fields = parse(frame)
         if fields is None:
             return False
-        key, _, _, _, psn, _ = fields
+        key, udp_len, opcode, pad, psn, _ = fields
         entry = self.transit.get(key)
         if entry is None:
             return False
@@ -325,8 +336,12 @@ class TorPipeline(AggregationPipeline):
         else:
             emit(entry.out_port, (frame,))
             entry.counts["forwarded"] += 1
+            j = (psn - entry.psn0) & PSN_MASK
+            k = (j - entry.recut.shift) & PSN_MASK
+            if opcode in ONLY_WRITES and udp_len - UDP_OVERHEAD - EXT_LEN[opcode] - pad == 0:
+                entry.recut.follow(j)                   # a re-cut's empty packet (rule 7a)
             if isinstance(entry.pool, RackPool):   # a served retransmission: our total may
-                entry.pool.recover((psn - entry.psn0) & PSN_MASK, emit)   # have been lost
+                entry.pool.recover(k, emit)        # have been lost
         return True
 
     def _from_spine(self, frame: memoryview, in_port: int, emit: Emit) -> None:

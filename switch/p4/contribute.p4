@@ -30,7 +30,6 @@ control NrContribute(inout headers_t hdr, inout meta_t meta, in bit<32> gslot,
         contrib_ip.write(c, hdr.ipv4.tos ++ hdr.ipv4.id ++ hdr.ipv4.flags
                             ++ hdr.ipv4.frag ++ hdr.ipv4.ttl);
         contrib_udp.write(c, hdr.udp.sport);
-        contrib_psn.write(c, hdr.bth.psn);
         contrib_bth.write(c, hdr.bth.se ++ hdr.bth.mig ++ hdr.bth.pad ++ hdr.bth.tver
                              ++ hdr.bth.pkey ++ hdr.bth.fb ++ hdr.bth.ackreq
                              ++ hdr.bth.resv7);

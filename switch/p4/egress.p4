@@ -2,9 +2,9 @@
  *
  * A ring's multicast group holds one replica per rank r (port: the responder of
  * connection r, rid r) and one continuation replica (rid NR_CONT_RID). Replica r is
- * rebuilt as rank r's own contribution to the emitted slot: addresses and DestQP from
- * replica_table, what differs per packet (the PSN too: a re-cut stream's is one on, rule
- * 7a) from the contrib_* registers, the opcode/length from the slot; the payload (the sums) was set in
+ * rebuilt as rank r's own contribution to the emitted slot: addresses, DestQP and psn0
+ * from replica_table, what differs per packet from the contrib_* registers, the
+ * opcode/length from the slot, PSN = psn0 + k; the payload (the sums) was set in
  * ingress. The result: rank r's packet at k byte for byte, payload and ICRC replaced and
  * UDP checksum 0 (as rxe sends it; the ICRC masks it); the IPv4 checksum is recomputed
  * over an unchanged header. The continuation replica is rebuilt as rank 0's result too,
@@ -12,7 +12,7 @@
  * parses whole again; it is never sent.
  *
  * Table (programmed by switch/control/bmv2.py):
- *   replica_table <ring, rank> -> set_replica(src_ip, dst_ip, dest_qp)
+ *   replica_table <ring, rank> -> set_replica(src_ip, dst_ip, dest_qp, psn0)
  */
 #ifndef NR_EGRESS_P4
 #define NR_EGRESS_P4
@@ -27,10 +27,11 @@ control NrEgress(inout headers_t hdr, inout meta_t meta, inout standard_metadata
     NrResultHeaders() result_headers;
     NrResult() result;
 
-    action set_replica(bit<32> src_ip, bit<32> dst_ip, bit<24> dest_qp) {
+    action set_replica(bit<32> src_ip, bit<32> dst_ip, bit<24> dest_qp, bit<24> psn0) {
         hdr.ipv4.src = src_ip;
         hdr.ipv4.dst = dst_ip;
         hdr.bth.dqpn = dest_qp;
+        hdr.bth.psn = psn0 + meta.emit_k;
     }
 
     table replica_table {

@@ -44,6 +44,7 @@ control NrEmit(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t
             ring_next.write(ring, meta.epoch ++ (e + 1));
             ring_ctr.count(ring * NR_CTRS + NR_CTR_COMPLETED);
             meta.emit = 1;
+            meta.emit_k = e;
             meta.emit_gslot = gslot;
             meta.emit_opcode = head[39:32];
             meta.emit_words = head[31:24];

@@ -205,6 +205,7 @@ struct meta_t {
     /* emission, read by egress */
     bit<1>  emit;          // this packet carries slot emit_gslot's result to the ring's group
     bit<1>  cont;          // the slot after it is complete too: recirculate a continuation
+    bit<24> emit_k;        // relative PSN of the emitted slot
     bit<32> emit_gslot;
     bit<8>  emit_opcode;
     bit<8>  emit_words;

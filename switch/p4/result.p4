@@ -1,7 +1,8 @@
 /* A result replica rebuilt as the contribution of rank (lane) meta.replica to the emitted
  * slot meta.emit_gslot: what differs per packet from the contrib_* registers (written by
  * contribute.p4, or from a total's carried header at the ToR), the opcode and length from
- * the slot, every other field constant; addresses and DestQP are the replica table's
+ * the slot, every other field constant; addresses, DestQP and PSN are the replica table's
+ * (PSN psn0 + k, moved on by the lane's re-cuts: conn_recut, rule 7a)
  * (applied by the caller before, after NrResultHeaders). The payload (the sums) is already in hdr.pl. Shared by the
  * single switch's egress (egress.p4) and the ToR's (tor_egress.p4).
  * Invariant: every header field of Ethernet, IPv4 (but the checksum: meta.fix_ipv4 has the
@@ -70,7 +71,13 @@ control NrResult(inout headers_t hdr, inout meta_t meta) {
         hdr.bth.fb = bth[15:8];
         hdr.bth.ackreq = bth[7:7];
         hdr.bth.resv7 = bth[6:0];
-        contrib_psn.read(hdr.bth.psn, c);
+        /* rule 7a: the lane's re-cuts so far move its results on (the replica table's PSN
+         * is psn0 + k) */
+        bit<64> rc;
+        conn_recut.read(rc, (bit<32>)meta.ring * NR_MAX_RANKS + (bit<32>)meta.replica);
+        if (rc[63:48] == meta.epoch) {
+            hdr.bth.psn = hdr.bth.psn + rc[47:24];
+        }
 
         bit<16> ext = 0;
         bit<8> op = meta.emit_opcode;

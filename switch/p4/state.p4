@@ -34,7 +34,6 @@ register<bit<16>>(NR_CONTRIBS)  contrib_udp;   // source port (a result's UDP ch
 register<bit<40>>(NR_CONTRIBS)  contrib_bth;   // SE|M|Pad|TVer | P_Key | byte 4 | AckReq|resv7
 register<bit<128>>(NR_CONTRIBS) contrib_reth;  // VA | R_Key | DMA length (FIRST, ONLY)
 register<bit<32>>(NR_CONTRIBS)  contrib_imm;   // ImmDt (*_WITH_IMMEDIATE)
-register<bit<24>>(NR_CONTRIBS)  contrib_psn;   // PSN (a re-cut stream's: one on, recut.p4)
 
 /* epoch(16) | shift(24) | recut_at(24) of each connection (recut.p4): valid while its epoch
  * is the ring's, so a re-registered connection starts with shift 0. */

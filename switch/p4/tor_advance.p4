@@ -27,6 +27,7 @@
         if (h[63:48] == meta.epoch && h[47:40] == SLOT_READY && h[23:0] == ne) {        \
             if (meta.emit == 0) {                                                       \
                 meta.emit = 1;                                                          \
+                meta.emit_k = ne;                                                       \
                 meta.emit_gslot = g;                                                    \
                 meta.emit_opcode = h[39:32];                                            \
                 meta.emit_words = h[31:24];                                             \

@@ -326,6 +326,11 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
             } else {
                 tor_transit_ctr.count((bit<32>)meta.ring * NR_XCTRS + NR_XCTR_FORWARDED);
                 if (whole) {          // rule 6: a served retransmission, our total may be lost
+                    /* rule 7a: its ToR verified a re-cut's empty packet before sending it
+                     * up; the entering lane's shift follows it here */
+                    meta.conn = (bit<32>)meta.ring * NR_MAX_RANKS + (bit<32>)meta.enter_lane;
+                    bit<1> empty;
+                    recut.apply(hdr, meta, k, empty);
                     recover_transit.apply(meta, k);
                 }
                 if (meta.mcast == 1) {
@@ -386,7 +391,6 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
                         contrib_eth.write(c, b[431:336]);
                         contrib_ip.write(c, b[311:304] ++ b[287:272] ++ b[271:256] ++ b[255:248]);
                         contrib_udp.write(c, b[159:144]);
-                        contrib_psn.write(c, b[23:0]);
                         contrib_bth.write(c, b[87:80] ++ b[79:64] ++ b[63:56] ++ b[31:24]);
                         if (hdr.rh_e16.isValid()) {
                             contrib_reth.write(c, hdr.rh_e16.b);

@@ -169,10 +169,13 @@ class _Model:
         return Held(opcode, np.frombuffer(raw_data[:len(raw_data) & ~3], "<i4").astype(np.int32),
                     kw, header_of(frame, len(raw_data)), raw_data)
 
-    def frame(self, rank: int, k: int, p: Held, data: Optional[np.ndarray] = None) -> bytes:
-        """Rank's packet p at k with payload `data` (default: its own)."""
+    def frame(self, rank: int, k: int, p: Held, data: Optional[np.ndarray] = None,
+              psn: Optional[int] = None) -> bytes:
+        """Rank's packet p at k with payload `data` (default: its own) and PSN `psn`
+        (default: its own)."""
+        kw = p.kw if psn is None else {**p.kw, "psn": psn}
         return write_frame(self.spec.connections[rank], k, p.opcode,
-                           p.raw if data is None else data, **p.kw)
+                           p.raw if data is None else data, **kw)
 
     def forward(self, frame: bytes, in_port: int, note: str) -> None:
         """A frame the role does not own: L2 forwarding, byte for byte."""
@@ -218,6 +221,7 @@ class TorModel(_Model):
             "rings": [{"spec": json.loads(self.spec.to_json()), "slots": slots,
                        "racks": list(racks),
                        "local_ports": {conns[r].src_ip: self.port[r] for r in self.local}}]}
+        self.shift = dict.fromkeys(range(self.n), 0)    # re-cuts seen of each rank's stream
         self.slot_tag: list[Optional[int]] = [None] * slots
         self.held: list[dict[int, Held]] = [{} for _ in range(slots)]
         self.total_of: list[Optional[tuple[np.ndarray, dict[int, Held]]]] = [None] * slots
@@ -275,6 +279,7 @@ class TorModel(_Model):
         conn["packets"] += 1
         conn["empties_forwarded"] += 1
         conn["recuts"] += recut
+        self.shift[rank] += recut
         self.ring["empties_forwarded"] += 1
         self.steps.append(Step(self.port[rank], frame, ((self.responder_port(rank), frame),),
                                note or f"rank {rank} empty at j={j}: forwarded"))
@@ -348,7 +353,8 @@ class TorModel(_Model):
                 return
             for r in self.lanes:
                 p = self.held[i][r] if r in self.local else total[1][r]
-                out.append((self.port[(r + 1) % self.n], self.frame(r, k, p, total[0])))
+                psn = (self.spec.connections[r].psn0 + self.shift[r] + k) & PSN_MASK
+                out.append((self.port[(r + 1) % self.n], self.frame(r, k, p, total[0], psn)))
             self.emitted[i] = True
             self.ring["completed"] += 1
             self.ring["results_sent"] += len(self.lanes)
@@ -419,6 +425,19 @@ class TorModel(_Model):
         else:
             self._recover(self.next_emit, out)
         return "totals"
+
+    def transit_empty(self, rank: int, j: int, *, recut: bool, note: str = "") -> None:
+        """Entering rank's empty WRITE_ONLY_WITH_IMMEDIATE at relative PSN j, sent up by its
+        own ToR: forwarded to its responder; `recut`: its later results here move one PSN
+        on (rule 7a); the partials of next_emit and k = j - re-cuts so far resent as rule 6."""
+        frame = write_frame(self.spec.connections[rank], j, WRITE_ONLY_IMM, b"",
+                            reth=(0x7F00AA000000 + j, 0x2A, 0), imm=0x900 + j, ackreq=True)
+        out = [(self.port[(rank + 1) % self.n], frame)]
+        self.transit_counts[rank]["forwarded"] += 1
+        self._recover((j - self.shift[rank]) & PSN_MASK, out)
+        self.shift[rank] += recut
+        self.steps.append(Step(UPLINK, frame, tuple(out),
+                               note or f"transit: rank {rank} empty at j={j}"))
 
     def transit(self, rank: int, k: int, *, port: int = UPLINK,
                 mangle: Callable[[bytes], bytes] = bytes, note: str = "") -> None:
@@ -681,8 +700,10 @@ def tor_retransmissions_served(s: TorModel) -> None:
 @role(TorModel, "rule 7a: rxe re-cuts a stream (docs/roce.md): an empty WRITE_ONLY of a "
             "local requester goes on untouched to its responder (the leaving one's up the "
             "uplink) and moves its later packets one PSN on; a repeat does not. Partials "
-            "carry, and results and served retransmissions rebuild, the PSN of each "
-            "rank's own contribution; an entering lane's result takes its carried PSN",
+            "carry each contribution's own header; results leave at psn0 + re-cuts + k "
+            "(an entering lane's re-cuts are the empties that passed here as transit), a "
+            "slot contributed before a re-cut and emitted after it too; served "
+            "retransmissions keep their own PSN",
             tor=0, racks=RACKS_2X2)
 def tor_recut_streams(s: TorModel) -> None:
     psn0 = [c.psn0 for c in s.spec.connections]
@@ -697,10 +718,16 @@ def tor_recut_streams(s: TorModel) -> None:
     s.write(0, 1, psn=on(0, 1, 1), expect="aggregated")
     s.write(1, 1, psn=on(1, 1, 1), expect="aggregated",
             note="rank 1 k=1 one PSN on: the partial carries that PSN")
+    s.transit_empty(3, 1, recut=True, note="entering rank 3's re-cut passes: to rank 0")
     s.total(1, carried={3: {"psn": on(3, 1, 1)}}, expect="totals",
-            note="total 1, rank 3 re-cut too: results at each contribution's PSN")
+            note="total 1: results at psn0 + 1 + 1 for ranks 0 and 3")
     s.write(0, 1, psn=on(0, 1, 1), ip_id=0x300, expect="retransmits_served")
     s.write(1, 1, psn=on(1, 1, 1), ip_id=0x301, expect="retransmits_served")
+    s.write(0, 2, psn=on(0, 2, 1), expect="aggregated", note="rank 0 k=2 before a re-cut")
+    s.empty(0, 4, recut=True, note="rank 0 re-cuts again at j=4")
+    s.write(1, 2, psn=on(1, 2, 1), expect="aggregated")
+    s.total(2, expect="totals", note="total 2: rank 0's result at psn0 + 2 + 2, not at the "
+                                     "PSN it contributed with")
 
 
 @role(TorModel, "rule 5's refusals, each leaving the slot untouched: a total for a slot "

@@ -81,6 +81,7 @@ class Scenario:
         # (ring, k) -> rank -> (opcode, payload, write_frame kwargs) of the counted contribution
         self.slots: dict[tuple[str, int], dict[int, tuple[int, np.ndarray, dict]]] = \
             defaultdict(dict)
+        self.shift: dict[tuple[str, int], int] = defaultdict(int)   # (ring, rank): re-cuts
         self.tally = {rid: {"counters": dict.fromkeys(RING_COUNTERS, 0),
                             "connections": [dict.fromkeys(CONN_COUNTERS, 0)
                                             for _ in range(s.world_size)]}
@@ -122,6 +123,7 @@ class Scenario:
                             ackreq=True)
         self._count(spec, rank, "empties_forwarded", opcode, 0)
         self.tally[spec.ring_id]["connections"][rank]["recuts"] += recut
+        self.shift[spec.ring_id, rank] += recut
         self.steps.append(Step(port_of_ip(c.src_ip), frame, ((port_of_ip(c.dst_ip), frame),),
                                note or f"rank {rank} empty at j={j}: forwarded"
                                        + (", re-cuts its stream" if recut else "")))
@@ -144,9 +146,13 @@ class Scenario:
         return wrapping_sum([p for _, p, _ in held.values()])
 
     def _results(self, spec: RingSpec, k: int) -> list[tuple[int, bytes]]:
+        """Each rank's header at k, the payload the sum, the PSN psn0 + its re-cuts + k."""
         total = self._sum(spec, k)
         held = self.slots[spec.ring_id, k]
-        return [(port_of_ip(c.dst_ip), write_frame(c, k, held[c.rank][0], total, **held[c.rank][2]))
+        return [(port_of_ip(c.dst_ip),
+                 write_frame(c, k, held[c.rank][0], total, **{
+                     **held[c.rank][2],
+                     "psn": (c.psn0 + self.shift[spec.ring_id, c.rank] + k) & 0xFFFFFF}))
                 for c in spec.connections]
 
     def _count(self, spec: RingSpec, rank: int, outcome: str, opcode: int, completed: int) -> None:
@@ -402,8 +408,9 @@ def ring3_recut_streams() -> Vector:
     s = Scenario("ring3_recut_streams",
                  "rxe re-cuts a stream (docs/roce.md): an empty WRITE_ONLY is passed on "
                  "untouched and moves its rank's later packets one PSN on (a repeat or an "
-                 "older one does not); results and served retransmissions carry the PSN of "
-                 "the rank's own contribution, the one before a re-cut too",
+                 "older one does not); results leave at psn0 + re-cuts + k, a slot "
+                 "contributed before a re-cut and emitted after it too; a served "
+                 "retransmission keeps its own PSN",
                  [(make_ring(3, msg_size=2 * MTU), 256)], hosts=3)
     ops = [WRITE_FIRST, WRITE_LAST_IMM]
     psn0 = [c.psn0 for c in s.rings[next(iter(s.rings))].connections]
@@ -426,7 +433,7 @@ def ring3_recut_streams() -> Vector:
     s.empty(1, 6, recut=True)
     s.empty(1, 2, recut=False, note="an older re-cut's empty, late")
     contribute(0, 4, 0)
-    contribute(2, 4, 0, emits=[4])        # rank 1's result at its contribution's PSN
+    contribute(2, 4, 0, emits=[4])        # rank 1's result at psn0 + 2 + 4
     contribute(1, 5, 2)
     contribute(0, 5, 0)
     contribute(2, 5, 0, emits=[5])

@@ -124,7 +124,7 @@ def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[
 def test_bmv2_follows_a_re_cut_stream(bmv2: LabSwitch, capsys: pytest.CaptureFixture[str]
                                       ) -> None:
     """As test_switch_allreduce's test_a_re_cut_stream_is_followed, through switch/p4 on
-    BMv2 (rule 7a in P4: conn_recut, results at each contribution's PSN)."""
+    BMv2 (rule 7a in P4: conn_recut, results at psn0 + shift + k)."""
     ring = check_recut_run(run_recut(4, 1, timeout=900), 4, 1)
     with capsys.disabled():
         print(f"\n[recut] bmv2: {RECUT_CALLS - 1} re-cuts of rank 1's stream followed, "

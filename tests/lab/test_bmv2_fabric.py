@@ -202,8 +202,8 @@ def test_bmv2_tors_follow_a_re_cut_stream(bmv2_fabric: LabSwitch | None,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     """As test_switch_allreduce's test_a_re_cut_stream_is_followed, through the fabric: the
     victim is the first job's leaving rank (its successor in the next rack), so its ToR
-    sends the empty packet up, the spine and the next ToR pass it on, and the partials carry
-    the re-cut PSN down to the entering connection's results (rule 7a, docs/multirack.md)."""
+    sends the empty packet up, the spine and the next ToR pass it on, and that ToR moves the
+    entering connection's results one PSN on per re-cut (rule 7a, docs/multirack.md)."""
     job = JOBS[0]
     victim = job.racks[0] - 1
     result = run_recut(job.n, victim, first_host=job.first, timeout=900)
