@@ -1,7 +1,8 @@
 /* Rule 7a of docs/pipeline.md: a re-cut stream. After a retry race (docs/roce.md) rxe sends
  * a message again as one empty WRITE_ONLY(_WITH_IMMEDIATE) at the next PSN and every later
  * packet one PSN late. Shared by the single switch (aggregate.p4) and the ToR
- * (tor_ingress.p4), as the software target's ConnEntry.follow_recut and slot mapping.
+ * (tor_ingress.p4, its transit path too), as the software target's Recut.follow and slot
+ * mapping (switch/dataplane/pipeline.py).
  *
  * A verified packet of connection meta.conn at relative PSN j = PSN - psn0 is slot
  * k = j - shift; an empty ONLY (`empty` = 1; the caller passes it on untouched) adds one to
