@@ -144,6 +144,11 @@ def parse(frame: memoryview | bytes) -> Optional[RoceFields]:
             ack_psn & PSN_MASK, frag)
 
 
+def payload_len(udp_len: int, opcode: int, pad: int) -> int:
+    """The payload bytes a RoCE packet's UDP length leaves for opcode's headers and pad."""
+    return udp_len - UDP_OVERHEAD - EXT_LEN[opcode] - pad
+
+
 def is_fragment(frag: int) -> bool:
     """Is a packet whose IPv4 flags|fragment offset word is `frag` a fragment (MF or offset)?"""
     return bool(frag & (IPV4_MF | IPV4_FRAG_OFFSET))

@@ -21,9 +21,9 @@ import numpy as np
 from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, OUTCOMES, PSN_MASK,
                              RING_COUNTERS, Connection, RingSpec, check_ring)
 from switch.dataplane.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, ONLY_WRITES,
-                                      PSN_OFF, UDP_CSUM_OFF, UDP_OFF, UDP_OVERHEAD, WRITE_OPCODES,
-                                      conn_key, icrc_after, icrc_state, icrc_valid, icrcs,
-                                      ipv4_header_ok, is_fragment, parse, reth)
+                                      PSN_OFF, UDP_CSUM_OFF, UDP_OFF, WRITE_OPCODES, conn_key,
+                                      icrc_after, icrc_state, icrc_valid, icrcs, ipv4_header_ok,
+                                      is_fragment, parse, payload_len, reth)
 
 if TYPE_CHECKING:
     from switch.dataplane.ports import Emit  # the hook contract: parts valid only during the call
@@ -359,7 +359,7 @@ class AggregationPipeline:
             outcome = "drop_bad_opcode"
         else:
             hdr_end = EXT_OFF + EXT_LEN[opcode]
-            plen = udp_len - UDP_OVERHEAD - EXT_LEN[opcode] - pad
+            plen = payload_len(udp_len, opcode, pad)
             if pad or plen & 3 or not 0 <= plen <= pool.mtu or UDP_OFF + udp_len > len(frame):
                 outcome = "drop_bad_length"
             elif not icrc_valid(frame, hdr_end, hdr_end + plen,

@@ -28,8 +28,8 @@ from switch.contract import (DEFAULT_SLOTS, MAX_RACKS, MAX_RANKS, PSN_MASK, TOR_
                              TRANSIT_COUNTERS, Connection, RingSpec, required_slots)
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag
-from switch.dataplane.packets import (BTH_OFF, EXT_LEN, EXT_OFF, ONLY_WRITES, UDP_OVERHEAD,
-                                      conn_key, icrc_state, parse)
+from switch.dataplane.packets import (BTH_OFF, EXT_LEN, EXT_OFF, ONLY_WRITES, conn_key,
+                                      icrc_state, parse, payload_len)
 from switch.dataplane.pipeline import (EMPTY, PSN_HALF, AggregationPipeline, AggregatorPool,
                                        ConnEntry, Recut, connection_entries)
 
@@ -338,7 +338,7 @@ class TorPipeline(AggregationPipeline):
             entry.counts["forwarded"] += 1
             j = (psn - entry.psn0) & PSN_MASK
             k = (j - entry.recut.shift) & PSN_MASK
-            if opcode in ONLY_WRITES and udp_len - UDP_OVERHEAD - EXT_LEN[opcode] - pad == 0:
+            if opcode in ONLY_WRITES and payload_len(udp_len, opcode, pad) == 0:
                 entry.recut.follow(j)                   # a re-cut's empty packet (rule 7a)
             if isinstance(entry.pool, RackPool):   # a served retransmission: our total may
                 entry.pool.recover(k, emit)        # have been lost

@@ -59,8 +59,8 @@ import numpy as np
 
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from rcmodel.sim import Simulation
-from switch.dataplane.packets import (BTH_OFF, EXT_OFF, ICRC_LEN, IP_OFF, UDP_OFF, UDP_OVERHEAD,
-                                      EXT_LEN, Op, build_frame, icrc, parse, reth)
+from switch.dataplane.packets import (BTH_OFF, EXT_OFF, ICRC_LEN, IP_OFF, UDP_OFF, EXT_LEN, Op,
+                                      build_frame, icrc, parse, payload_len, reth)
 from switch.contract import PSN_MASK
 
 MAX_UNACKED_PSNS = 129          # comp.psn .. comp.psn + RXE_MAX_UNACKED_PSNS (128)
@@ -351,7 +351,7 @@ class QP:
             self._ack(AETH_ACK, (self.ack_psn - 1) & PSN_MASK)
             return
         self.sent_psn_nak = False
-        plen = udp_len - UDP_OVERHEAD - EXT_LEN[opcode] - pad
+        plen = payload_len(udp_len, opcode, pad)
         nak = self._check_request(frame, opcode, plen)
         if nak is not None:
             self.error = True
