@@ -45,7 +45,8 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
-from conformance.vectors import BROADCAST, MTU, SEND_ONLY, flip, port_of_ip, resigned
+from conformance.vectors import (BROADCAST, MTU, SEND_ONLY, empty_frame, flip, port_of_ip,
+                                 resigned)
 from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
                          WRITE_ONLY, WRITE_ONLY_IMM, make_ring, wrapping_sum, write_frame)
 from switch.contract import (CONN_COUNTERS, LANE_OUTCOMES, PSN_MASK, RING_COUNTERS,
@@ -273,8 +274,7 @@ class TorModel(_Model):
         """Rank's empty WRITE_ONLY_WITH_IMMEDIATE at relative PSN j (rxe's re-cut stream,
         rule 7a): on to its responder untouched; `recut`: it moves the rank's later packets
         one PSN on (the author gives them `psn=`)."""
-        frame = write_frame(self.spec.connections[rank], j, WRITE_ONLY_IMM, b"",
-                            reth=(0x7F00AA000000 + j, 0x2A, 0), imm=0x900 + j, ackreq=True)
+        frame = empty_frame(self.spec.connections[rank], j)
         conn = self.conn[rank]
         conn["packets"] += 1
         conn["empties_forwarded"] += 1
@@ -430,8 +430,7 @@ class TorModel(_Model):
         """Entering rank's empty WRITE_ONLY_WITH_IMMEDIATE at relative PSN j, sent up by its
         own ToR: forwarded to its responder; `recut`: its later results here move one PSN
         on (rule 7a); the partials of next_emit and k = j - re-cuts so far resent as rule 6."""
-        frame = write_frame(self.spec.connections[rank], j, WRITE_ONLY_IMM, b"",
-                            reth=(0x7F00AA000000 + j, 0x2A, 0), imm=0x900 + j, ackreq=True)
+        frame = empty_frame(self.spec.connections[rank], j)
         out = [(self.port[(rank + 1) % self.n], frame)]
         self.transit_counts[rank]["forwarded"] += 1
         self._recover((j - self.shift[rank]) & PSN_MASK, out)

@@ -24,7 +24,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
-from switch.contract import CONN_COUNTERS, RING_COUNTERS, RingSpec
+from switch.contract import CONN_COUNTERS, RING_COUNTERS, Connection, RingSpec
 from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
                          WRITE_ONLY, WRITE_ONLY_IMM, lab_port, mac_ports, make_ring,
                          wrapping_sum, write_frame)
@@ -65,6 +65,13 @@ def udp_checksum(value: int) -> Callable[[bytes], bytes]:
     def mangled(frame: bytes) -> bytes:
         return frame[:40] + value.to_bytes(2, "big") + frame[42:]
     return mangled
+
+
+def empty_frame(c: Connection, j: int, opcode: int = WRITE_ONLY_IMM) -> bytes:
+    """Connection c's empty WRITE_ONLY(_WITH_IMMEDIATE) at relative PSN j: what rxe sends
+    when it re-cuts its stream after a retry race (docs/roce.md, pipeline.md rule 7a)."""
+    return write_frame(c, j, opcode, b"", reth=(0x7F00AA000000 + j, 0x2A, 0), imm=0x900 + j,
+                       ackreq=True)
 
 
 class Scenario:
@@ -119,8 +126,7 @@ class Scenario:
         untouched to its responder; `recut`: it moves the rank's later packets one PSN on."""
         spec = self.rings[next(iter(self.rings))]
         c = spec.connections[rank]
-        frame = write_frame(c, j, opcode, b"", reth=(0x7F00AA000000 + j, 0x2A, 0), imm=0x900 + j,
-                            ackreq=True)
+        frame = empty_frame(c, j, opcode)
         self._count(spec, rank, "empties_forwarded", opcode, 0)
         self.tally[spec.ring_id]["connections"][rank]["recuts"] += recut
         self.shift[spec.ring_id, rank] += recut
