@@ -1,16 +1,16 @@
 /* Rules 2-7 of docs/pipeline.md for one packet of a registered connection: checks (port,
  * IPv4 checksum and fragment, opcode, length, ICRC: verify before adding), then an empty
  * ONLY re-cuts the stream and goes on untouched (rule 7a, NrRecut), and any other packet's
- * slot (k mod N) takes its contribution, serves it as a retransmission, or drops it. Counts every outcome in ring_ctr and conn_ctr, exactly as the software
- * target's AggregationPipeline.process does.
+ * slot (k mod N) takes its contribution, serves it as a retransmission, or drops it.
+ * Counts every outcome in ring_ctr and conn_ctr, exactly as the software target's
+ * AggregationPipeline.process does.
  *
  * The checks are NrVerify's (verify.p4), the addition NrContribute's (contribute.p4).
  * Needs meta.ring, rank, psn0, in_port, out_port (conn_table) and epoch, slot_mask
  * (ring_table). Leaves meta.served = 1 when the packet goes back out as a served
  * retransmission (egress_spec set, payload replaced by the sums) or a re-cut's empty
- * packet (egress_spec set, untouched); any other packet is
- * consumed (contributed or dropped) and, if it was parsed whole, free to carry an
- * emission (NrEmit).
+ * packet (egress_spec set, untouched); any other packet is consumed (contributed or
+ * dropped) and, if it was parsed whole, free to carry an emission (NrEmit).
  */
 #ifndef NR_AGGREGATE_P4
 #define NR_AGGREGATE_P4
