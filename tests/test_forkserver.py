@@ -138,6 +138,26 @@ def test_modules_run_as_main_and_stop_with_their_process_group(servers: Path) ->
     assert leftovers.stdout == ""          # the grandchild went with the group
 
 
+def test_a_warm_command_may_keep_its_stderr_apart(servers: Path, tmp_path: Path) -> None:
+    """Given a descriptor for stderr, the stdout pipe carries stdout alone (what a caller
+    parses, e.g. switch.ctl's JSON) and stderr lands where it was sent."""
+    err = tmp_path / "err"
+    with open(err, "wb") as f:
+        p = F.WarmProcess(str(servers / "local.sock"),
+                          [PY, "-m", "json.tool", "--no-such-flag"],
+                          dict(os.environ), stderr=f.fileno())
+    out = p.stdout.read()
+    assert p.wait(timeout=30) == 2
+    assert out == b"" and b"unrecognized arguments: --no-such-flag" in err.read_bytes()
+    with open(err, "wb") as f:
+        script = tmp_path / "both.py"
+        script.write_text("import sys; print('{\"a\": 1}'); print('noise', file=sys.stderr)")
+        p = F.WarmProcess(str(servers / "local.sock"), [PY, str(script)], dict(os.environ),
+                          stderr=f.fileno())
+    assert json.loads(p.stdout.read()) == {"a": 1} and p.wait(timeout=30) == 0
+    assert err.read_bytes() == b"noise\n"
+
+
 def test_what_cannot_run_warm_starts_cold_logged_and_counted(
         servers: Path, caplog: pytest.LogCaptureFixture) -> None:
     result, text = warm(servers, ["/bin/echo", "hi"], 2)

@@ -356,14 +356,16 @@ def serve(path: str, preload: tuple[str, ...] = DEFAULT_PRELOAD,
 class WarmProcess:
     """A command forked by a fork server, with `subprocess.Popen`'s surface that
     netreduce.tools.launch uses: pid (its session and process group), stdout (a pipe
-    carrying its stdout and stderr), poll(), wait(), returncode."""
+    carrying its stdout, and its stderr unless another descriptor is given), poll(), wait(),
+    returncode."""
 
     def __init__(self, socket_path: str, argv: list[str], env: Mapping[str, str],
                  cwd: str | None = None, netns: str | None = None,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, stderr: int | None = None) -> None:
         """`netns`: the named network namespace (its /run/netns/NAME) the command must run in:
         a server in any other one (e.g. one started before the host was set up again)
-        refuses, one started with --enter-netns forks a child that enters it."""
+        refuses, one started with --enter-netns forks a child that enters it. `stderr`: a
+        descriptor for the command's stderr (None: the `stdout` pipe carries both)."""
         self.returncode: int | None = None
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.settimeout(connect_timeout)
@@ -375,7 +377,7 @@ class WarmProcess:
                                "cwd": cwd or os.getcwd(), "netns": netns}).encode()
             self._conn.sendmsg([_HEADER.pack(len(data))],
                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                 array.array("i", [devnull, w, w]))])
+                                 array.array("i", [devnull, w, w if stderr is None else stderr]))])
             self._conn.sendall(data)
             answer = self._read()
         except BaseException:

@@ -6,11 +6,19 @@ controller answers at $NR_CONTROLLER from the hosts' namespaces (docs/pipeline.m
 from __future__ import annotations
 
 import json
+import logging
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from netreduce.tools.forkserver import NETNS_DIR, Refused, WarmProcess
+
+log = logging.getLogger(__name__)
 
 CONTROLLER = os.environ.get("NR_CONTROLLER", "10.77.0.254:50051")
 HOSTS = int(os.environ.get("NR_LAB_HOSTS", "0"))
@@ -33,13 +41,64 @@ def run_in_host(i: int, *cmd: str, timeout: float = 120, check: bool = True) -> 
     return p
 
 
+def python_in_host(i: int, *args: str, timeout: float = 120,
+                   check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in host hI, forked by that host's fork server ($NR_FORKSERVERS/hI.sock,
+    scripts/lab_forkservers.sh), whose imports (grpc and switch.ctl among them) are paid once
+    per boot: a cold `python -m switch.ctl` costs 10-17 s of the lab's emulated CPU, a fork
+    well under one. Without a server (or refused by it: logged) it starts cold. Its stdout
+    and stderr come apart, as with run_in_host; past `timeout` its process group is killed
+    and subprocess.TimeoutExpired raised."""
+    cmd = [sys.executable, *args]
+    servers = os.environ.get("NR_FORKSERVERS", "")
+    sock = os.path.join(servers, f"h{i}.sock")
+    if not servers or not os.path.exists(sock):
+        log.warning("h%d: no fork server at %r: %s starts cold", i, sock, " ".join(args))
+        return run_in_host(i, *cmd, timeout=timeout, check=check)
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = WarmProcess(sock, cmd, dict(os.environ), netns=str(NETNS_DIR / f"h{i}"),
+                               stderr=err.fileno())
+        except (Refused, OSError) as e:
+            log.warning("h%d: the fork server %s cannot run %s (%s): it starts cold", i, sock,
+                        " ".join(args), e)
+            return run_in_host(i, *cmd, timeout=timeout, check=check)
+        out = _read_until_eof(proc, timeout, cmd)
+        code = proc.wait(timeout=10)
+        err.seek(0)
+        p = subprocess.CompletedProcess(cmd, code, out.decode(errors="replace"),
+                                        err.read().decode(errors="replace"))
+    if check and p.returncode != 0:
+        raise AssertionError(f"h{i}: {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def _read_until_eof(proc: WarmProcess, timeout: float, cmd: list[str]) -> bytes:
+    """All of `proc`'s stdout; its process group killed past `timeout`."""
+    end = time.monotonic() + timeout
+    chunks = []
+    with proc.stdout:
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
 def rxe_counter(i: int, name: str) -> int:
     return int(Path(f"/sys/class/infiniband/rxe{i}/ports/1/hw_counters/{name}").read_text())
 
 
 def switch_counters() -> dict:
     """The switch's counters, asked from h0 over the lab network through the switch itself."""
-    p = run_in_host(0, sys.executable, "-m", "switch.ctl", "--addr", CONTROLLER, "counters")
+    p = python_in_host(0, "-m", "switch.ctl", "--addr", CONTROLLER, "counters")
     return json.loads(p.stdout)
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.lab.labhosts import CONTROLLER, in_host
+from tests.lab.labhosts import CONTROLLER, python_in_host
 
 KINDS = ("soft", "bmv2", "racks")   # racks: "racks:R[:PCT]", the two-tier fabric (lab.sh --racks)
 RESTART_TIMEOUT = 180.0      # s: stop, (first bmv2 start: compile switch/p4), start, Ping
@@ -167,13 +166,12 @@ def _ping(kind: str, deadline: float) -> str:
             raise LabSwitchError(f"restart_switch({kind!r}): the {kind} switch is up but its "
                                  f"controller at {CONTROLLER} does not answer Ping from h0: "
                                  f"{last}")
-        cmd = in_host(0, sys.executable, "-m", "switch.ctl", "--addr", CONTROLLER,
-                      "--timeout", "5", "ping")
         try:
-            # the whole time left: a cold `python -m switch.ctl` took 10-17 s in an idle lab,
-            # and beside 4 busy torch ranks none of six 30 s attempts finished; an attempt
-            # stopped early only wastes its imports (the RPC itself gives up after 5 s)
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+            # forked by h0's fork server (its imports paid); the whole time left: a cold
+            # `python -m switch.ctl` took 10-17 s in an idle lab, and beside 4 busy torch
+            # ranks none of six 30 s attempts finished (the RPC itself gives up after 5 s)
+            p = python_in_host(0, "-m", "switch.ctl", "--addr", CONTROLLER, "--timeout", "5",
+                               "ping", timeout=left, check=False)
         except subprocess.TimeoutExpired:
             last = "switch.ctl ping did not return in time"
             continue

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from typing import Iterator
 
@@ -20,7 +19,7 @@ import pytest
 from conftest import IN_LAB, UNDER_CI
 from flowctl.plan import FlowConfig
 from netreduce.tools.launch import LaunchResult
-from tests.lab.labhosts import run_in_host, switch_counters
+from tests.lab.labhosts import python_in_host, switch_counters
 from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, restart_switch,
                                  use_switch)
 from tests.lab.test_allreduce import lines, run_worker
@@ -66,7 +65,7 @@ def bmv2() -> Iterator[LabSwitch | None]:
 def test_the_lab_switch_is_bmv2_and_publishes_its_limits(bmv2: LabSwitch) -> None:
     """The restarted switch is BMv2, fresh (no ring) and its Ping carries limits.p4's."""
     assert (bmv2.kind, bmv2.target) == ("bmv2", "bmv2")
-    p = run_in_host(0, sys.executable, "-m", "switch.ctl", "ping")
+    p = python_in_host(0, "-m", "switch.ctl", "ping")
     limits = json.loads(p.stdout)["limits"]
     assert limits["path_mtus"] == [BMV2_PATH_MTU] and limits["max_slots"] == 256, limits
     assert limits["free_rings"] == limits["max_rings"] == 4, limits

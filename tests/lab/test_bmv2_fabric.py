@@ -29,7 +29,7 @@ import pytest
 
 from conftest import UNDER_CI
 from netreduce.tools.launch import LaunchResult
-from tests.lab.labhosts import HOSTS, run_in_host
+from tests.lab.labhosts import HOSTS, python_in_host
 from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, restart_switch,
                                  use_switch)
 from tests.lab.test_allreduce import run_worker
@@ -182,7 +182,7 @@ def test_two_jobs_at_once_through_bmv2_tors_and_spine(bmv2_fabric: LabSwitch | N
     per ring, 4 rings, BMv2's pace); both jobs' rings sit on every switch at once, int32
     and float32 of 1, 1000 and 16385 elements (slots reused) exact, each ring's counters
     its own packets only, once per tier."""
-    limits = json.loads(run_in_host(0, sys.executable, "-m", "switch.ctl", "ping").stdout
+    limits = json.loads(python_in_host(0, "-m", "switch.ctl", "ping").stdout
                         )["limits"]
     assert (limits["path_mtus"], limits["max_slots"]) == ([256], 256), limits
     assert limits["max_rings"] == limits["free_rings"] == 4, limits

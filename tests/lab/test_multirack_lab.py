@@ -13,7 +13,6 @@ show that each ToR's partials crossed its spine link (one per slot, a few more u
 from __future__ import annotations
 
 import json
-import sys
 from typing import Iterator
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from conftest import UNDER_CI
 from flowctl.plan import FlowConfig
 from netreduce.tools.launch import LaunchResult
-from tests.lab.labhosts import HOSTS, run_in_host, switch_counters
+from tests.lab.labhosts import HOSTS, python_in_host, switch_counters
 from tests.lab.labswitch import available_switches, current_switch, restart_switch, use_switch
 from tests.lab.test_allreduce import lines, run_worker
 from tests.lab.test_bmv2_allreduce import inc_config
@@ -56,7 +55,7 @@ def fabric() -> Iterator[None]:
 def test_the_fabric_publishes_its_pace(fabric: None) -> None:
     """The job's one controller address answers Ping with the fabric's limits: rings of
     up to 32 ranks per ToR, and the fabric's ACK timeout (tools/fabric_lab.py)."""
-    p = run_in_host(0, sys.executable, "-m", "switch.ctl", "ping")
+    p = python_in_host(0, "-m", "switch.ctl", "ping")
     limits = json.loads(p.stdout)["limits"]
     assert limits["ack_timeout"] == FABRIC_ACK_TIMEOUT == 16, limits
     assert limits["max_ranks"] == 32 * RACKS and 4096 in limits["path_mtus"], limits
@@ -193,7 +192,7 @@ def test_fabric_with_a_bmv2_spine(fabric: None, capsys: pytest.CaptureFixture[st
     n = min(WORLDS)          # 2 + 2 in the CI boot, the uneven 3 + 2 in a boot of 6 hosts
     restart_switch(f"racks:{RACKS}:0:bmv2")
     try:
-        limits = json.loads(run_in_host(0, sys.executable, "-m", "switch.ctl", "ping").stdout
+        limits = json.loads(python_in_host(0, "-m", "switch.ctl", "ping").stdout
                             )["limits"]
         assert limits["path_mtus"] == [256], limits
         assert (limits["max_in_flight"], limits["ack_timeout"]) == (32, 18), limits
