@@ -33,11 +33,11 @@ lab_rc=0
 for lab in $labs; do
   case $lab in
     a) stage "test: lab A, 4 hosts (one boot)" "$ROOT/scripts/lab.sh" --hosts 4 \
-         -- python -m pytest -q -rs --durations=45 -m lab --ignore=tests/lab/test_bmv2_fabric.py \
+         -- env COLUMNS=300 python -m pytest -q -rfEs --durations=45 -m lab --ignore=tests/lab/test_bmv2_fabric.py \
          tests/lab "$@" || lab_rc=1
        boots=.lab/boots ;;
     c) stage "test: lab C, 6 hosts in 2 racks (one boot)" "$ROOT/scripts/lab.sh" --name nrlab6 \
-         --racks 2 --hosts 6 -- python -m pytest -q -rs --durations=8 -m lab \
+         --racks 2 --hosts 6 -- env COLUMNS=300 python -m pytest -q -rfEs --durations=8 -m lab \
          -k "not one_percent_loss and not a_bmv2_spine" tests/lab/test_multirack_lab.py \
          tests/lab/test_bmv2_fabric.py "$@" || lab_rc=1
        boots=.lab-nrlab6/boots ;;

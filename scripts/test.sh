@@ -17,6 +17,20 @@ if [ -z "${NR_STAGES:-}" ]; then            # the caller (.ci/run) prints the ta
   export NR_STAGES; NR_STAGES=$(mktemp)
   trap 'stages_table; rm -f "$NR_STAGES"' EXIT
 fi
+# Every pytest run's lines also go to TESTLOG, and the failures' short summaries (pytest -rfE,
+# 300 columns wide) are printed again at the end, where the tail of a long run shows them
+# (a lab prints its switch's log and counters after its tests).
+TESTLOG=$(mktemp)
+export COLUMNS=300
+logged() { "$@" 2>&1 | tee -a "$TESTLOG"; }
+failures() {
+  local lines
+  lines=$(grep -E '^(\[lab .\] )?(FAILED|ERROR) ' "$TESTLOG" | cut -c1-1000 || true)
+  rm -f "$TESTLOG"
+  [ -n "$lines" ] || return 0
+  printf '\ntest.sh: what failed (each line is pytest'"'"'s summary; the tests'"'"' own lines are above):\n%s\n' \
+    "$lines" >&2
+}
 
 with_p4=false p4c_pids=""
 if [ "${CI:-}" = true ] || { command -v p4c && command -v simple_switch_grpc; } >/dev/null; then
@@ -40,18 +54,19 @@ fi
 # Lab A from the start, beside p4c and the unit tests (alone, its VM waits on timers, restarts
 # and RC retries a third of its time: docs/tests.md, "CI time"); its lines come prefixed
 # "[lab A] ". Its BMv2 switches wait for p4c's builds (compile_program's lock).
-( set -o pipefail; "$ROOT/scripts/lab_suites.sh" a "$@" 2>&1 | sed -u 's/^/[lab A] /' ) &
+( set -o pipefail; "$ROOT/scripts/lab_suites.sh" a "$@" 2>&1 | sed -u 's/^/[lab A] /' \
+  | tee -a "$TESTLOG" ) &
 lab_a_pid=$!
 
 # The unit run holds the conformance vectors of both targets (tests/test_conformance.py):
 # software always, BMv2 when p4c and BMv2 are there (under CI=true they fail, never skip,
-# without them: tests/p4tools.py). Skips are listed (-rs). Three pytest-xdist workers, a
+# without them: tests/p4tools.py). Failures, errors and skips are listed (-rfEs). Three pytest-xdist workers, a
 # file each at a time (--dist loadfile keeps tests/conftest.py's order within a file): the
 # unit tests mostly wait (sockets, timers, subprocesses), 528 s in one process against
 # 207 s in three (docs/tests.md).
 # (a unit failure does not stop the run: the labs still run, and the exit code says it)
 unit_rc=0
-stage "test: unit tests, conformance on both targets" "$PY" -m pytest -q -rs -n 3 --dist loadfile \
+stage "test: unit tests, conformance on both targets" logged "$PY" -m pytest -q -rfEs -n 3 --dist loadfile \
   -m "not lab" tests "$@" \
   || unit_rc=$?
 p4c_rc=0
@@ -61,6 +76,7 @@ done
 if [ "$p4c_rc" != 0 ]; then
   echo "test.sh: p4c failed to compile switch/p4 (build/p4*/p4c.log): no lab C" >&2
   wait "$lab_a_pid" || true
+  failures
   exit 1
 fi
 $with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and the BMv2 conformance vectors did not run (scripts/install.sh --p4 ...; CI never passes without them)"
@@ -72,8 +88,9 @@ $with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and
 [ "$unit_rc" = 0 ] || echo "test.sh: the unit tests failed (rc $unit_rc): see above" >&2
 lab_a_rc=0 lab_c_rc=0
 wait "$lab_a_pid" || lab_a_rc=$?
-( set -o pipefail; "$ROOT/scripts/lab_suites.sh" c "$@" 2>&1 | sed -u 's/^/[lab C] /' ) \
-  || lab_c_rc=$?
+( set -o pipefail; "$ROOT/scripts/lab_suites.sh" c "$@" 2>&1 | sed -u 's/^/[lab C] /' \
+  | tee -a "$TESTLOG" ) || lab_c_rc=$?
 [ "$lab_a_rc" = 0 ] || echo "test.sh: lab A failed: see its lines ([lab A] ...) above" >&2
 [ "$lab_c_rc" = 0 ] || echo "test.sh: lab C failed: see its lines ([lab C] ...) above" >&2
+failures
 [ "$unit_rc" = 0 ] && [ "$lab_a_rc" = 0 ] && [ "$lab_c_rc" = 0 ]
