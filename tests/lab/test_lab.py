@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labhosts import (HOSTS, ROOT, host_ip, in_host, port_counter, run_in_host,
-                                rxe_counter, switch_counters)
+from tests.lab.labhosts import (HOSTS, ROOT, host_ip, in_host, port_counter, python_in_host,
+                                run_in_host, rxe_counter, switch_counters)
 
 pytestmark = pytest.mark.lab
 
@@ -117,8 +118,9 @@ def test_the_controller_takes_the_token_only_over_tls() -> None:
 
 def test_setup_rxe_is_idempotent_and_reports_status() -> None:
     """up twice changes nothing; down + up restores the same hosts; status lists them all.
-    down stops what ran in the hosts' namespaces (the lab's fork servers, which would keep
-    the old namespaces and their NICs alive); the fork servers are started again after."""
+    down stops what ran in the hosts' namespaces (a process left in h0, which would keep the
+    old namespace and its NIC alive); the lab's fork server, outside the hosts' namespaces
+    (scripts/lab_forkservers.sh), serves the new ones without a restart."""
     setup = str(ROOT / "scripts" / "setup_rxe.sh")
     nics = [a for i in range(HOSTS) for a in ("--nic", f"{i}=02:4e:52:00:00:{i + 1:02x}")]
     status0 = subprocess.run([setup, "status"], capture_output=True, text=True, check=True).stdout
@@ -129,14 +131,20 @@ def test_setup_rxe_is_idempotent_and_reports_status() -> None:
     again = subprocess.run(up, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert again.stdout == status0
-    down = subprocess.run([setup, "down"], capture_output=True, text=True)
-    assert down.returncode == 0, down.stderr
-    assert "stopping the processes left in h0" in down.stderr        # h0's fork server
+    left = subprocess.Popen(in_host(0, "sleep", "600"))
+    try:
+        down = subprocess.run([setup, "down"], capture_output=True, text=True)
+        assert down.returncode == 0, down.stderr
+        stopped = re.search(r"stopping the processes left in h0: (.*)", down.stderr)
+        assert stopped and str(left.pid) in stopped[1].split(), down.stderr
+        assert left.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        left.kill()
     assert subprocess.run([setup, "status"], capture_output=True, text=True).stdout.strip() \
         .endswith("(no lab hosts)")
     back = subprocess.run(up, capture_output=True, text=True)
     assert back.returncode == 0, back.stderr
     assert back.stdout == status0
     run_in_host(0, "ping", "-c", "1", "-W", "5", host_ip(1))
-    subprocess.run([str(ROOT / "scripts" / "lab_forkservers.sh"), "start", str(HOSTS)],
-                   check=True, timeout=900)
+    # forked into the new h0 by the server that served the old one: the controller answers
+    assert json.loads(python_in_host(0, "-m", "switch.ctl", "ping").stdout)["target"]
