@@ -57,7 +57,7 @@ def python_in_host(i: int, *args: str, timeout: float = 120,
         return run_in_host(i, *cmd, timeout=timeout, check=check)
     with tempfile.TemporaryFile() as err:
         try:
-            proc = WarmProcess(sock, cmd, dict(os.environ), netns=str(NETNS_DIR / f"h{i}"),
+            proc = WarmProcess(sock, cmd, dict(os.environ), netns=os.path.join(NETNS_DIR, f"h{i}"),
                                stderr=err.fileno())
         except (Refused, OSError) as e:
             log.warning("h%d: the fork server %s cannot run %s (%s): it starts cold", i, sock,
