@@ -322,6 +322,13 @@ def test_compile_runs_p4c_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert p4program.compile_program(out) == build_paths(out)       # up to date: no p4c
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls == [" ".join(p4program.compile_command(out)[1:])]
+    # a build whose stamp is another input's (a copy from before a source change, whatever
+    # its files' times) is compiled again
+    (out / p4program.INPUTS_FILE).write_text("0" * 64 + "\n")
+    os.utime(out / "netreduce.json")
+    assert p4program.compile_program(out) == build_paths(out)
+    assert len((tmp_path / "calls").read_text().splitlines()) == 2
+    assert (out / p4program.INPUTS_FILE).read_text().strip() == p4program.inputs_digest(out)
     fake_tool(tmp_path, "p4c", 'echo "netreduce.p4(3): syntax error" >&2; exit 1')
     with pytest.raises(RuntimeError, match="syntax error"):
         p4program.compile_program(tmp_path / "other")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import re
 import shutil
 import subprocess
@@ -253,11 +254,26 @@ def compile_command(out_dir: Path, main: Path = MAIN) -> list[str]:
             "-o", str(out_dir), str(main)]
 
 
+def inputs_digest(out_dir: Path, main: Path = MAIN) -> str:
+    """What a build is made from: the SHA-256 of p4c's command line and of every switch/p4
+    source (name and bytes), written beside the build (INPUTS_FILE)."""
+    h = hashlib.sha256("\0".join(compile_command(out_dir, main)).encode())
+    for src in sorted(P4_DIR.glob("*.p4")):
+        h.update(f"\0{src.name}\0".encode())
+        h.update(src.read_bytes())
+    return h.hexdigest()
+
+
+#: in a build directory: inputs_digest() of the build there
+INPUTS_FILE = "inputs.sha256"
+
+
 def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN) -> Build:
     """Compile the program `main` (switch/p4/netreduce.p4, or spine.p4 / tor.p4 into its own
-    out_dir, e.g. DEFAULT_SPINE_BUILD / DEFAULT_TOR_BUILD) with p4c into out_dir (skipped when the outputs are
-    newer than every source); p4c's messages go to `log`; RuntimeError carries them on a
-    failure.
+    out_dir, e.g. DEFAULT_SPINE_BUILD / DEFAULT_TOR_BUILD) with p4c into out_dir, skipped when
+    out_dir holds a build of the same inputs (`inputs_digest`: the sources' bytes, not their
+    times, so a copied or restored build is never taken for a fresh one); p4c's messages go to
+    `log`; RuntimeError carries them on a failure.
     One compile at a time per out_dir (a lock file in it): a caller that comes while another
     process compiles waits for it and then finds the build fresh, so a test run may start
     p4c in the background and let the tests that need the build wait for it."""
@@ -268,12 +284,15 @@ def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN) -> Build:
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".compile.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        newest_source = max(p.stat().st_mtime for p in P4_DIR.glob("*.p4"))
-        if all(p.exists() and p.stat().st_mtime > newest_source
-               for p in (b.json, b.p4info, b.log)):
+        digest, stamp = inputs_digest(out_dir, main), out_dir / INPUTS_FILE
+        if all(p.exists() for p in (b.json, b.p4info, b.log)) and stamp.exists() \
+                and stamp.read_text().strip() == digest:
             return b
+        stamp.unlink(missing_ok=True)
         run = subprocess.run(compile_command(out_dir, main), capture_output=True, text=True)
         b.log.write_text(run.stdout + run.stderr)
+        if run.returncode == 0:
+            stamp.write_text(digest + "\n")
     if run.returncode != 0:
         raise RuntimeError(f"p4c failed ({run.returncode}):\n{run.stdout}{run.stderr}")
     return b
