@@ -36,8 +36,15 @@ def in_host(i: int, *cmd: str) -> list[str]:
 
 def run_in_host(i: int, *cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
     p = subprocess.run(in_host(i, *cmd), capture_output=True, text=True, timeout=timeout)
+    return _checked(i, cmd, p, check)
+
+
+def _checked(i: int, words: tuple[str, ...], p: subprocess.CompletedProcess[str],
+             check: bool) -> subprocess.CompletedProcess[str]:
+    """`p`, or AssertionError naming host hI, `words` and all `p` said when `check` and it
+    failed."""
     if check and p.returncode != 0:
-        raise AssertionError(f"h{i}: {' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        raise AssertionError(f"h{i}: {' '.join(words)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
 
 
@@ -68,9 +75,7 @@ def python_in_host(i: int, *args: str, timeout: float = 120,
         err.seek(0)
         p = subprocess.CompletedProcess(cmd, code, out.decode(errors="replace"),
                                         err.read().decode(errors="replace"))
-    if check and p.returncode != 0:
-        raise AssertionError(f"h{i}: {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
-    return p
+    return _checked(i, args, p, check)
 
 
 def _read_until_eof(proc: WarmProcess, timeout: float, cmd: list[str]) -> bytes:
