@@ -52,10 +52,11 @@ from flowctl.stream import Stream
 from flowctl.stream import FlowError, StallError
 from netreduce.algorithms import Algorithm, CallContext
 from netreduce.algorithms.ring import RING
-from netreduce.algorithms.switch import SWITCH
+from netreduce.algorithms.switch import SWITCH, inline_result
 from netreduce.away import Backoff, Rejoiner, SwitchAway, settle_plan
-from netreduce.meta import (REJOIN, CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
-                            check_agreement, check_dtype, check_op, control_bytes)
+from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange,
+                            SwitchNotAggregating, check_agreement, check_dtype, check_op,
+                            control_bytes)
 from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, LeaseKeeper, SwitchStatus,
                                     SwitchRegistrationError, fit_inc_ring, register_inc_ring,
@@ -163,6 +164,7 @@ class Communicator:
         self._away: str | None = None         # why the switch is away (None: it is not)
         self._away_at = (0, 0.0)              # the call settled and when, for the log
         self._last_switch: _SwitchCall | None = None   # wire words that may be needed
+        self._began: CallMeta | None = None   # this rank's record of the last call it began
         self._inc_busy = False                # a transfer on "inc" is under way
         self._generation = 0                  # "inc" rings built again
         self._backoff = Backoff()
@@ -382,36 +384,45 @@ class Communicator:
         workspace = self._workspace.ensure(max(
             a.workspace_bytes(array.size, dtype, self.world_size) for a in algorithms),
             keep=self._last_switch is not None)
-        lo, hi, blocks = algorithms[0].local_range(array)
+        data = algorithms[0].local_range(array)
         rejoin = self._rejoiner is not None and self._rejoiner.ready.is_set()
         mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
                         op=call.op, algo=call.algo, workspace=workspace.remote(),
-                        lo=lo, hi=hi, blocks=blocks, flags=REJOIN if rejoin else 0)
-        self._calls = seq + 1
+                        lo=data.lo, hi=data.hi, blocks=data.blocks,
+                        flags=(REJOIN if rejoin else 0) | (INLINE if data.inline else 0))
+        self._calls, self._began = seq + 1, mine
         through_switch = self.switch.registered and self._away is None
         records = self._on_inc(through_switch, lambda: self._meta.exchange(mine, through_switch))
         # every rank started this call, so every rank completed the previous one: its wire
         # words will never be needed again
         self._last_switch = None
         self._workspace.release_retired()
-        check_agreement(records)
-        context = CallContext(
-            rank=self.rank, world_size=self.world_size, seq=seq, count=array.size,
-            dtype=dtype, op=call.ufunc, divisor=self.world_size if call.op == "avg" else 1,
-            ranges=tuple((m.lo, m.hi) for m in records),
-            workspace=workspace,
-            peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
-            streams=self._streams, blocks=tuple(m.blocks for m in records))
+        context = self._context(call, records, workspace)
         away = self._away is not None
         if away and records[0].flags & REJOIN:
             self._rejoin(seq)        # alike on every rank; this call still runs the ring
         taken = route(call.algo, context, call.op, through_switch, away=away)
         if taken.algorithm is SWITCH:
-            self._last_switch = _SwitchCall(context, call)
-            self._on_inc(True, lambda: taken.algorithm.run(context, array, target))
+            self._last_switch = _SwitchCall(context, call, mine)
+            self._on_inc(not context.inline, lambda: taken.algorithm.run(context, array, target))
         else:
             taken.algorithm.run(context, array, target)
         return taken
+
+    def _context(self, call: "_Call", records: list[CallMeta],
+                 workspace: RegisteredMemory) -> CallContext:
+        """The agreed call from every rank's record of it (`AllreduceMismatch` unless they
+        describe the same call)."""
+        check_agreement(records)
+        return CallContext(
+            rank=self.rank, world_size=self.world_size, seq=records[0].seq,
+            count=call.array.size, dtype=call.array.dtype, op=call.ufunc,
+            divisor=self.world_size if call.op == "avg" else 1,
+            ranges=tuple((m.lo, m.hi) for m in records),
+            workspace=workspace,
+            peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
+            streams=self._streams, blocks=tuple(m.blocks for m in records),
+            inline=bool(records[0].flags & INLINE))
 
     def _on_inc(self, uses_inc: bool, step: Callable[[], Any]) -> Any:
         """Run `step`; when it moves data on "inc", a transport error there that comes with
@@ -517,24 +528,22 @@ class Communicator:
         # what the switch gave this rank with a good seal, before any rank's recovery ring
         # can write into this workspace (its staging overlaps the receive area)
         good = last is not None and position > last.context.seq
-        expected = SWITCH.areas(last.context)[1][:last.context.count].copy() if good else None
+        expected = SWITCH.areas(last.context)[1][:last.context.count].copy() \
+            if good and not last.context.inline else None
         positions = [p["position"] for p in self._rendezvous.gather(
             f"away.{epoch}", {"position": position}, self.config.collective_timeout,
             waiting_for=f"settled the switch's loss (epoch {epoch})")]
         plan = settle_plan(positions)
         recovered = False
-        if plan.recover:
-            if last is None or last.context.seq != plan.call:
-                raise SwitchFailure(
-                    f"netreduce: rank {self.rank}: the switch at {self.switch.controller} was "
-                    f"lost ({reason}); call #{plan.call} must be finished from every rank's "
-                    f"wire words, but this rank holds "
-                    f"{'none' if last is None else f'those of call #{last.context.seq}'}")
+        if plan.recover and last is not None and last.context.seq == plan.call \
+                and not last.context.inline:
             summed = self._sum_wire(last.context, expected)
             if position == plan.call:
                 assert call is last.call, "the call in flight is the one recovered"
                 SWITCH.deliver(last.context, summed, call.target)
                 recovered = True
+        elif plan.recover:
+            recovered = self._finish_inline(plan.call, position, call, reason)
         self._last_switch = None
         self._workspace.release_retired()
         lost_ring = self.switch.ring_id
@@ -555,6 +564,38 @@ class Communicator:
                            counts["fallbacks"], plan.call, plan.describe(), when,
                            _counts(counts))
         return recovered
+
+    def _finish_inline(self, seq: int, position: int, call: "_Call | None",
+                       reason: str) -> bool:
+        """Settle call `seq`, a small call that travelled in its records (INLINE), which
+        the switch completed for some ranks only (it was lost while it emitted their
+        sums): every rank exchanges its record of it again around the host ring; the ranks
+        without it (`position` == `seq`) write its result from those records, the others
+        check that the switch gave them the same records. Returns True when it wrote
+        `call`'s output. `SwitchFailure` when this rank holds neither that call's wire
+        words (`_settle` sums those) nor its record of a small call."""
+        last = self._last_switch
+        mine = last.record if last is not None and last.context.seq == seq else self._began
+        if mine is None or mine.seq != seq or not mine.flags & INLINE:
+            raise SwitchFailure(
+                f"netreduce: rank {self.rank}: the switch at {self.switch.controller} was "
+                f"lost ({reason}); call #{seq} must be finished from every rank's wire words "
+                f"(or records), but this rank holds "
+                f"{'none' if last is None else f'those of call #{last.context.seq}'}")
+        records = self._meta.exchange(mine, through_switch=False)
+        if position > seq:
+            assert last is not None and last.context.seq == seq, "a completed call is kept"
+            if tuple(m.blocks for m in records) != last.context.blocks:
+                raise SwitchFailure(
+                    f"netreduce: rank {self.rank}: allreduce call #{seq}: the records the "
+                    f"switch at {self.switch.controller} returned differ from every rank's "
+                    f"records exchanged over the host ring: the result returned was wrong")
+            return False
+        assert call is not None, "a rank at the settled call has it in flight"
+        check_agreement(records)
+        inline_result([m.blocks for m in records],
+                      self.world_size if call.op == "avg" else 1, call.target)
+        return True
 
     def _sum_wire(self, switch_call: CallContext, expected: np.ndarray | None) -> np.ndarray:
         """The wrapping int32 sum of every rank's wire words of `switch_call` (kept in its
@@ -806,6 +847,7 @@ class _SwitchCall:
 
     context: CallContext
     call: _Call
+    record: CallMeta        # this rank's record of it (a small call's data: `context.inline`)
 
 
 def _counts(counts: dict[str, int]) -> str:

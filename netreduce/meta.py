@@ -18,6 +18,9 @@ MAX_BLOCK_BYTES = 128 bytes of per-block facts, the switch's exponents), whateve
 the message sizes on "inc" must not depend on anything one rank alone knows (e.g. a count
 the ranks disagree on), so every call exchanges n * RECORD_STRIDE bytes per rank through
 the switch (4 ranks: 1 KiB; one packet at MTU 4096, four at BMv2's 256).
+A small call through the switch (at most MAX_BLOCK_BYTES of data) carries its data in the
+record's block bytes (flag INLINE): the exchange is then the whole call, one pass through
+the switch (netreduce/algorithms/switch.py).
 Two banks suffice: a rank can only start call k+2 after its successor started call k+1, i.e.
 finished reading call k's records (through the switch, a bank is written only once every
 rank has contributed, i.e. has finished the previous call).
@@ -46,6 +49,8 @@ MAX_BLOCK_BYTES = 128     # per-block facts a record carries (the switch: one ex
 RECORD_STRIDE = 256       # fixed (see the module doc): _RECORD.size (87) + MAX_BLOCK_BYTES fit
 REJOIN = 1                # CallMeta.flags, rank 0's: the switch answers again, rejoin it in
 #                           this call (netreduce/comm.py, docs/reliability.md)
+INLINE = 2                # CallMeta.flags: `blocks` holds the rank's data itself, a small call
+#                           whose records are its whole exchange (algorithms/switch.py)
 
 
 class CallRejected(Exception):
@@ -100,7 +105,7 @@ class CallMeta:
     hi: float = 0.0       # need them (Algorithm.local_range; exact for int32 and float32)
     blocks: bytes = b""   # per-block facts of this rank's data (Algorithm.local_range; the
     #                       switch: one exponent per block), MAX_BLOCK_BYTES at most
-    flags: int = 0        # REJOIN (rank 0's record only)
+    flags: int = 0        # REJOIN (rank 0's record only), INLINE
 
     def pack(self) -> bytes:
         """The record: at most RECORD_STRIDE bytes; ValueError for too many `blocks`."""
@@ -223,3 +228,9 @@ def check_agreement(records: list[CallMeta]) -> None:
     if len(groups) > 1:
         raise AllreduceMismatch(f"allreduce call #{seqs[0]}: ranks disagree: " + "; ".join(
             f"{desc} on {ranks_phrase(ranks)}" for desc, ranks in groups.items()))
+    inline = [m.rank for m in records if m.flags & INLINE]
+    if 0 < len(inline) < len(records):
+        raise AllreduceMismatch(
+            f"allreduce call #{seqs[0]}: ranks disagree on where the data travels: in the "
+            f"records on {ranks_phrase(inline)}, after them on the others (different "
+            f"netreduce versions?)")

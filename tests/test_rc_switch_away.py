@@ -21,12 +21,15 @@ from typing import Iterator
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flowctl import FlowConfig
 from netreduce.algorithms.ring import RingAllreduce
-from netreduce.algorithms.switch import SwitchAllreduce
+import netreduce.algorithms.switch as switch_algorithm
+import netreduce.comm as comm_module
+from netreduce.algorithms.switch import INLINE_BYTES, SwitchAllreduce
 from netreduce.meta import RECORD_STRIDE
 from netreduce.tools.reference import Reference
 from rcmodel.fabric import KINDS, FaultRates, Faults
@@ -49,6 +52,7 @@ def counting_writes() -> Iterator[Counter]:
     """How many times each output array is written by an algorithm (by id), meanwhile."""
     count: Counter = Counter()
     deliver, run = SwitchAllreduce.deliver, RingAllreduce.run
+    inline = switch_algorithm.inline_result
 
     def counted_deliver(self: Any, call: Any, summed: Any, dst: np.ndarray) -> None:
         count[id(dst)] += 1
@@ -57,8 +61,14 @@ def counting_writes() -> Iterator[Counter]:
     def counted_run(self: Any, call: Any, src: Any, dst: np.ndarray) -> None:
         count[id(dst)] += 1
         run(self, call, src, dst)
+
+    def counted_inline(blocks: Any, divisor: int, dst: np.ndarray) -> None:
+        count[id(dst)] += 1
+        inline(blocks, divisor, dst)
     with mock.patch.object(SwitchAllreduce, "deliver", counted_deliver), \
-            mock.patch.object(RingAllreduce, "run", counted_run):
+            mock.patch.object(RingAllreduce, "run", counted_run), \
+            mock.patch.object(switch_algorithm, "inline_result", counted_inline), \
+            mock.patch.object(comm_module, "inline_result", counted_inline):
         yield count
 
 
@@ -74,7 +84,8 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
                              collective_timeout=30.0),
         "seed": draw(st.integers(0, 2**32)),
         "calls": draw(st.lists(st.tuples(st.sampled_from(["int32", "int32", "float32"]),
-                                         st.integers(1, 6000)), min_size=2, max_size=4)),
+                                         st.one_of(st.integers(1, 32), st.integers(33, 6000))),
+                               min_size=2, max_size=4)),
         # when the switch dies: at a simulated time (the calls take ~0.1 ms to ~0.1 s), or
         # right after its k-th emitted frame (the rest of that step's frames lost)
         "at": draw(st.one_of(st.floats(0, 1).map(lambda u: ("at", 1e-5 * 10 ** (4 * u))),
@@ -91,11 +102,12 @@ def packets(nbytes: int, config: FlowConfig) -> int:
 
 
 def seal_slot(s: dict[str, Any], i: int) -> int:
-    """The switch's slot count at call i's last slot (its seal): every call puts its
-    metadata (n records) and, all calls here being switch calls, its data and seal on
-    "inc"."""
+    """The switch's slot count at call i's last slot (its seal, or its records' last slot
+    for a small call, which travels in them): every call puts its metadata (n records)
+    and, all calls here being switch calls, its data and seal on "inc", unless small."""
     n, cfg = s["n"], s["config"]
-    return sum(packets(n * RECORD_STRIDE, cfg) + packets(4 * (count + n), cfg)
+    return sum(packets(n * RECORD_STRIDE, cfg)
+               + (packets(4 * (count + n), cfg) if 4 * count > INLINE_BYTES else 0)
                for _, count in s["calls"][:i + 1])
 
 
@@ -151,16 +163,23 @@ def test_a_switch_restart_anywhere_costs_time_never_a_result(s: dict[str, Any]) 
     assert switch["recovered"] <= switch["fallbacks"], switch
 
 
-def test_a_switch_that_dies_while_it_emits_a_call_gives_its_result_bit_for_bit() -> None:
+@pytest.mark.parametrize("small", [False, True])
+def test_a_switch_that_dies_while_it_emits_a_call_gives_its_result_bit_for_bit(
+        small: bool) -> None:
     """3 ranks, int32 then float32 under 1 % loss; the switch dies while it emits the
     float32 call's last slot, after 2 of its 3 results: the ranks with a good seal return
     the switch's sum, the other one gets the sum of every rank's wire words over the
-    ring. Every rank's float32 result is bit for bit the one an undisturbed switch gives."""
+    ring. A small call (7 elements) travels in its records, one per packet here: the
+    switch dies after 1 of the 3 results of their last packet (after 2, the one rank left
+    gets its predecessor's raw packet, which holds that packet's only record: the right
+    bytes). The rank that met a zero record sends its record again around the ring with
+    the others. Every rank's float32 result is bit for bit the one an undisturbed switch
+    gives."""
     cfg = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=32, collective_timeout=30.0)
-    calls = [("int32", 1000), ("float32", 3000)]
+    calls = [("int32", 1000), ("float32", 7 if small else 3000)]
     for seed in range(3):
         s = {"n": 3, "config": cfg, "seed": seed, "calls": calls, "down": 3e-3,
-             "at": ("seal", 1, 2)}
+             "at": ("seal", 1, 1 if small else 2)}
         with counting_writes() as writes:
             restarted, world = run(s, writes)
             calm, _ = run({**s, "at": ("at", 1e9)}, writes)

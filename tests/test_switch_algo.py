@@ -21,8 +21,8 @@ from flowctl.stream import StallError
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
 from netreduce.algorithms.base import DataRange
-from netreduce.algorithms.switch import (INT32_MAX, MIN_BLOCK, SWITCH, block_elements,
-                                         block_exponents, call_exponent, dequantize,
+from netreduce.algorithms.switch import (INLINE_BYTES, INT32_MAX, MIN_BLOCK, SWITCH,
+                                         block_elements, block_exponents, call_exponent, dequantize,
                                          element_exponents, float_error_bound, local_blocks,
                                          one_scale_per_call, quantize, wire_bytes)
 from netreduce.meta import MAX_BLOCK_BYTES
@@ -79,9 +79,9 @@ def test_switch_allreduce_int32_exact_float32_within_the_bound(n: int) -> None:
     assert not any(isinstance(r, Exception) for r in results), results
     (spec,) = controller.registered
     assert controller.unregistered == [spec.ring_id] and controller.closed
-    calls = 2 * len(counts)                       # each: one metadata message, then the data
-    assert fabric.switch.messages[spec.ring_id] == calls + 2 * sum(messages(wire_bytes(c, n))
-                                                                   for c in counts)
+    calls = 2 * len(counts)         # each: one metadata message, then the data (if not inline)
+    assert fabric.switch.messages[spec.ring_id] == calls + 2 * sum(
+        messages(wire_bytes(c, n)) for c in counts if 4 * c > INLINE_BYTES)
     for count in counts:
         ints = np.sum([rank_data(r, count, "int32") for r in range(n)], axis=0, dtype=np.int32)
         inputs = [rank_data(r, count, "float32") for r in range(n)]
@@ -98,6 +98,49 @@ def test_switch_allreduce_int32_exact_float32_within_the_bound(n: int) -> None:
     for res in results:
         assert res["algos"] == ["switch"] * 2 * len(counts)
         assert res["ring posted"] == 0       # the metadata, too, went through the switch
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32", "float16", "bfloat16"])
+def test_a_small_call_travels_in_its_records_in_one_message(dtype: str) -> None:
+    """Calls of at most INLINE_BYTES of data post one message on "inc" (the records carry
+    the data; the switch's sum of the banks is every rank's data), larger ones two. Every
+    rank writes the same bits: int32 exact, floats the float64 sum in rank order (/ n for
+    avg) rounded once, non-contiguous input and output included; then a larger call
+    quantizes as before."""
+    n, width = 3, np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype).itemsize
+    ops = ["sum"] if dtype == "int32" else ["sum", "avg"]
+    most = INLINE_BYTES // width
+
+    def data(rank: int, count: int) -> np.ndarray:
+        return rank_input([rank, count], 2 * count, dtype)[::2]        # a strided view
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        got = []
+        for op in ops:
+            for count in (1, most, most + 1):
+                before = host.rings["inc"].posted
+                out = np.zeros(2 * count, dtype=data(0, 1).dtype)[1::2]
+                comm.allreduce(data(comm.rank, count), op=op, out=out)
+                got.append((out.tobytes(), host.rings["inc"].posted - before, comm.last_algo))
+        return got
+
+    results, _, _ = with_switch(n, body)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    assert all(r == results[0] for r in results), "ranks differ"
+    cases = [(op, count) for op in ops for count in (1, most, most + 1)]
+    for (op, count), (raw, posted, algo) in zip(cases, results[0]):
+        assert algo == "switch" and posted == (1 if count <= most else 2), (op, count, posted)
+        inputs = [data(r, count) for r in range(n)]
+        got = np.frombuffer(raw, dtype=inputs[0].dtype)
+        if count > most:                     # quantized: within the switch's bound
+            ref = Reference(inputs, op)
+            assert ref.failure(got, "switch") is None
+        elif dtype == "int32":
+            assert got.tolist() == np.sum(inputs, axis=0, dtype=np.int32).tolist()
+        else:
+            total = np.add.reduce(np.stack(inputs).astype(np.float64), axis=0)
+            want = (total / n if op == "avg" else total).astype(inputs[0].dtype)
+            assert raw == want.tobytes(), (op, count)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 31, 32, 33, 64, 127, 128, 129, 256, 257,
@@ -223,7 +266,7 @@ def test_ranks_disagreeing_on_one_scale_per_call_are_refused_alike(
     per_block = SWITCH.local_range
 
     def local_range(array: np.ndarray) -> DataRange:
-        if getattr(mode, "per_call", False):
+        if getattr(mode, "per_call", False) and array.nbytes > INLINE_BYTES:
             return DataRange(float(array.min()), float(array.max()))
         return per_block(array)
     monkeypatch.setattr(SWITCH, "local_range", local_range)
@@ -238,6 +281,33 @@ def test_ranks_disagreeing_on_one_scale_per_call_are_refused_alike(
         "AllreduceMismatch: allreduce call #0: ranks disagree on the quantization: one scale "
         "per block on ranks 0, 2, one per call on the others (`one_scale_per_call` is for "
         "benchmarks, entered by every rank alike); nothing moved"}
+
+
+def test_a_small_call_whose_record_carries_another_size_is_refused_alike(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1's record carries 4 more data bytes than its int32[1] call has (as a broken
+    peer would): every rank refuses the call, names the rank, writes nothing, and the
+    communicator goes on."""
+    broken = threading.local()
+    honest = SWITCH.local_range
+
+    def local_range(array: np.ndarray) -> DataRange:
+        got = honest(array)
+        if getattr(broken, "once", False):
+            broken.once = False
+            return got._replace(blocks=got.blocks + bytes(4))
+        return got
+    monkeypatch.setattr(SWITCH, "local_range", local_range)
+
+    def make(rank: int) -> np.ndarray:
+        broken.once = rank == 1
+        return np.array([rank], dtype=np.int32)
+
+    results, _ = refused(3, make)
+    assert {r[1:] for r in results} == {(True, 3, 1)}
+    assert {r[0] for r in results} == {
+        "AllreduceMismatch: allreduce call #0: the records of rank 1 carry [8] data bytes, "
+        "not the call's 4 (int32[1]); nothing written"}
 
 
 def test_ranks_disagreeing_on_the_algorithm_are_a_mismatch() -> None:
@@ -335,8 +405,10 @@ def test_outputs_in_place_strided_or_overlapping_the_input_all_get_the_sum() -> 
 
 
 def test_float32_with_exponent_zero_is_still_rounded_not_truncated() -> None:
-    """|x| in [2^29, 2^30) at 2 ranks gives e = 0: 0.9 must travel as rint(0.9) = 1."""
-    x = np.array([6e8, 0.9, -0.9], dtype=np.float32)
+    """|x| in [2^29, 2^30) at 2 ranks gives e = 0: 0.9 must travel as rint(0.9) = 1 (zeros
+    after it: a call too large to travel in its records, whose sums are exact)."""
+    x = np.zeros(INLINE_BYTES, dtype=np.float32)
+    x[:3] = [6e8, 0.9, -0.9]
 
     def body(comm: Communicator, host: FakeHost) -> np.ndarray:
         return comm.allreduce(x.copy())
@@ -344,7 +416,7 @@ def test_float32_with_exponent_zero_is_still_rounded_not_truncated() -> None:
     results, _, _ = with_switch(2, body)
     assert agreed_exponents([x, x]).tolist() == [0]
     for res in results:
-        assert res.tolist() == [1.2e9, 2.0, -2.0]
+        assert res[:3].tolist() == [1.2e9, 2.0, -2.0] and not res[3:].any()
 
 
 def test_auto_routes_nan_to_the_ring_on_every_rank_counts_it_and_warns_once(

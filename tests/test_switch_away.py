@@ -21,7 +21,8 @@ from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreServer
 from test_comm import free_port, run_ranks
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)
-COUNT = 10          # int32: data + a 3-rank seal = 52 bytes, one message on "inc"
+COUNT = 40          # int32: data + a 3-rank seal = 172 bytes, one message on "inc" (not
+#                     inline: more than INLINE_BYTES)
 
 
 @pytest.fixture(autouse=True)
@@ -212,6 +213,47 @@ def test_a_switch_lost_while_it_emits_a_call_finishes_it_from_the_wire_words(
         assert stats["switch"] == {"fallbacks": 1, "returns": 1, "recovered": 1}, stats
     assert routes == [routes[0]] * 3 and routes[0][3] in ("ring", "switch"), routes
     assert len(controller.registered) == 2
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_a_switch_lost_while_it_emits_a_small_calls_records_finishes_it_from_them(
+        dtype: str) -> None:
+    """A small call travels in its records, one message on "inc" (INLINE). The switch
+    dies while it emits call 1's records: rank 0's successor gets every record (its call
+    is complete: it returns), the other two their predecessor's own bank. Every rank sends
+    its record of call 1 again around the host ring; the two write the result from those,
+    the first checks that the switch gave it the same. Every rank's call 1 holds the same
+    bits (the float64 sum in rank order, rounded once), nobody's output is written twice,
+    and call 2 on runs over the ring until the switch is back."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    fabric.switch.cut = lambda ring, index: 1 if index == 1 else None   # call 1's records
+
+    def small(rank: int, call: int) -> np.ndarray:
+        return (np.arange(5) * (rank + 1) + 0.1 * rank + 1000 * call).astype(dtype)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        out = []
+        for c in range(4):
+            x = small(comm.rank, c)
+            y = np.full(x.shape, -7, dtype=x.dtype)
+            assert comm.allreduce(x, out=y) is y
+            assert np.array_equal(x, small(comm.rank, c)), "the input changed"
+            out.append((y.tobytes(), comm.last_algo))
+        return out, comm.stats()["switch"]
+
+    results = run_ranks(3, body, cfg=CFG, fabric=fabric, controller=controller,
+                        controller_ranks=(0, 1))
+    wanted = [np.add.reduce(np.stack([small(r, c) for r in range(3)]).astype(np.float64),
+                            axis=0).astype(dtype).tobytes() for c in range(4)]
+    for r, got in enumerate(results):
+        assert not isinstance(got, BaseException), (r, got)
+        calls, stats = got
+        assert [y for y, _ in calls[:2]] == wanted[:2], r        # the switch's, recovered
+        assert [a for _, a in calls[:3]] == ["switch", "switch", "ring"], (r, calls)
+        assert stats["fallbacks"] == 1 and stats["recovered"] == 1, stats
+        if dtype == "int32":
+            assert [y for y, _ in calls] == wanted, r                  # exact on every route
 
 
 def test_algo_switch_while_the_switch_is_away_is_refused_alike_and_leaves_it_usable() -> None:

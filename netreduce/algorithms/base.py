@@ -34,6 +34,7 @@ class DataRange(NamedTuple):
     lo: float = 0.0
     hi: float = 0.0
     blocks: bytes = b""        # per-block facts, at most netreduce.meta.MAX_BLOCK_BYTES
+    inline: bool = False       # `blocks` is the data itself (a small call: no data transfer)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class CallContext:
     peer_workspace: RemoteBuffer    # the successor's workspace for this call
     streams: Mapping[str, Stream]   # by ring name
     blocks: tuple[bytes, ...] = ()  # every rank's `local_range(...).blocks`, by rank
+    inline: bool = False            # every rank's `blocks` is its data (`DataRange.inline`)
 
 
 class Algorithm(Protocol):

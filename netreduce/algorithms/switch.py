@@ -2,7 +2,8 @@
 the n contributions packet by packet (docs/pipeline.md) and every rank receives the sum.
 
 The plan, identical on every rank (the switch relies on it: packet k of every connection
-carries the same piece of the tensor): ONE `Stream.transfer` per call on `streams["inc"]`,
+carries the same piece of the tensor): ONE `Stream.transfer` per call on `streams["inc"]`
+(none for a small call, which travels in its metadata: below),
 sending the call's `count * 4` wire bytes from the start of our workspace to the
 successor's receive area while as many bytes -- the sum -- arrive from the predecessor's
 connection in our receive area. Before it, every call (refused or not, any algorithm) puts
@@ -59,6 +60,18 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
   once: |result - S/n| <= the bound above with n * 2^-(e_b+1) / n for the quantization term
   (`float_error_bound`).
 
+Small calls travel inside their metadata: a call of at most INLINE_BYTES (128) bytes of data
+publishes the data itself as its record's block bytes (`netreduce.meta.INLINE`). The switch's
+sum of the metadata banks, whose records lie in disjoint slots, is then every rank's data:
+each rank adds the n contributions itself, in rank order, in int64 (int32, which `check`
+bounds as above and which wraps like the switch) or float64 (floats: no quantization, the
+sum divided by n for avg and rounded once to the dtype: within (n-1) * 2^-53 * sum|x| plus
+that rounding, far inside the bound above), so every rank writes the same bits. Such a call
+posts no data message: it is one pass through the switch instead of two (the records,
+then data and seal), and a switch that stopped aggregating is caught by the records as
+for any call (`SwitchNotAggregating`). Every rank of an agreed call decides alike, since
+the choice depends only on the call's size and dtype.
+
 One scale per call, the quantizer before per-block scales, is kept for benchmarks only
 (`one_scale_per_call`; `netreduce bench --algos switch-call` runs it beside the per-block one
 in the same boot): every rank publishes its call-wide min and max and no block exponents,
@@ -107,6 +120,7 @@ class NotQuantizable(CallRejected, ValueError):
     """Float data holding NaN or infinity cannot travel quantized: refused on every rank."""
 
 
+INLINE_BYTES = MAX_BLOCK_BYTES   # calls of at most this many data bytes travel in their records
 MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (switch.contract: 32 racks x 32)
 MIN_BLOCK = 1024          # elements: 4 KiB of wire words, one packet at the default MTU
 NO_FLOOR = -128           # the published floor of an all-zero block (and of M < 2^-127)
@@ -300,16 +314,22 @@ class SwitchAllreduce:
     def local_range(self, array: np.ndarray) -> DataRange:
         if array.size == 0:
             return DataRange()
+        if array.nbytes <= INLINE_BYTES:
+            return DataRange(float(array.min()), float(array.max()),
+                             np.ascontiguousarray(array).tobytes(), inline=True)
         if array.dtype == np.int32 or not self.per_block:
             return DataRange(float(array.min()), float(array.max()))
         return local_blocks(array)
 
     def check(self, call: CallContext) -> None:
+        if call.inline:
+            self._check_inline(call)
         if call.dtype == np.int32:
             self._check_int32_sum(call)
         else:
             self._check_finite(call)
-            self._check_scales(call)
+            if not call.inline:
+                self._check_scales(call)
 
     @staticmethod
     def _check_scales(call: CallContext) -> None:
@@ -320,6 +340,16 @@ class SwitchAllreduce:
                 f"per block on {ranks_phrase(per_block)}, one per call on the others "
                 f"(`one_scale_per_call` is for benchmarks, entered by every rank alike); "
                 f"nothing moved")
+
+    @staticmethod
+    def _check_inline(call: CallContext) -> None:
+        nbytes = call.count * call.dtype.itemsize
+        bad = [r for r, b in enumerate(call.blocks) if len(b) != nbytes]
+        if bad:
+            raise AllreduceMismatch(
+                f"allreduce call #{call.seq}: the records of {ranks_phrase(bad)} carry "
+                f"{sorted({len(call.blocks[r]) for r in bad})} data bytes, not the call's "
+                f"{nbytes} ({call.dtype}[{call.count}]); nothing written")
 
     @staticmethod
     def _check_int32_sum(call: CallContext) -> None:
@@ -344,7 +374,10 @@ class SwitchAllreduce:
                 f"moved. Use algo='ring'")
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
-        self.deliver(call, self.send(call, src), dst)
+        if call.inline:
+            inline_result(call.blocks, call.divisor, dst)
+        else:
+            self.deliver(call, self.send(call, src), dst)
 
     @staticmethod
     def exponents(call: CallContext) -> np.ndarray:
@@ -399,6 +432,23 @@ class SwitchAllreduce:
             np.copyto(dst, summed.reshape(dst.shape))
         else:
             dequantize(summed, self.exponents(call), call.divisor, dst, call.workspace.view())
+
+
+def inline_result(blocks: Sequence[bytes], divisor: int, dst: np.ndarray) -> None:
+    """Write into `dst` the result of a small call that travelled in its records
+    (`CallContext.inline`: `blocks` holds every rank's data, by rank, of dst's dtype): the
+    n contributions added in rank order, int32 in int64 then wrapped like the switch's
+    sums, floats in float64, divided by `divisor` and rounded once to the dtype (module
+    doc). A function of the agreed records only: every rank writes the same bits."""
+    parts = np.stack([np.frombuffer(b, dtype=dst.dtype) for b in blocks])
+    if dst.dtype == np.int32:
+        total = np.add.reduce(parts, axis=0, dtype=np.int64).astype(np.int32)
+    else:
+        total = np.add.reduce(parts.astype(np.float64), axis=0)
+        if divisor != 1:
+            np.divide(total, divisor, out=total)
+    with np.errstate(over="ignore"):
+        dst[...] = total.reshape(dst.shape)
 
 
 SWITCH = SwitchAllreduce()

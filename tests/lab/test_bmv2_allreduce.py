@@ -114,7 +114,7 @@ def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[
     # under loss BMv2's egress queues (64 frames each by default) may overflow during a
     # go-back-N storm: a result replica lost there is never counted, and the ranks' own
     # retransmission brings it (once in 140 k results at 4 MiB and 1% loss)
-    counters = check_switch_run(result, 4, sizes, inc, len(dtypes), queue_drops=loss != "0%")
+    counters = check_switch_run(result, 4, sizes, inc, dtypes, queue_drops=loss != "0%")
     if loss != "0%":
         check_retransmissions_seen(counters)
     show_run(capsys, f"bmv2 allreduce, {loss} loss, {seconds:.0f} s", result, counters)

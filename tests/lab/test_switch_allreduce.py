@@ -14,9 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 from flowctl.plan import FlowConfig, MessagePlan
+from netreduce.algorithms.switch import INLINE_BYTES
+from netreduce.dtypes import BFLOAT16
 from netreduce.meta import RECORD_STRIDE
 from netreduce.tools.launch import LaunchResult
 from tests.lab.labhosts import HOSTS, ROOT, run_in_host, switch_counters
@@ -40,27 +43,31 @@ def meta_packets(n: int, config: FlowConfig = CONFIG) -> int:
     return packets(n * RECORD_STRIDE // 4, config)
 
 
-def data_packets(count: int, n: int, config: FlowConfig = CONFIG) -> int:
-    """Packets of one call's data: `count` int32 words, then the seal of n words."""
+def data_packets(count: int, n: int, config: FlowConfig = CONFIG, dtype: str = "int32") -> int:
+    """Packets of one call's data: `count` int32 words, then the seal of n words; none
+    when the call travels in its records (at most INLINE_BYTES of `dtype` data)."""
+    if count * (BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)).itemsize <= INLINE_BYTES:
+        return 0
     return packets(count + n, config)
 
 
 def expected_packets(sizes: list[int], n: int, config: FlowConfig = CONFIG,
-                     dtypes: int = 2) -> int:
-    """What allreduce_worker.py `switch` sends per connection: `dtypes` calls (int32 and
-    float32 by default) at every size, the refused call (its metadata only), one 5-element
-    call; each call's metadata first."""
-    calls = dtypes * len(sizes) + 2
+                     dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
+    """What allreduce_worker.py `switch` sends per connection: a call of each of `dtypes`
+    at every size, the refused call (its metadata only), one 5-element int32 call (in its
+    records); each call's metadata first."""
+    calls = len(dtypes) * len(sizes) + 2
     return (calls * meta_packets(n, config)
-            + dtypes * sum(data_packets(c, n, config) for c in sizes)
+            + sum(data_packets(c, n, config, d) for c in sizes for d in dtypes)
             + data_packets(5, n, config))
 
 
 def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
-                     config: FlowConfig = CONFIG, dtypes: int = 2,
+                     config: FlowConfig = CONFIG,
+                     dtypes: tuple[str, ...] = ("int32", "float32"),
                      queue_drops: bool = False) -> dict[str, int]:
     """Every rank passed; the overflow refusal read alike everywhere; the ring's counters
-    (the "inc" ring's knobs: `config`; `dtypes` calls per size) show exactly n
+    (the "inc" ring's knobs: `config`; a call of each of `dtypes` per size) show exactly n
     contributions per packet, every slot emitted, no structural drop. `queue_drops`: the
     target may lose a result replica inside itself before counting it (BMv2's egress queues
     overflow under go-back-N storms), so `results_sent` may fall short of n per packet by

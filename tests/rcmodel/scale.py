@@ -36,6 +36,7 @@ from typing import Any, Optional
 import numpy as np
 
 from flowctl import FlowConfig
+from netreduce.algorithms.switch import INLINE_BYTES
 from netreduce.meta import RECORD_STRIDE
 from rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults
 from rcmodel.tiers import ThreeTierFabric, TwoTierFabric
@@ -145,9 +146,10 @@ def _cut(nbytes: int, msg_size: int) -> list[int]:
 
 def message_sizes(size: int, n: int, config: FlowConfig = CONFIG) -> list[int]:
     """The messages one rank sends per switch call: the metadata bank (n records of
-    RECORD_STRIDE bytes), then the data and the seal (n int32 words), each transfer cut
-    into `msg_size` messages (flowctl.plan)."""
-    return _cut(n * RECORD_STRIDE, config.msg_size) + _cut(size + 4 * n, config.msg_size)
+    RECORD_STRIDE bytes), then the data and the seal (n int32 words) unless the call
+    travels in its records (`switch_transfers`), each transfer cut into `msg_size`
+    messages (flowctl.plan)."""
+    return [m for nbytes in switch_transfers(size, n) for m in _cut(nbytes, config.msg_size)]
 
 
 def wire_bytes(size: int, n: int, config: FlowConfig = CONFIG) -> tuple[int, int]:
@@ -170,9 +172,9 @@ def formula_spine_link(size: int, n: int, carried: int = 1,
     one total (down) per packet position, each its payload plus the inter-switch framing
     and `carried` RoCE headers (contiguous racks: one connection leaves each rack) of
     HEADER + RETH or ImmDt bytes with a 4-byte entry header each; and the ACK of every
-    message of each such connection (the responder's ACK crosses back)."""
-    return (_link_bytes(n * RECORD_STRIDE, config, carried)
-            + _link_bytes(size + 4 * n, config, carried))
+    message of each such connection (the responder's ACK crosses back), for each of
+    `switch_transfers`."""
+    return sum(_link_bytes(nbytes, config, carried) for nbytes in switch_transfers(size, n))
 
 
 def _link_bytes(nbytes: int, config: FlowConfig, carried: int = 1) -> int:
@@ -239,10 +241,19 @@ def _stream(nbytes: int, config: FlowConfig) -> tuple[int, int]:
     return wire, min(nbytes, config.mtu) + HEADER + ICRC + IMMDT
 
 
+def switch_transfers(size: int, n: int) -> tuple[int, ...]:
+    """Bytes per rank of a switch call's transfers on "inc", one after the other: the
+    metadata bank, then data and seal -- unless the call is small enough to travel in its
+    records (netreduce/algorithms/switch.py: at most INLINE_BYTES)."""
+    if size <= INLINE_BYTES:
+        return (n * RECORD_STRIDE,)
+    return (n * RECORD_STRIDE, size + 4 * n)
+
+
 def formula_switch_time_us(topology: str, size: int, n: int,
                            config: FlowConfig = CONFIG) -> float:
-    """A switch call without loss: two transfers one after the other (the metadata bank,
-    then data and seal); each is its stream serialised on the host link, then its tail's
+    """A switch call without loss: its transfers one after the other (`switch_transfers`:
+    the metadata bank, then data and seal; a small call only the bank); each is its stream serialised on the host link, then its tail's
     way through h tiers and back (2h links of LATENCY_S; at each of the 2h - 1 switches the
     largest packet is stored and forwarded, as an inter-switch partial/total between tiers),
     then the responder's ACK back (2h links). Between tiers the stream is the partials' or
@@ -250,7 +261,7 @@ def formula_switch_time_us(topology: str, size: int, n: int,
     the slower link sets the pace. Hosts and switches compute in zero time."""
     h, lat = tiers(topology), LATENCY_S * 1e6
     total = 0.0
-    for nbytes in (n * RECORD_STRIDE, size + 4 * n):
+    for nbytes in switch_transfers(size, n):
         wire, last = _stream(nbytes, config)
         pkts = sum(packets(m, config.mtu) for m in _cut(nbytes, config.msg_size) or [0])
         tier_wire = wire + pkts * (INTERSWITCH + 4) if h > 1 else wire
