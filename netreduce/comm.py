@@ -344,7 +344,6 @@ class Communicator:
 
     def _execute(self, call: "_Call") -> None:
         seq = self._calls
-        what = call.what(seq)
         try:
             if self._rendezvous.notice_epoch > self._epoch:   # the switch went away meanwhile
                 self._settle(seq, None, self._notice_reason())
@@ -364,13 +363,14 @@ class Communicator:
             raise
         except PeerFailed as exc:
             raise self._break(PeerFailure(
-                f"netreduce: rank {self.rank}: {what} failed: {exc}; the communicator is "
-                f"unusable (netreduce.finalize(), then netreduce.init() a new one)",
+                f"netreduce: rank {self.rank}: {call.what(seq)} failed: {exc}; the "
+                f"communicator is unusable (netreduce.finalize(), then netreduce.init() a "
+                f"new one)",
                 exc.ranks)) from exc
         except BaseException as exc:
-            self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
+            self._rendezvous.abort(f"{call.what(seq)} failed: {type(exc).__name__}: {exc}")
             raise self._break(exc)
-        self._count(taken, what)
+        self._count(taken, call, seq)
         self.last_algo, self.last_fallback = taken.algorithm.name, taken.fallback
 
     def _attempt(self, call: "_Call", seq: int) -> Route:
@@ -700,14 +700,14 @@ class Communicator:
             self._lease.stop()
             self._lease = None
 
-    def _count(self, taken: Route, what: str) -> None:
+    def _count(self, taken: Route, call: "_Call", seq: int) -> None:
         """Count the call's route; rank 0 warns the first time "auto" falls back to the
         ring for a reason (every rank takes the same route: one line per job suffices;
         the switch's departures are logged when they happen)."""
         if self._stats.count(taken) and self.rank == 0 and taken.fallback != AWAY:
             logger.warning("netreduce: %s runs over the host ring although the switch is "
                            "registered: %s (logged once per reason; comm.stats() counts "
-                           "them)", what, FALLBACKS[taken.fallback])
+                           "them)", call.what(seq), FALLBACKS[taken.fallback])
 
     def stats(self) -> dict[str, dict[str, int]]:
         """The routes of this communicator's calls so far, the same on every rank:

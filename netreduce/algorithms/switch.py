@@ -440,11 +440,11 @@ def inline_result(blocks: Sequence[bytes], divisor: int, dst: np.ndarray) -> Non
     n contributions added in rank order, int32 in int64 then wrapped like the switch's
     sums, floats in float64, divided by `divisor` and rounded once to the dtype (module
     doc). A function of the agreed records only: every rank writes the same bits."""
-    parts = np.stack([np.frombuffer(b, dtype=dst.dtype) for b in blocks])
+    parts = np.frombuffer(b"".join(blocks), dtype=dst.dtype).reshape(len(blocks), -1)
     if dst.dtype == np.int32:
         total = np.add.reduce(parts, axis=0, dtype=np.int64).astype(np.int32)
     else:
-        total = np.add.reduce(parts.astype(np.float64), axis=0)
+        total = np.add.reduce(parts, axis=0, dtype=np.float64)
         if divisor != 1:
             np.divide(total, divisor, out=total)
     with np.errstate(over="ignore"):
