@@ -53,15 +53,15 @@ def main() -> None:
     barrier = comm._rendezvous.barrier          # noqa: SLF001 - TCP, no RoCE packet
     n = comm.world_size
     for name, count, dtype, algo in CALLS:
-        barrier(f"before {name}")
+        barrier(f"before.{name}")
         rxe0 = hw_counters(comm.device)
         sw0 = ring_counters(comm) if comm.rank == 0 else None
-        barrier(f"counted {name}")
+        barrier(f"counted.{name}")
         got = comm.allreduce(data(comm.rank, count, dtype), algo=algo)
         want = np.sum([data(r, count, dtype) for r in range(n)], axis=0, dtype=dtype)
         if not np.array_equal(got, want):
             sys.exit(f"FAIL {name}: wrong sum")
-        barrier(f"after {name}")
+        barrier(f"after.{name}")
         record = {"call": name, "count": count, "dtype": dtype, "algo": comm.last_algo,
                   "rank": comm.rank, "world_size": n, "mtu": comm.config.mtu,
                   "msg_size": comm.config.msg_size, "window": comm.config.window,
@@ -72,7 +72,7 @@ def main() -> None:
                                 "connections": [moved(a, b) for a, b in
                                                 zip(sw0["connections"], sw1["connections"])]}
         print("RCMODEL " + json.dumps(record, sort_keys=True), flush=True)
-        barrier(f"read {name}")
+        barrier(f"read.{name}")
     netreduce.finalize()
 
 
