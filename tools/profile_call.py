@@ -1,4 +1,4 @@
-"""Where a small allreduce call's time goes, on every rank of a lab job (issue 23).
+"""Where an allreduce call's time goes, on every rank of a lab job (issue 23).
 
     scripts/lab.sh --hosts 4 -- netreduce launch --hosts 4 -- python -m tools.profile_call \
         --calls 100 --out .lab/profile                                         (one line)
@@ -7,7 +7,9 @@ Per algorithm (switch, ring), `--calls` back-to-back int32 calls of `--count` el
 a barrier: the time per call, each rank's rxe packets per call (hw_counters), and the
 call's phases, timed by wrapping the library's own functions in this process (nothing of
 netreduce is changed): the whole call (`Communicator._execute`), the metadata exchange
-(`MetaExchange.exchange`), the algorithm (`*.run`), every `Stream.transfer` (how many
+(`MetaExchange.exchange`), the algorithm (`*.run`; the switch's own steps: its min/max
+pass `local_range`, `send` -- the copy in, then the data's transfer -- and `deliver`, the
+copy out), every `Stream.transfer` (how many
 per call, how long) and every sleep of a stream on its completion channel (`Link.wait`:
 how many per call, how long) -- a sleep is a wait for the network or for another rank.
 Then rank 0 runs the same calls under cProfile (wall clock) and under py-spy (`--py-spy`,
@@ -45,6 +47,9 @@ PHASES: dict[str, tuple[Any, str]] = {
     "call": (Communicator, "_execute"),
     "meta": (MetaExchange, "exchange"),
     "switch.run": (SwitchAllreduce, "run"),
+    "switch.range": (SwitchAllreduce, "local_range"),    # the min/max (and block) pass
+    "switch.send": (SwitchAllreduce, "send"),     # copy in (or quantize), then the transfer
+    "switch.deliver": (SwitchAllreduce, "deliver"),   # copy out (or dequantize)
     "ring.run": (RingAllreduce, "run"),
     "transfer": (Stream, "transfer"),
 }
