@@ -54,7 +54,8 @@ INLINE = 2                # CallMeta.flags: `blocks` holds the rank's data itsel
 
 
 class CallRejected(Exception):
-    """An allreduce call refused on every rank alike, before any data moved: raised from
+    """An allreduce call refused on every rank alike, before any data moved (a small call's
+    data travels in its records: before any of it is summed), nothing written: raised from
     the exchanged records only (which every rank holds alike), so the communicator stays
     usable. Every subclass keeps that invariant."""
 

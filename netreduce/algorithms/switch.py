@@ -20,7 +20,8 @@ a partial sum (a switch lost before the call is caught by its metadata exchange)
 - int32 travels as it is and is exact. Overflow is refused, not wrapped: every rank
   publishes its data's min and max in the call's metadata, and when the sum of the per-rank
   maxima exceeds 2^31-1 or the sum of the minima is below -2^31, `check` raises
-  `AllreduceOverflow` on every rank before any data moves. The bound is conservative: it
+  `AllreduceOverflow` on every rank before any data moves (a small call's data travels in
+  its records: before it is summed). The bound is conservative: it
   refuses every call where SOME element could overflow given those extremes (the element
   sums themselves may all fit).
 - float32 travels quantized with one scale 2^e_b per block of the call, agreed by all
@@ -113,7 +114,8 @@ _CHUNK = 1 << 16          # elements quantized per numpy pass (bounded temporari
 
 
 class AllreduceOverflow(CallRejected, OverflowError):
-    """An int32 sum over the switch could overflow: refused on every rank, nothing moved."""
+    """An int32 sum over the switch could overflow: refused on every rank before any sum is
+    formed (a small call's data has travelled in its records, unsummed), nothing written."""
 
 
 class NotQuantizable(CallRejected, ValueError):
@@ -360,7 +362,7 @@ class SwitchAllreduce:
                 f"allreduce call #{call.seq}: the int32 sum may overflow: the ranks' maxima add "
                 f"up to {top} and their minima to {bottom}, outside [-2^31, 2^31-1]; the "
                 f"switch adds wrapping int32, so the call was refused on every rank before any "
-                f"data moved (the check is conservative: it bounds every element's sum by "
+                f"sum was formed (the check is conservative: it bounds every element's sum by "
                 f"those two sums). Use int64 with algo='ring', or scale the data")
 
     @staticmethod
