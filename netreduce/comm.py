@@ -575,7 +575,13 @@ class Communicator:
         `call`'s output. `SwitchFailure` when this rank holds neither that call's wire
         words (`_settle` sums those) nor its record of a small call."""
         last = self._last_switch
-        mine = last.record if last is not None and last.context.seq == seq else self._began
+        kept = last is not None and last.context.seq == seq
+        if position > seq and not kept:
+            raise SwitchFailure(
+                f"netreduce: rank {self.rank}: the switch at {self.switch.controller} was "
+                f"lost ({reason}) while some ranks lacked the records of call #{seq}, which "
+                f"this rank refused from them (a refusal keeps nothing to finish it with)")
+        mine = last.record if kept else self._began
         if mine is None or mine.seq != seq or not mine.flags & INLINE:
             raise SwitchFailure(
                 f"netreduce: rank {self.rank}: the switch at {self.switch.controller} was "
@@ -584,7 +590,7 @@ class Communicator:
                 f"{'none' if last is None else f'those of call #{last.context.seq}'}")
         records = self._meta.exchange(mine, through_switch=False)
         if position > seq:
-            assert last is not None and last.context.seq == seq, "a completed call is kept"
+            assert last is not None
             if tuple(m.blocks for m in records) != last.context.blocks:
                 raise SwitchFailure(
                     f"netreduce: rank {self.rank}: allreduce call #{seq}: the records the "
