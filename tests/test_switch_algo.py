@@ -107,7 +107,7 @@ def test_a_small_call_travels_in_its_records_in_one_message(dtype: str) -> None:
     rank writes the same bits: int32 exact, floats the float64 sum in rank order (/ n for
     avg) rounded once, non-contiguous input and output included; then a larger call
     quantizes as before."""
-    n, width = 3, np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype).itemsize
+    n, width = 3, np.dtype(dtype).itemsize       # "bfloat16": ml_dtypes is imported
     ops = ["sum"] if dtype == "int32" else ["sum", "avg"]
     most = INLINE_BYTES // width
 
