@@ -9,7 +9,11 @@ Invariants of a `Stream`:
 - `config.recv_depth` receives are posted on the receiving QP outside `transfer`; each
   consumed receive is reposted, and receive completions are polled at most as many as the
   current transfer still expects, so early arrivals of the next transfer stay queued;
-- between two `transfer` calls nothing is outstanding;
+- a transfer reaps the send completions an earlier transfer left outstanding (in posting
+  order, before its own) and, unless called with `settle=False`, returns only when
+  nothing is outstanding. An unsettled transfer returns once every expected message has
+  arrived and every message of its own is posted: its sources must stay unchanged until a
+  later transfer or `settle()` reaps their completions (go-back-N re-reads them);
 - a receive that wrote no bytes and carries the immediate of the message that arrived last
   is not a message: rxe sends a message again as one zero-length packet after a retry race
   (docs/roce.md); it is counted (`empty_resends`), logged and its receive reposted;
@@ -87,31 +91,42 @@ class Stream:
         self.empty_resends = 0        # zero-length repeats of an arrived message (rxe's race)
         link.post_recvs(config.recv_depth)
 
+    @property
+    def settled(self) -> bool:
+        """Nothing is outstanding (every message sent so far is acknowledged)."""
+        return not self.window.pending
+
+    def settle(self) -> None:
+        """Wait for the acknowledgements an unsettled transfer left outstanding."""
+        if not self.settled:
+            self.transfer(None)
+
     def transfer(self, send: Outgoing | None, recv_nbytes: int = 0,
-                 on_arrival: OnArrival | None = None) -> None:
+                 on_arrival: OnArrival | None = None, settle: bool = True) -> None:
         """Send `send` to the successor while `recv_nbytes` arrive from the predecessor;
         `on_arrival(message)` runs for each arrived message, in order. Returns when every
-        sent message is acknowledged and every expected message has arrived."""
+        expected message has arrived and every message is posted and, with `settle`, every
+        message sent so far acknowledged (see the module's invariants)."""
         out = MessagePlan(send.src.nbytes if send else 0, self.config.msg_size,
                           self.next_send_index)
         inc = MessagePlan(recv_nbytes, self.config.msg_size, self.next_recv_index)
-        posted = completed = arrived = 0
+        posted = arrived = 0
         armed = False
         last_progress = time.monotonic()
-        while completed < len(out) or arrived < len(inc):
+        window = self.window
+        while (settle and window.pending) or posted < len(out) or arrived < len(inc):
             progressed = False
-            while posted < len(out) and self.window.available:
+            while posted < len(out) and window.available:
                 assert send is not None
                 m = out[posted]
                 self.link.post_write(m.index, send.src.slice(m.offset, m.length),
                                      send.dst.slice(m.offset, m.length))
-                self.window.post(m.index)
+                window.post(m.index)
                 posted += 1
                 progressed = True
-            if completed < posted:
-                for c in self.link.poll_sends(posted - completed):
+            if window.pending:
+                for c in self.link.poll_sends(window.pending):
                     self._send_completed(c)
-                    completed += 1
                     progressed = True
             if arrived < len(inc):
                 got = self.link.poll_recvs(len(inc) - arrived)

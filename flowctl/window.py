@@ -32,6 +32,11 @@ class CreditWindow:
         return self.size - len(self._outstanding)
 
     @property
+    def pending(self) -> int:
+        """How many messages are outstanding."""
+        return len(self._outstanding)
+
+    @property
     def outstanding(self) -> tuple[int, ...]:
         return tuple(self._outstanding)
 

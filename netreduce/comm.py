@@ -52,7 +52,7 @@ from flowctl.stream import Stream
 from flowctl.stream import FlowError, StallError
 from netreduce.algorithms import Algorithm, CallContext
 from netreduce.algorithms.ring import RING
-from netreduce.algorithms.switch import SWITCH, inline_result
+from netreduce.algorithms.switch import SWITCH, inline_result, inline_sum, write_inline
 from netreduce.away import Backoff, Rejoiner, SwitchAway, settle_plan
 from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange,
                             SwitchNotAggregating, check_agreement, check_dtype, check_op,
@@ -392,22 +392,42 @@ class Communicator:
                         flags=(REJOIN if rejoin else 0) | (INLINE if data.inline else 0))
         self._calls, self._began = seq + 1, mine
         through_switch = self.switch.registered and self._away is None
-        records = self._on_inc(through_switch, lambda: self._meta.exchange(mine, through_switch))
+        # unsettled: the switch's successor acknowledges these records while this rank
+        # checks and routes the call; the "inc" stream is settled before any output is
+        # written (a call whose acknowledgement fails is settled as not completed here)
+        records = self._on_inc(through_switch, lambda: self._meta.exchange(
+            mine, through_switch, settle=False))
         # every rank started this call, so every rank completed the previous one: its wire
         # words will never be needed again
         self._last_switch = None
         self._workspace.release_retired()
-        context = self._context(call, records, workspace)
-        away = self._away is not None
-        if away and records[0].flags & REJOIN:
-            self._rejoin(seq)        # alike on every rank; this call still runs the ring
-        taken = route(call.algo, context, call.op, through_switch, away=away)
-        if taken.algorithm is SWITCH:
-            self._last_switch = _SwitchCall(context, call, mine)
-            self._on_inc(not context.inline, lambda: taken.algorithm.run(context, array, target))
-        else:
+        try:
+            context = self._context(call, records, workspace)
+            away = self._away is not None
+            if away and records[0].flags & REJOIN:
+                self._rejoin(seq)        # alike on every rank; this call still runs the ring
+            taken = route(call.algo, context, call.op, through_switch, away=away)
+        except CallRejected:
+            self._settle_inc(through_switch)
+            raise
+        if taken.algorithm is not SWITCH:
+            self._settle_inc(through_switch)
             taken.algorithm.run(context, array, target)
+        elif context.inline:        # its sum is formed from the records, then written
+            self._last_switch = _SwitchCall(context, call, mine)
+            total = inline_sum(context.blocks, context.divisor, target.dtype)
+            self._settle_inc(True)
+            write_inline(total, target)
+        else:                       # the data's transfer settles the records' first
+            self._last_switch = _SwitchCall(context, call, mine)
+            self._on_inc(True, lambda: SWITCH.run(context, array, target))
         return taken
+
+    def _settle_inc(self, used: bool) -> None:
+        """Wait for the acknowledgements of this call's records on "inc" (`used`: they went
+        through the switch); a failure there is the switch's (`_on_inc`)."""
+        if used:
+            self._on_inc(True, self._streams["inc"].settle)
 
     def _context(self, call: "_Call", records: list[CallMeta],
                  workspace: RegisteredMemory) -> CallContext:

@@ -170,8 +170,12 @@ class MetaExchange:
         """The bank-sized area the switch exchange sends from, after the two banks."""
         return 2 * self.world_size * RECORD_STRIDE
 
-    def exchange(self, mine: CallMeta, through_switch: bool | None = None) -> list[CallMeta]:
-        """Every rank's record of this call, by rank."""
+    def exchange(self, mine: CallMeta, through_switch: bool | None = None,
+                 settle: bool = True) -> list[CallMeta]:
+        """Every rank's record of this call, by rank. Through the switch with `settle`
+        False, it returns once the bank arrived, before the switch's successor has
+        acknowledged this rank's records: the caller settles the "inc" stream (or its next
+        transfer does) before the next exchange rewrites the send area."""
         n, r, seq = self.world_size, self.rank, mine.seq
         if through_switch is None:
             through_switch = self.through_switch
@@ -185,7 +189,7 @@ class MetaExchange:
             view[send + r * RECORD_STRIDE:send + r * RECORD_STRIDE + record.size] = record
             stream.transfer(Outgoing(local.slice(send, size),
                                      self.successor_control.slice(bank, size)),
-                            recv_nbytes=size)
+                            recv_nbytes=size, settle=settle)
         else:
             stream = self.streams["ring"]
             at = self._slot(seq, r)

@@ -148,6 +148,47 @@ def test_stream_indices_run_on_across_transfers() -> None:
     assert stream.next_send_index == stream.next_recv_index == 5
 
 
+class LateAcks:
+    """A link whose send completions (the responder's ACKs) are held back until `late` is
+    cleared; everything else is the fake link's."""
+
+    def __init__(self, link: FakeLink) -> None:
+        self.link, self.late, self.held = link, True, []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.link, name)
+
+    def poll_sends(self, max_count: int) -> list[Completion]:
+        self.held += self.link.poll_sends(CFG.window)
+        if self.late:
+            return []
+        got, self.held = self.held[:max_count], self.held[max_count:]
+        return got
+
+
+def test_an_unsettled_transfer_leaves_its_acks_to_the_next_one() -> None:
+    """settle=False returns once the expected messages arrived, its own sends outstanding;
+    the next transfer reaps them first, in posting order, then its own; `settle()` waits
+    for what is left."""
+    stream, link, host = loopback()
+    stream.link = late = LateAcks(link)      # type: ignore[assignment]
+    src, dst = host.register(4096), host.register(4096)
+    src.view()[:] = np.arange(4096) % 251
+    stream.transfer(Outgoing(src.local().slice(0, 2000), dst.remote().slice(0, 2000)),
+                    recv_nbytes=2000, settle=False)
+    assert np.array_equal(dst.view()[:2000], src.view()[:2000])
+    assert not stream.settled and stream.window.outstanding == (0, 1)
+    late.late = False
+    stream.transfer(Outgoing(src.local().slice(2000, 1000), dst.remote().slice(2000, 1000)),
+                    recv_nbytes=1000, settle=False)
+    assert np.array_equal(dst.view()[:3000], src.view()[:3000])
+    assert stream.window.outstanding in ((), (2,))
+    stream.settle()
+    assert stream.settled and stream.window.outstanding == ()
+    stream.transfer(Outgoing(src.local().slice(0, 1), dst.remote().slice(0, 1)), recv_nbytes=1)
+    assert stream.settled and stream.next_send_index == stream.next_recv_index == 4
+
+
 def test_outgoing_sizes_must_match() -> None:
     _, _, host = loopback()
     buf = host.register(100)

@@ -52,7 +52,7 @@ def counting_writes() -> Iterator[Counter]:
     """How many times each output array is written by an algorithm (by id), meanwhile."""
     count: Counter = Counter()
     deliver, run = SwitchAllreduce.deliver, RingAllreduce.run
-    inline = switch_algorithm.inline_result
+    inline = switch_algorithm.write_inline
 
     def counted_deliver(self: Any, call: Any, summed: Any, dst: np.ndarray) -> None:
         count[id(dst)] += 1
@@ -62,13 +62,13 @@ def counting_writes() -> Iterator[Counter]:
         count[id(dst)] += 1
         run(self, call, src, dst)
 
-    def counted_inline(blocks: Any, divisor: int, dst: np.ndarray) -> None:
+    def counted_inline(total: np.ndarray, dst: np.ndarray) -> None:
         count[id(dst)] += 1
-        inline(blocks, divisor, dst)
+        inline(total, dst)
     with mock.patch.object(SwitchAllreduce, "deliver", counted_deliver), \
             mock.patch.object(RingAllreduce, "run", counted_run), \
-            mock.patch.object(switch_algorithm, "inline_result", counted_inline), \
-            mock.patch.object(comm_module, "inline_result", counted_inline):
+            mock.patch.object(switch_algorithm, "write_inline", counted_inline), \
+            mock.patch.object(comm_module, "write_inline", counted_inline):
         yield count
 
 

@@ -209,8 +209,12 @@ def refused(n: int, make: Any, algo: str = "switch") -> tuple[list[Any], FakeFab
         else:
             return "no error"
         inc_posted = host.rings["inc"].posted
+        # the refused call's records were acknowledged before it raised: their send area
+        # is free for the next call's
+        assert comm._streams["inc"].settled
         y = np.ones(5, dtype=np.int32)
         comm.allreduce(y, algo="switch")
+        assert comm._streams["inc"].settled
         return err, np.array_equal(x, before, equal_nan=True), int(y[0]), inc_posted
 
     results, fabric, _ = with_switch(n, body)

@@ -438,17 +438,28 @@ class SwitchAllreduce:
 
 def inline_result(blocks: Sequence[bytes], divisor: int, dst: np.ndarray) -> None:
     """Write into `dst` the result of a small call that travelled in its records
-    (`CallContext.inline`: `blocks` holds every rank's data, by rank, of dst's dtype): the
-    n contributions added in rank order, int32 in int64 then wrapped like the switch's
-    sums, floats in float64, divided by `divisor` and rounded once to the dtype (module
+    (`CallContext.inline`): `write_inline(inline_sum(...), dst)`."""
+    write_inline(inline_sum(blocks, divisor, dst.dtype), dst)
+
+
+def inline_sum(blocks: Sequence[bytes], divisor: int, dtype: np.dtype) -> np.ndarray:
+    """The sum of a small call that travelled in its records, not yet in `dtype`:
+    `blocks` holds every rank's data, by rank, of `dtype`; the n contributions are added
+    in rank order, int32 in int64 then wrapped like the switch's sums (int32), floats in
+    float64 and divided by `divisor` (float64, rounded once by `write_inline`; module
     doc). A function of the agreed records only: every rank writes the same bits."""
-    parts = np.frombuffer(b"".join(blocks), dtype=dst.dtype).reshape(len(blocks), -1)
-    if dst.dtype == np.int32:
-        total = np.add.reduce(parts, axis=0, dtype=np.int64).astype(np.int32)
-    else:
-        total = np.add.reduce(parts, axis=0, dtype=np.float64)
-        if divisor != 1:
-            np.divide(total, divisor, out=total)
+    parts = np.frombuffer(b"".join(blocks), dtype=dtype).reshape(len(blocks), -1)
+    if dtype == np.int32:
+        return np.add.reduce(parts, axis=0, dtype=np.int64).astype(np.int32)
+    total = np.add.reduce(parts, axis=0, dtype=np.float64)
+    if divisor != 1:
+        np.divide(total, divisor, out=total)
+    return total
+
+
+def write_inline(total: np.ndarray, dst: np.ndarray) -> None:
+    """Write a small call's `inline_sum` into the caller's output `dst` (the one place
+    that does: rounded once to dst's dtype)."""
     with np.errstate(over="ignore"):
         dst[...] = total.reshape(dst.shape)
 

@@ -253,20 +253,22 @@ def switch_transfers(size: int, n: int) -> tuple[int, ...]:
 def formula_switch_time_us(topology: str, size: int, n: int,
                            config: FlowConfig = CONFIG) -> float:
     """A switch call without loss: its transfers one after the other (`switch_transfers`:
-    the metadata bank, then data and seal; a small call only the bank); each is its stream serialised on the host link, then its tail's
-    way through h tiers and back (2h links of LATENCY_S; at each of the 2h - 1 switches the
-    largest packet is stored and forwarded, as an inter-switch partial/total between tiers),
-    then the responder's ACK back (2h links). Between tiers the stream is the partials' or
+    the metadata bank, then data and seal; a small call only the bank); each is its stream
+    serialised on the host link, then its tail's way through h tiers and back (2h links of
+    LATENCY_S; at each of the 2h - 1 switches the largest packet is stored and forwarded,
+    as an inter-switch partial/total between tiers); the last one then waits for the
+    responder's ACK back (2h links): the data follow the bank as soon as it arrived, its
+    ACK still on its way (netreduce/comm.py). Between tiers the stream is the partials' or
     totals' (each packet's payload with the inter-switch framing and one carried header):
     the slower link sets the pace. Hosts and switches compute in zero time."""
     h, lat = tiers(topology), LATENCY_S * 1e6
-    total = 0.0
+    total = 2 * h * lat                   # the last transfer's ACK
     for nbytes in switch_transfers(size, n):
         wire, last = _stream(nbytes, config)
         pkts = sum(packets(m, config.mtu) for m in _cut(nbytes, config.msg_size) or [0])
         tier_wire = wire + pkts * (INTERSWITCH + 4) if h > 1 else wire
         tier_pkt = last + INTERSWITCH + HEADER + 4
-        total += (_us(tier_wire) + 4 * h * lat + _us(last) + (2 * h - 2) * _us(tier_pkt))
+        total += (_us(tier_wire) + 2 * h * lat + _us(last) + (2 * h - 2) * _us(tier_pkt))
     return total
 
 
