@@ -52,7 +52,7 @@ from flowctl.stream import Stream
 from flowctl.stream import FlowError, StallError
 from netreduce.algorithms import Algorithm, CallContext
 from netreduce.algorithms.ring import RING
-from netreduce.algorithms.switch import SWITCH, inline_result, inline_sum, write_inline
+from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
 from netreduce.away import Backoff, Rejoiner, SwitchAway, settle_plan
 from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange,
                             SwitchNotAggregating, check_agreement, check_dtype, check_op,
@@ -413,13 +413,13 @@ class Communicator:
         if taken.algorithm is not SWITCH:
             self._settle_inc(through_switch)
             taken.algorithm.run(context, array, target)
-        elif context.inline:        # its sum is formed from the records, then written
-            self._last_switch = _SwitchCall(context, call, mine)
+            return taken
+        self._last_switch = _SwitchCall(context, call, mine)
+        if context.inline:          # its sum is formed from the records, then written
             total = inline_sum(context.blocks, context.divisor, target.dtype)
             self._settle_inc(True)
             write_inline(total, target)
         else:                       # the data's transfer settles the records' first
-            self._last_switch = _SwitchCall(context, call, mine)
             self._on_inc(True, lambda: SWITCH.run(context, array, target))
         return taken
 
@@ -619,8 +619,9 @@ class Communicator:
             return False
         assert call is not None, "a rank at the settled call has it in flight"
         check_agreement(records)
-        inline_result([m.blocks for m in records],
-                      self.world_size if call.op == "avg" else 1, call.target)
+        write_inline(inline_sum([m.blocks for m in records],
+                                self.world_size if call.op == "avg" else 1, call.target.dtype),
+                     call.target)
         return True
 
     def _sum_wire(self, switch_call: CallContext, expected: np.ndarray | None) -> np.ndarray:

@@ -376,10 +376,11 @@ class SwitchAllreduce:
                 f"moved. Use algo='ring'")
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
-        if call.inline:
-            inline_result(call.blocks, call.divisor, dst)
-        else:
-            self.deliver(call, self.send(call, src), dst)
+        """A call whose data travel after its records. A small call's (`call.inline`)
+        travelled in them: the communicator forms its result (`inline_sum`), settles
+        "inc", then writes it (`write_inline`)."""
+        assert not call.inline, "a small call's result is formed from its records"
+        self.deliver(call, self.send(call, src), dst)
 
     @staticmethod
     def exponents(call: CallContext) -> np.ndarray:
@@ -434,12 +435,6 @@ class SwitchAllreduce:
             np.copyto(dst, summed.reshape(dst.shape))
         else:
             dequantize(summed, self.exponents(call), call.divisor, dst, call.workspace.view())
-
-
-def inline_result(blocks: Sequence[bytes], divisor: int, dst: np.ndarray) -> None:
-    """Write into `dst` the result of a small call that travelled in its records
-    (`CallContext.inline`): `write_inline(inline_sum(...), dst)`."""
-    write_inline(inline_sum(blocks, divisor, dst.dtype), dst)
 
 
 def inline_sum(blocks: Sequence[bytes], divisor: int, dtype: np.dtype) -> np.ndarray:
