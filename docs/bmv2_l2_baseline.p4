@@ -1,4 +1,4 @@
-/* The least a v1model program can do for tools.bench_bmv2's forward mode (p4lang
+/* The least a v1model program can do for benchmarks.bench_bmv2's forward mode (p4lang
  * tutorials' basic forwarding, by MAC): Ethernet parsed and deparsed, switch/p4's `l2`
  * table (same names, so Bmv2Target programs it). What BMv2 itself costs per frame, next to
  * switch/p4 (docs/benchmarks.md, "Where BMv2's time goes"). Build:

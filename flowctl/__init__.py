@@ -1,6 +1,6 @@
 """Flow control over one QP ring: message plan, credit window, flow-controlled stream.
 
-`ring_setup.verbs.link` (pyverbs) is imported only where a real `Link` is built.
+`ring_setup.verbs.verbs_link` (pyverbs) is imported only where a real `Link` is built.
 """
 from flowctl.link import Completion, Link, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig, Message, MessagePlan

@@ -1,7 +1,7 @@
 """What the flow-control stream needs from one rank's place in a QP ring.
 
 A `Link` is the pair of RC QPs a rank holds in a ring: it posts RDMA WRITE WITH IMMEDIATE
-to its successor and receives them from its predecessor. `ring_setup.verbs.link.VerbsLink` is the
+to its successor and receives them from its predecessor. `ring_setup.verbs.verbs_link.VerbsLink` is the
 pyverbs implementation; tests drive the stream through an in-process one.
 """
 from __future__ import annotations

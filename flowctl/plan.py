@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence, overload
 
-from switch.contract import DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT, PATH_MTUS
+from nr_contract.spec import DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT, PATH_MTUS
 
 IMM_MODULUS = 1 << 32   # the immediate carries the message index modulo 2^32
 

@@ -70,7 +70,7 @@ from ring_setup.endpoints import (HostEndpoint, QPEndpoint, RingEndpoint, check_
                                   check_endpoints, neighbours, ring_spec)
 from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, PortExchange, Rendezvous,
                                    RendezvousConfig, RendezvousError)
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -893,7 +893,7 @@ def _controller_client(addr: str, timeout: float, program_timeout: float,
                        rank: int) -> Controller | None:
     """The switch controller's client for rank 0 (fits, registers, renews) or another of
     `LEASE_RANKS` (renews only: None when it cannot make one, e.g. no token here)."""
-    from switch.api.client import ControllerClient  # grpc: only where it is used
+    from nr_contract.client import ControllerClient  # grpc: only where it is used
     if rank == 0:
         return ControllerClient(addr, timeout=timeout, program_timeout=program_timeout)
     try:

@@ -3,7 +3,7 @@ agree whether allreduce may aggregate in the network, and fitting that ring to t
 target first.
 
 Invariants:
-- Only rank 0 talks to the controller (`switch.api.client.ControllerClient` or anything
+- Only rank 0 talks to the controller (`nr_contract.client.ControllerClient` or anything
   with the same `ping` / `register_ring` / `unregister_ring`). Before any QP exists it asks
   the controller what its target aggregates (`target_limits`) and fits the "inc" ring's
   flow-control knobs to it (`fit_config`): a knob the user did not set is lowered to what
@@ -17,7 +17,7 @@ Invariants:
   silent fallback to the ring.
 - A registered ring is unregistered by rank 0 once every rank has left (`unregister`), and
   also when the outcome could not be shared.
-- A registration is a lease (switch/api/control.proto): when the controller grants one
+- A registration is a lease (nr_contract/control.proto): when the controller grants one
   (`lease_ms` in its reply), a `LeaseKeeper` on each of the ranks `LEASE_RANKS` (0 and 1:
   a rank whose Python thread cannot run for longer than the lease -- a GIL-holding
   import or checkpoint -- does not lose the ring while the other renews; rank 1 renews
@@ -41,7 +41,7 @@ from typing import Any, Callable, Protocol
 
 from flowctl.plan import FlowConfig
 from ring_setup.rendezvous import Rendezvous
-from switch.contract import RXE_MAX_INFLIGHT, RingSpec
+from nr_contract.spec import RXE_MAX_INFLIGHT, RingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class SwitchRegistrationError(RuntimeError):
 
 
 class Controller(Protocol):
-    """What rank 0 needs of the switch controller (switch.api.client.ControllerClient, which
+    """What rank 0 needs of the switch controller (nr_contract.client.ControllerClient, which
     sends the secret of the token file $NR_CONTROLLER_TOKEN names)."""
 
     addr: str
@@ -107,7 +107,7 @@ class RingFit:
 
 
 def target_limits(controller: Controller) -> tuple[str, dict[str, Any] | None]:
-    """(target name, its limits as the fields of TargetLimits in switch/api/control.proto,
+    """(target name, its limits as the fields of TargetLimits in nr_contract/control.proto,
     or None when the controller publishes none), from the controller's Ping."""
     reply = controller.ping()
     return reply["target"], reply.get("limits")

@@ -13,7 +13,7 @@ from typing import Any
 from flowctl.link import RemoteBuffer
 from flowctl.plan import FlowConfig
 from ring_setup.rendezvous import RendezvousError
-from switch.contract import Connection, RingSpec
+from nr_contract.spec import Connection, RingSpec
 
 
 @dataclass(frozen=True)

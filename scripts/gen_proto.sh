@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gen_proto.sh — regenerate switch/api/control_pb2.py and control_pb2_grpc.py from
-# switch/api/control.proto (the generated modules are committed; run this after any change).
+# gen_proto.sh — regenerate nr_contract/control_pb2.py and control_pb2_grpc.py from
+# nr_contract/control.proto (the generated modules are committed; run this after any change).
 #
 # The generator is pinned: grpcio-tools 1.49.1 (protoc 3.21.6). Its _pb2 code runs on the
 # protobuf runtime the venv is pinned to (3.20.x, by p4runtime-shell) and on newer ones
@@ -17,5 +17,5 @@ if ! "$GEN/bin/python" -c 'import grpc_tools' 2>/dev/null; then
 fi
 cd "$ROOT"
 "$GEN/bin/python" -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. \
-  switch/api/control.proto
-echo "gen_proto: regenerated switch/api/control_pb2.py, switch/api/control_pb2_grpc.py ($TOOLS)"
+  nr_contract/control.proto
+echo "gen_proto: regenerated nr_contract/control_pb2.py, nr_contract/control_pb2_grpc.py ($TOOLS)"

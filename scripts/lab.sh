@@ -32,13 +32,13 @@
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
 # and BMv2 on PATH; rings through it must use RoCE path MTU 256).
 # --racks R (R >= 2) runs a two-tier fabric instead of the one switch (docs/multirack.md,
-# tools/fabric_lab.py): the hosts spread over R racks as evenly as possible in host order
+# labswitches/fabric_lab.py): the hosts spread over R racks as evenly as possible in host order
 # (the host table says which rack), one ToR process per rack on its hosts' ports, one spine
 # process cabled to every ToR by a veth (and to the controller's leg), and the fabric's
 # controller on the same address; --link-loss PCT loses PCT % of the frames on every
 # ToR-spine link, both ways. --racks R --switch bmv2 runs the ToRs as tor.p4 and the spine
 # as spine.p4 on BMv2 (rings must span racks; BMv2 cannot lose frames on purpose, so the
-# loss is tc's on its veths: tools/fabric_lab.py; build/p4-tor should be fresh: p4c takes
+# loss is tc's on its veths: labswitches/fabric_lab.py; build/p4-tor should be fresh: p4c takes
 # minutes). The hosts' side
 # may also restart the switch as kind "racks:R[:PCT[:SPINE[:TORS]]]" with SPINE and TORS
 # soft (default) or bmv2, e.g. racks:2:0:bmv2 (a BMv2 spine under software ToRs), and back
@@ -175,7 +175,7 @@ else
   command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing: run scripts/install.sh"
   say "vm lab: kernel $kver under TCG, $hosts hosts on virtio NICs, switch on taps in $SWNS"
   # the guest sees the code read-only (cached views, lab_guest.sh): compile it here, once
-  "$PY" -m compileall -q "$ROOT"/{netreduce,flowctl,ring_setup,switch,tools,tests,examples} >/dev/null || true
+  "$PY" -m compileall -q "$ROOT"/{nr_contract,netreduce,flowctl,ring_setup,switch,labswitches,benchmarks,tests,examples} >/dev/null || true
   # nrroot: / once more, read-only, for the guest's cached views (scripts/lab_guest.sh)
   qemu_opts="-accel tcg,thread=$tcg -virtfs local,path=/,mount_tag=nrroot,security_model=none,readonly=on,multidevs=remap"
   for ((i = 0; i < hosts; i++)); do
@@ -190,7 +190,7 @@ fi
 ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 
 # --- the switch and its supervisor ----------------------------------------------------------
-# The switch (soft: python -m switch; bmv2: python -m tools.bmv2_lab) runs in a session of its
+# The switch (soft: python -m switch; bmv2: python -m labswitches.bmv2_lab) runs in a session of its
 # own (its pid is its process group: stopping it also ends simple_switch_grpc); its pid is in
 # $LABDIR/switch.pid, its kind in $LABDIR/switch.kind. The supervisor lets the hosts' side
 # restart it (tests/lab/labswitch.py): the guest writes "ID KIND" to $LABDIR/switch.request;
@@ -205,7 +205,7 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   local kind=$1 module extra=() pid
   case $kind in
     soft) module=switch ;;
-    bmv2) module=tools.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
+    bmv2) module=labswitches.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
     racks:*)   # racks:R[:PCT[:SPINE[:TORS]]]: the two-tier fabric, PCT % loss on its
                # ToR-spine links, the spine and the ToRs soft (default) or bmv2 (spine.p4, tor.p4)
       local r loss spine tors
@@ -215,14 +215,14 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
               && $spine =~ ^(soft|bmv2)$ && $tors =~ ^(soft|bmv2)$ ]]; then
         switch_error="switch kind '$kind': racks:R[:PCT[:soft|bmv2[:soft|bmv2]]] with R in 2..$hosts"; return 1
       fi
-      module=tools.fabric_lab
+      module=labswitches.fabric_lab
       extra=(--racks "$r" --link-loss "$loss" --spine-target "$spine" --tor-target "$tors"
              --spine-port "$((hosts + 1))" --workdir "$LABDIR") ;;
     *) switch_error="unknown switch kind '$kind' (soft, bmv2 or racks:R[:PCT[:SPINE[:TORS]]])"; return 1 ;;
   esac
   rm -f "$LABDIR/switch.ready"
   echo "---- $(date -u +%T) starting the $kind switch" >> "$LABDIR/switch.log"
-  # tools/ is not an installed package: python -m tools.NAME finds it through the root
+  # labswitches/ is not an installed package: python -m labswitches.NAME finds it through the root
   setsid ip netns exec "$SWNS" env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
     "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
     --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \

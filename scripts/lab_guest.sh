@@ -29,7 +29,7 @@ cached_views() {
   fi
   # /usr: an overlay, so that what the guest writes there (e.g. a missing .pyc) stays possible
   mount -t overlay overlay -o "lowerdir=$share/usr,upperdir=/run/nrusr/upper,workdir=/run/nrusr/work" /usr
-  for d in "$NR_LAB_VENV" "$ROOT"/{netreduce,flowctl,ring_setup,switch,tools,tests,examples}; do
+  for d in "$NR_LAB_VENV" "$ROOT"/{nr_contract,netreduce,flowctl,ring_setup,switch,labswitches,benchmarks,tests,examples}; do
     [ -d "$share$d" ] && mount --bind -o ro "$share$d" "$d"
   done
 }

@@ -17,7 +17,7 @@
 # down: removes the hosts' rxe devices and namespaces (veth peers go with them).
 # status: hosts, addresses, rxe devices, RoCEv2 GIDs, switch ports; with --racks R (R > 1,
 #     the lab's two-tier fabric) also each host's rack: N hosts spread over R racks as evenly
-#     as possible in host order, the first racks one larger (tools/fabric_lab.py).
+#     as possible in host order, the first racks one larger (labswitches/fabric_lab.py).
 set -euo pipefail
 
 SUBNET=10.77.0

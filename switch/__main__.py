@@ -1,6 +1,6 @@
-"""`python -m switch`: the software switch and its controller (switch.cli, `--help`)."""
+"""`python -m switch`: the software switch and its controller (switch.daemon, `--help`)."""
 import sys
 
-from switch.cli import main
+from switch.daemon import main
 
 sys.exit(main())

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from switch.api.client import DEFAULT_ADDR, ControllerClient, ControllerError
-from switch.api.tokens import TokenFileError
-from switch.contract import RingSpec
+from nr_contract.client import DEFAULT_ADDR, ControllerClient, ControllerError
+from nr_contract.tokens import TokenFileError
+from nr_contract.spec import RingSpec
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from switch.contract import PSN_MASK, Connection, RingSpec
+from nr_contract.spec import PSN_MASK, Connection, RingSpec
 from roce_layers import (WRITE_FIRST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY_IMM, make_ring,
                          write_frame)
 from switch.dataplane import interswitch

@@ -31,7 +31,7 @@ from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import IMM_MODULUS, FlowConfig
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 
 
 class FakeFabric:

@@ -15,7 +15,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 
-from switch.contract import Connection, RingSpec
+from nr_contract.spec import Connection, RingSpec
 
 WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM = range(6, 12)
 RETH_OPS = (WRITE_FIRST, WRITE_ONLY, WRITE_ONLY_IMM)

@@ -1,11 +1,11 @@
-"""tools/accuracy.py (the docs/accuracy.md table): its models of the three paths, on small
-data (the full table takes minutes: `python -m tools.accuracy`)."""
+"""benchmarks/accuracy.py (the docs/accuracy.md table): its models of the three paths, on small
+data (the full table takes minutes: `python -m benchmarks.accuracy`)."""
 from __future__ import annotations
 
 import numpy as np
 
 from netreduce.dtypes import BFLOAT16
-from tools.accuracy import (ALGORITHMS, ddp_buckets, int32_switch, relative_errors, ring_sum,
+from benchmarks.accuracy import (ALGORITHMS, ddp_buckets, int32_switch, relative_errors, ring_sum,
                             switch_sum, table)
 
 

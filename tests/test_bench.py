@@ -15,10 +15,10 @@ import pytest
 
 from netreduce.tools import cli
 from netreduce.tools.bench import runner, tenants
-from netreduce.tools.bench.plan import (BenchPlan, format_size, parse_algos, parse_iters,
+from netreduce.tools.bench.runplan import (BenchPlan, format_size, parse_algos, parse_iters,
                                         parse_size, parse_sizes)
-from netreduce.tools.bench.progress import Progress
-from netreduce.tools.bench.report import (Collector, Record, Result, Summary, document, gbps,
+from netreduce.tools.bench.progressbar import Progress
+from netreduce.tools.bench.results import (Collector, Record, Result, Summary, document, gbps,
                                           latency_table, quartiles, ratios, rtt_us, table,
                                           validate)
 from netreduce.tools.bench.worker import rank_input, run, size_reference, spine_link_bytes

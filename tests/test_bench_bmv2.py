@@ -1,11 +1,11 @@
-"""tools.bench_bmv2 without BMv2: its build arguments and what it derives from a run."""
+"""benchmarks.bench_bmv2 without BMv2: its build arguments and what it derives from a run."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from tools.bench_bmv2 import Run, parse_build
+from benchmarks.bench_bmv2 import Run, parse_build
 
 
 def build_dir(tmp_path: Path, program: str = "netreduce") -> Path:
@@ -49,7 +49,7 @@ def test_role_traffic_is_what_the_software_roles_exchange() -> None:
     """300 slots of 2 x 2 (slots reused past 256): ToR 0's two contributions per slot on
     its host ports, the spine's total for it, both ToRs' partials on spine ports 1 and 2."""
     from switch.dataplane.interswitch import Kind, decode, is_interswitch
-    from tools.bench_bmv2 import role_traffic
+    from benchmarks.bench_bmv2 import role_traffic
     t = role_traffic(300)
     assert [p for p, _ in t.contributions[:4]] == [1, 2, 1, 2] and len(t.contributions) == 600
     assert [p for p, _ in t.partials[:4]] == [1, 2, 1, 2] and len(t.partials) == 600

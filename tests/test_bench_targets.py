@@ -1,4 +1,4 @@
-"""tools.bench_targets without a switch: the replay loop's counting and its window, against
+"""benchmarks.bench_targets without a switch: the replay loop's counting and its window, against
 an in-process stand-in that forwards every frame back after a delay (socket pairs)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import socket
 import threading
 
 from switch.dataplane.ports import Port
-from tools.bench_pipeline import frames, lab_ring
-from tools.bench_targets import Result, replay
+from benchmarks.bench_pipeline import frames, lab_ring
+from benchmarks.bench_targets import Result, replay
 
 
 def test_replay_counts_what_comes_back_and_keeps_the_window() -> None:
@@ -59,7 +59,7 @@ def test_replay_answers_a_tors_partials_with_their_totals() -> None:
     spine's total, and counts the two results; the window holds."""
     from switch.control.fabric import TorTarget
     from switch.dataplane.tor import TorPipeline
-    from tools.bench_bmv2 import SLOTS, UPLINK, placement, role_traffic, tor_config
+    from benchmarks.bench_bmv2 import SLOTS, UPLINK, placement, role_traffic, tor_config
     traffic = role_traffic(300)
     tor = TorPipeline(tor_config(0))
     TorTarget(tor, lambda mac: None).register_ring(traffic.spec, SLOTS,

@@ -16,16 +16,16 @@ import pytest
 
 from roce_layers import mac_ports, make_ring
 from switch.p4 import program as p4program
-from tools import bmv2_lab
+from labswitches import bmv2_lab
 from switch.control.bmv2 import Bmv2Target, McGroup, ShellSession, TableEntry, plan_ring
 from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.service import serve
-from switch.api.client import ControllerClient
+from nr_contract.client import ControllerClient
 from switch.control.target import SoftwareTarget
 from switch.dataplane.ports import format_port_table
 from switch.p4.program import build_paths, contract
 from switch.dataplane.pipeline import AggregationPipeline
-from switch.contract import CONN_COUNTERS, RING_COUNTERS
+from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS
 
 C = contract()
 PORTS = {p: f"nrtap{p - 1}" for p in range(1, 6)}

@@ -7,7 +7,7 @@ import pytest
 
 from conformance.role_harness import spine_args
 from conformance.roles import all_role_vectors
-from switch.contract import LANE_OUTCOMES, RingSpec
+from nr_contract.spec import LANE_OUTCOMES, RingSpec
 from switch.control.bmv2_spine import Bmv2SpineTarget, plan_spine_ring, transit_match
 from switch.control.fabric import SpineTarget
 from switch.control.fabric_rpc import SpineSwitch

@@ -10,7 +10,7 @@ import pytest
 from conformance.role_harness import tor_args
 from conformance.roles import all_role_vectors
 from roce_layers import make_ring
-from switch.contract import TOR_COUNTERS, TRANSIT_COUNTERS, RingSpec
+from nr_contract.spec import TOR_COUNTERS, TRANSIT_COUNTERS, RingSpec
 from switch.control.bmv2_tor import Bmv2TorTarget, plan_tor_ring
 from switch.control.fabric import TorTarget
 from switch.control.fabric_rpc import TorSwitch
@@ -147,9 +147,9 @@ def test_tor_switch_serves_it_like_the_software_tor() -> None:
 
 
 def test_bmv2_lab_serves_it_as_a_tor_switch_with_its_limits() -> None:
-    """`python -m tools.bmv2_lab --role tor` serves the BMv2 ToR to the fabric's controller
+    """`python -m labswitches.bmv2_lab --role tor` serves the BMv2 ToR to the fabric's controller
     as a ToR process serves the software one, publishing tor.p4's limits (path MTU 256)."""
-    from tools.bmv2_lab import served
+    from labswitches.bmv2_lab import served
     target = Bmv2TorTarget(FakeSession(), CONFIG, PORTS, {"02:4e:52:00:00:01": 1})
     switch = served(SimpleNamespace(target=target))          # type: ignore[arg-type]
     assert isinstance(switch, TorSwitch)
@@ -159,7 +159,7 @@ def test_bmv2_lab_serves_it_as_a_tor_switch_with_its_limits() -> None:
 
 
 def test_bmv2_lab_names_a_missing_tor_option(capsys: pytest.CaptureFixture[str]) -> None:
-    from tools import bmv2_lab
+    from labswitches import bmv2_lab
     assert bmv2_lab.main(["--role", "tor", "--port", "1=nrtap0", "--port", "100=up",
                           "--uplink", "100"]) == 1
     assert "--role tor needs --tor-id, --me, --spine" in capsys.readouterr().err

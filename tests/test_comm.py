@@ -15,7 +15,7 @@ from netreduce.algorithms.ring import RingLayout
 from netreduce.comm import Communicator, CommunicatorError
 from netreduce.meta import AllreduceMismatch
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=5.0)
 

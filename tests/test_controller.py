@@ -1,5 +1,5 @@
 """The controller over real gRPC on 127.0.0.1: validation, credentials, ownership, leases,
-limits, Counters, TLS, switch.ctl (the typed API of switch/api/control.proto)."""
+limits, Counters, TLS, switch.ctl (the typed API of nr_contract/control.proto)."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +19,8 @@ import pytest
 
 from roce_layers import WRITE_ONLY, ip_ports, lab_mac, mac_ports, make_ring, write_frame
 from switch import ctl
-from switch.api import control_pb2 as pb
-from switch.api.client import ControllerClient, ControllerError, spec_message
+from nr_contract import control_pb2 as pb
+from nr_contract.client import ControllerClient, ControllerError, spec_message
 from switch.control.service import (MAX_MESSAGE, SERVICE, ControllerConfig, ControllerService,
                                     TlsFiles, serve)
 from switch.control.target import SoftwareTarget, resolve_ports
@@ -508,13 +508,13 @@ def test_resolve_ports_rejects_an_ip_on_two_ports() -> None:
 
 
 def test_importing_netreduce_loads_no_switch_code() -> None:
-    code = ("import sys, netreduce, netreduce.comm, switch.api.client\n"
+    code = ("import sys, netreduce, netreduce.comm, nr_contract.client\n"
             "print(sorted(m for m in sys.modules if m.startswith('switch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parent.parent).stdout
     assert json.loads(out.replace("'", '"')) == [      # the contract and the thin client only
-        "switch", "switch.api", "switch.api.client", "switch.api.control_pb2",
-        "switch.api.control_pb2_grpc", "switch.api.tokens", "switch.contract"]
+        "switch", "nr_contract", "nr_contract.client", "nr_contract.control_pb2",
+        "nr_contract.control_pb2_grpc", "nr_contract.tokens", "nr_contract.spec"]
 
 
 def test_ctl_prints_json(start: Start, tmp_path: Path, tokens: dict[str, Path],
@@ -553,7 +553,7 @@ def test_ctl_prints_json(start: Start, tmp_path: Path, tokens: dict[str, Path],
     ("a 0123456789abcdef0\nb 0123456789abcdef0\n", "line 2: the secret of 'b' is already"),
 ])
 def test_token_files_are_checked_by_line(tmp_path: Path, text: str, message: str) -> None:
-    from switch.api.tokens import TokenFileError, read_token_file
+    from nr_contract.tokens import TokenFileError, read_token_file
     path = tmp_path / "t"
     path.write_text(text)
     path.chmod(0o600)
@@ -563,7 +563,7 @@ def test_token_files_are_checked_by_line(tmp_path: Path, text: str, message: str
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660])
 def test_a_token_file_others_may_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
-    from switch.api.tokens import TokenFileError, read_token_file
+    from nr_contract.tokens import TokenFileError, read_token_file
     path = tmp_path / "t"
     path.write_text("alice alice-secret-0123456789\n")
     path.chmod(mode)
@@ -575,7 +575,7 @@ def test_a_token_file_others_may_read_or_write_is_refused(tmp_path: Path, mode: 
 
 
 def test_token_file_entries(tmp_path: Path) -> None:
-    from switch.api.tokens import read_token_file
+    from nr_contract.tokens import read_token_file
     path = tmp_path / "t"
     path.write_text("# switch\n0123456789abcdef0  # the default principal\nbob bob-0123456789abcdef\n")
     path.chmod(0o600)
@@ -587,9 +587,9 @@ def test_token_file_entries(tmp_path: Path) -> None:
 
 def test_a_token_in_the_clear_to_a_remote_controller_is_warned_about_once(
         tokens: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
-    import switch.api.client as client_module
+    import nr_contract.client as client_module
     client_module._warned_plaintext.clear()
-    with caplog.at_level(logging.WARNING, logger="switch.api.client"):
+    with caplog.at_level(logging.WARNING, logger="nr_contract.client"):
         for addr in ("127.0.0.1:1", "unix:/tmp/nr.sock", "192.0.2.7:50051", "192.0.2.7:50051"):
             ControllerClient(addr, token_file=tokens["alice"]).close()
         ControllerClient("192.0.2.8:50051").close()          # no token: nothing to leak
@@ -684,7 +684,7 @@ def test_an_address_belongs_to_one_principal_at_a_time(start: Start,
 
 def test_a_hosts_policy_binds_principals_to_their_hosts(start: Start, tokens: dict[str, Path],
                                                          tmp_path: Path) -> None:
-    from switch.api.tokens import read_hosts_policy
+    from nr_contract.tokens import read_hosts_policy
     policy = tmp_path / "hosts"
     policy.write_text("# who may use which hosts\nalice 10.77.0.1 10.77.0.2\nbob 10.77.0.0/30\n")
     addr, pipeline = start(hosts=4, tokens={ALICE: "alice", BOB: "bob"},
@@ -707,7 +707,7 @@ def test_a_hosts_policy_binds_principals_to_their_hosts(start: Start, tokens: di
     ("bad/name 10.0.0.1\n", "line 1: expected 'PRINCIPAL NET [NET ...]'"),
 ])
 def test_a_hosts_policy_is_checked_by_line(tmp_path: Path, text: str, message: str) -> None:
-    from switch.api.tokens import TokenFileError, read_hosts_policy
+    from nr_contract.tokens import TokenFileError, read_hosts_policy
     path = tmp_path / "hosts"
     path.write_text(text)
     with pytest.raises(TokenFileError, match=re.escape(message)):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fabricsim import Faults, Sim
-from switch.api.client import ControllerClient, ControllerError
+from nr_contract.client import ControllerClient, ControllerError
 from switch.control.service import ControllerConfig, serve
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
@@ -151,14 +151,14 @@ class FakeDataPlane:
       "--tor", "0=9,02:00:00:00:00:01,10.0.0.1"], r"ToR\(s\) \[0\] on no port"),
 ])
 def test_role_options_are_checked_and_named(argv: list[str], match: str) -> None:
-    from switch.cli import build_parser, role_pipeline
+    from switch.daemon import build_parser, role_pipeline
     args = build_parser().parse_args(["--port", "1=a", *argv])
     with pytest.raises(ValueError, match=match):
         role_pipeline(args, FakeDataPlane())  # type: ignore[arg-type]
 
 
 def test_role_pipelines_are_the_fabric_switches() -> None:
-    from switch.cli import build_parser, role_pipeline
+    from switch.daemon import build_parser, role_pipeline
     tor_args = build_parser().parse_args([
         "--port", "1=a", "--role", "tor", "--tor-id", "3", "--uplink", "100",
         "--me", "02:00:00:00:00:01,10.0.0.1", "--spine", "02:00:00:00:00:02,10.0.0.2",
@@ -174,7 +174,7 @@ def test_role_pipelines_are_the_fabric_switches() -> None:
 
 
 def test_the_lab_spreads_hosts_over_racks_as_evenly_as_possible() -> None:
-    from tools.fabric_lab import rack_sizes
+    from labswitches.fabric_lab import rack_sizes
     assert [rack_sizes(h, r) for h, r in ((4, 2), (5, 2), (6, 2), (7, 3), (2, 2))] == \
         [[2, 2], [3, 2], [3, 3], [3, 2, 2], [1, 1]]
     with pytest.raises(ValueError, match="3 racks for 2 hosts"):
@@ -183,7 +183,7 @@ def test_the_lab_spreads_hosts_over_racks_as_evenly_as_possible() -> None:
 
 LOSSY_PROBE = """
 import json, socket, subprocess, sys
-from tools.fabric_lab import frames_lost, lossy_egress
+from labswitches.fabric_lab import frames_lost, lossy_egress
 subprocess.run(["ip", "link", "add", "nrla", "type", "veth", "peer", "name", "nrlb"], check=True)
 for d in ("nrla", "nrlb"):     # no IPv6: its ND and MLD frames would meet the loss too
     subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{d}.disable_ipv6=1"], check=True)
@@ -212,7 +212,7 @@ print(json.dumps({"sent": sent, "got": got, "refused": refused, "lost": frames_l
 
 
 def test_lossy_egress_loses_the_share_asked_and_counts_it() -> None:
-    """tools/fabric_lab.py's loss on a BMv2 end's veth (tc: htb, classic BPF, pfifo of
+    """labswitches/fabric_lab.py's loss on a BMv2 end's veth (tc: htb, classic BPF, pfifo of
     limit 0; this machine's kernel has no netem): 5% of 4000 frames, at random, each lost
     frame counted; the rest arrive."""
     import json

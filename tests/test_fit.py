@@ -17,7 +17,7 @@ from test_comm import rank_data, run_ranks
 BMV2_LIMITS = {"path_mtus": [256], "max_slots": 256, "max_ranks": 32, "max_rings": 4,
                "free_rings": 4, "max_slot_memory": 0, "default_lease_ms": 0,
                "max_in_flight": 0, "ack_timeout": 0}
-BMV2_PACE = {**BMV2_LIMITS, "max_in_flight": 32, "ack_timeout": 18}   # tools.bmv2_lab's
+BMV2_PACE = {**BMV2_LIMITS, "max_in_flight": 32, "ack_timeout": 18}   # labswitches.bmv2_lab's
 DEFAULTS = FlowConfig()               # what netreduce.init() asks when given no knobs
 NONE: frozenset[str] = frozenset()
 

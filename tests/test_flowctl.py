@@ -11,7 +11,7 @@ from flowctl import (CompletionError, CreditWindow, FlowConfig, Message, Message
                      SequenceError, StallError, Stream, WindowError)
 from flowctl.link import Completion
 from flowctl.stream import LIVENESS_POLL
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 
 
 # --- message plan ---------------------------------------------------------------------------

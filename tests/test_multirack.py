@@ -19,7 +19,7 @@ from fabricsim import SPINE, UPLINK, Faults, Sim, tor_endpoint
 from roce_layers import WRITE_ONLY, make_ring, wrapping_sum, write_frame
 from switch.dataplane import interswitch
 from switch.control.service import serve
-from switch.api.client import ControllerClient, ControllerError
+from nr_contract.client import ControllerClient, ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.dataplane.interswitch import Corrupt, Kind, ring_tag
 from switch.dataplane.spine import SpineConfig, SpinePipeline

@@ -27,7 +27,7 @@ from switch.p4 import program as p4program
 from switch.p4.program import (ISCRC_PRE_WORDS, P4_DIR, contract, generated_sources,
                               icrc_words_source, iscrc_words_source, parse_contract,
                               pl_valid_source, unaccepted_warnings)
-from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, LANE_OUTCOMES, MAX_RACKS, MAX_RANKS,
+from nr_contract.spec import (CONN_COUNTERS, DEFAULT_SLOTS, LANE_OUTCOMES, MAX_RACKS, MAX_RANKS,
                              MAX_SLOTS, PATH_MTUS, RING_COUNTERS, TOR_COUNTERS,
                              TRANSIT_COUNTERS)
 from switch.dataplane.spine import SpineConfig, SpinePipeline
@@ -351,10 +351,10 @@ def test_deparser_emits_the_headers_in_wire_order() -> None:
 
 def test_every_source_is_included() -> None:
     main = source("netreduce.p4")
-    included = set(re.findall(r'#include "(\w+\.p4)"', "".join(
-        p.read_text() for p in P4_DIR.glob("*.p4"))))
+    included = set(re.findall(r'#include "([\w/]+\.p4)"', "".join(
+        p.read_text() for p in P4_DIR.rglob("*.p4"))))
     assert included | {"netreduce.p4", "spine.p4", "tor.p4"} == \
-        {p.name for p in Path(P4_DIR).glob("*.p4")}
+        {str(p.relative_to(P4_DIR)) for p in Path(P4_DIR).rglob("*.p4")}
     assert "V1Switch(NrParser(), NrVerifyChecksum(), NrIngress(), NrEgress()" in main
     spine = source("spine.p4")
     assert spine.index("#define NR_ROLE_SPINE") < spine.index("#include")

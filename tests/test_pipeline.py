@@ -13,7 +13,7 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from switch.contract import CONN_COUNTERS, RING_COUNTERS, RingSpec
+from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS, RingSpec
 from roce_layers import (WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY,
                          WRITE_ONLY_IMM, icrc_ok, ip_ports, lab_port, make_ring, wrapping_sum,
                          write_frame)

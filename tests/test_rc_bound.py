@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from roce_layers import WRITE_MIDDLE, ip_ports, make_ring, wrapping_sum, write_frame
-from switch import contract
+from nr_contract import spec as contract
 from switch.dataplane.pipeline import AggregationPipeline
-from switch.contract import required_slots
+from nr_contract.spec import required_slots
 
 MTU = 256
 SPEC = make_ring(2, mtu=MTU, msg_size=64 * MTU, window=4)        # 256 packets of window

@@ -16,10 +16,10 @@ from rcmodel.fabric import FaultRates, Faults
 from rcmodel.outcomes import assert_every_rank_failed_fast
 from rcmodel.rxe import MAX_UNACKED_PSNS, QPAttr
 from rcmodel.world import World
-from switch import contract
+from nr_contract import spec as contract
 from switch.dataplane import pipeline
 from ring_setup.endpoints import ring_spec
-from switch.contract import PSN_MASK, Connection
+from nr_contract.spec import PSN_MASK, Connection
 from switch.dataplane.packets import BTH_OFF, conn_key, parse
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=2.0)

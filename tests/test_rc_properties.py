@@ -25,7 +25,7 @@ from rcmodel.fabric import KINDS, FaultRates, Faults
 from rcmodel.outcomes import check_fail_fast
 from rcmodel.rxe import RETRY_FOREVER, QPAttr
 from rcmodel.world import World
-from switch.contract import PSN_MASK, required_slots
+from nr_contract.spec import PSN_MASK, required_slots
 
 #: (mtu, msg_size, window): 4-packet messages; 64-packet messages (AckReq only on the
 #: last); 256-packet messages (AckReq every 66th, 129 PSNs in flight, N = 512).

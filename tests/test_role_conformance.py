@@ -28,7 +28,7 @@ from conformance.roles import MANY_CARRIED, RACKS_2X2, TorModel, all_role_vector
 from p4tools import P4_TOOLS, require_tools
 from roce_layers import icrc_ok
 from test_conformance import test_vector as check_vector
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 from switch.control.fabric import SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineSwitch, TorSwitch
 from switch.dataplane import interswitch

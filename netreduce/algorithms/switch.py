@@ -123,7 +123,7 @@ class NotQuantizable(CallRejected, ValueError):
 
 
 INLINE_BYTES = MAX_BLOCK_BYTES   # calls of at most this many data bytes travel in their records
-MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (switch.contract: 32 racks x 32)
+MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (nr_contract.spec: 32 racks x 32)
 MIN_BLOCK = 1024          # elements: 4 KiB of wire words, one packet at the default MTU
 NO_FLOOR = -128           # the published floor of an all-zero block (and of M < 2^-127)
 

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 MAX_REQUEST = 1 << 20          # bytes of one request's JSON
 REQUEST_TIMEOUT = 5.0          # s for a client to send its whole request
 DEFAULT_PRELOAD = ("numpy", "netreduce", "netreduce.tools.reference", "ring_setup.verbs.host",
-                   "switch.api.client", "switch.ctl")
+                   "nr_contract.client", "switch.ctl")
 NETNS_DIR = "/run/netns"       # where `ip netns` names namespaces
 _HEADER = struct.Struct("!I")
 _FDS = 3                       # stdin, stdout, stderr

@@ -32,7 +32,7 @@ from flowctl.plan import FlowConfig
 from ring_setup.device import (DeviceError, RoceGid, find_roce_gid, hw_counters, netdev_mac,
                                netdev_mtu)
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
-from ring_setup.verbs.link import EventCQ, VerbsLink
+from ring_setup.verbs.verbs_link import EventCQ, VerbsLink
 
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 PATH_MTU_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from switch.contract import (CONN_COUNTERS, PSN_MASK, RING_COUNTERS, Connection, RingSpec,
+from nr_contract.spec import (CONN_COUNTERS, PSN_MASK, RING_COUNTERS, Connection, RingSpec,
                              check_ring)
 from switch.control.target import Target, normalize_mac, resolve_ports
 from switch.p4.program import Build, Contract, contract
@@ -261,7 +261,7 @@ class Bmv2Device:
     def remove_groups(self) -> None:
         """Delete every multicast group this target installed (its rings' and the flood
         group), leaving the rest: what BMv2 keeps of a device when the program is pushed
-        again (tools/bmv2_lab.py, Bmv2Switch.reset). The target is to be closed after it."""
+        again (labswitches/bmv2_lab.py, Bmv2Switch.reset). The target is to be closed after it."""
         with self._lock:
             for ring in self._rings.values():
                 self.session.delete_group(ring.plan.group.group_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from switch.contract import PSN_MASK
+from nr_contract.spec import PSN_MASK
 from switch.control.bmv2 import Bmv2Device, McGroup, RegisterReader, Session, TableEntry
 from switch.dataplane.interswitch import ring_tag
 from switch.p4.program import Contract

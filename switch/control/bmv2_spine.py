@@ -27,7 +27,7 @@ import socket
 from collections import Counter
 from typing import Any, Sequence
 
-from switch.contract import LANE_OUTCOMES, PSN_MASK
+from nr_contract.spec import LANE_OUTCOMES, PSN_MASK
 from switch.control.bmv2 import McGroup, TableEntry
 from switch.control.bmv2_role import Bmv2RoleDevice, RolePlan, RoleRing
 from switch.dataplane.interswitch import ring_tag

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from switch.contract import (DEFAULT_SLOTS, MAX_RACKS, MAX_RANKS, TOR_COUNTERS,
+from nr_contract.spec import (DEFAULT_SLOTS, MAX_RACKS, MAX_RANKS, TOR_COUNTERS,
                              TRANSIT_COUNTERS, RingSpec, check_ring, required_slots)
 from switch.control.bmv2 import McGroup, TableEntry
 from switch.control.bmv2_role import Bmv2RoleDevice, RolePlan, RoleRing

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-from switch.contract import MAX_RACKS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, RING_COUNTERS, RingSpec
+from nr_contract.spec import MAX_RACKS, MAX_RANKS, MAX_SLOTS, PATH_MTUS, RING_COUNTERS, RingSpec
 from switch.control.target import PortOfMac, Target, normalize_mac
 from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpinePipeline

@@ -24,8 +24,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from switch.api.client import ControllerClient, ControllerError
-from switch.contract import MAX_RACKS, MAX_RANKS, RingSpec
+from nr_contract.client import ControllerClient, ControllerError
+from nr_contract.spec import MAX_RACKS, MAX_RANKS, RingSpec
 from switch.control.fabric import Placement, SpineTarget, TorTarget, software_limits
 from switch.control.target import FabricSwitchTarget, normalize_mac
 

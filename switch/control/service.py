@@ -1,8 +1,8 @@
-"""The switch controller: the typed gRPC service of switch/api/control.proto and its TLS
+"""The switch controller: the typed gRPC service of nr_contract/control.proto and its TLS
 server, in front of one `switch.control.target.Target`.
 
 Every call goes: credentials (all but Ping) -> decode and validate every field
-(`switch.api.validate`) -> ownership and configured limits -> the Target. A refusal is a
+(`switch.control.validate`) -> ownership and configured limits -> the Target. A refusal is a
 gRPC status naming the field or limit (see the proto's header); anything unexpected is
 INTERNAL, logged once per method and exception type. Invariants: no request reaches a
 Target unvalidated; a refused call changes nothing; every registered ring has exactly one
@@ -25,10 +25,11 @@ from typing import Any, Callable, Optional
 
 import grpc
 
-from switch.api import control_pb2 as pb, validate
-from switch.api.client import DEFAULT_ADDR, local_address
-from switch.api.tokens import HostsPolicy, read_hosts_policy, read_token_file
-from switch.contract import DEFAULT_SLOTS, MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT, RingSpec
+from nr_contract import control_pb2 as pb
+from switch.control import validate
+from nr_contract.client import DEFAULT_ADDR, local_address
+from nr_contract.tokens import HostsPolicy, read_hosts_policy, read_token_file
+from nr_contract.spec import DEFAULT_SLOTS, MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT, RingSpec
 from switch.control.target import FabricSwitchTarget, Target, slot_memory
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Controller"].full_name

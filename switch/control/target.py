@@ -2,7 +2,7 @@
 
 A Target is one switch data plane: it installs and removes rings, reports counters and knows
 its static port map. Invariant: a Target is only ever called by `service.ControllerService`,
-with a ring `switch.contract.check_ring` accepts and the controller's own limits allow; a
+with a ring `nr_contract.spec.check_ring` accepts and the controller's own limits allow; a
 `ValueError` from it refuses the call and changes nothing. A new target subclasses `Target`
 (BMv2: `switch.control.bmv2`; the fabric's roles: `switch.control.fabric`).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional
 
-from switch.contract import MAX_RANKS, MAX_SLOTS, PATH_MTUS, RingSpec
+from nr_contract.spec import MAX_RANKS, MAX_SLOTS, PATH_MTUS, RingSpec
 from switch.dataplane.pipeline import AggregationPipeline
 
 PortOfMac = Callable[[str], Optional[int]]

@@ -4,5 +4,5 @@
 `ports` moves frames between ports and calls the pipeline hook, `pipeline` is the
 single-switch aggregation of docs/pipeline.md, `tor` and `spine` the two fabric roles and
 `interswitch` the packets between them (docs/multirack.md). A new role goes here. Modules
-here import only each other and `switch.contract`.
+here import only each other and `nr_contract.spec`.
 """

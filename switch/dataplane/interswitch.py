@@ -26,7 +26,7 @@ from enum import IntEnum
 from functools import lru_cache
 from typing import Sequence
 
-from switch.contract import PSN_MASK
+from nr_contract.spec import PSN_MASK
 from switch.dataplane.packets import (ETH_LEN, ETHERTYPE_IPV4, IPPROTO_UDP, IPV4_LEN,
                                       IPV4_VERSION_IHL, UDP_LEN, ipv4_checksum, mac_bytes,
                                       pack_icrc)

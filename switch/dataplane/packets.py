@@ -19,7 +19,7 @@ from enum import IntEnum
 from functools import lru_cache
 from typing import Optional, Sequence
 
-from switch.contract import PSN_MASK
+from nr_contract.spec import PSN_MASK
 
 ETH_LEN = 14
 ETHERTYPE_IPV4 = 0x0800

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
-from switch.contract import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, OUTCOMES, PSN_MASK,
+from nr_contract.spec import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, OUTCOMES, PSN_MASK,
                              RING_COUNTERS, Connection, RingSpec, check_ring)
 from switch.dataplane.packets import (EXT_LEN, EXT_OFF, MESSAGE_START_WRITES, ONLY_WRITES,
                                       PSN_OFF, UDP_CSUM_OFF, UDP_OFF, WRITE_OPCODES, conn_key,

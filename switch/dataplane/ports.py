@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
-from switch.contract import PSN_MASK
+from nr_contract.spec import PSN_MASK
 from switch.dataplane.interswitch import is_interswitch
 from switch.dataplane.packets import parse
 

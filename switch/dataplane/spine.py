@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from switch.contract import LANE_OUTCOMES, MAX_SLOTS, PATH_MTUS, PSN_MASK
+from nr_contract.spec import LANE_OUTCOMES, MAX_SLOTS, PATH_MTUS, PSN_MASK
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag
 from switch.dataplane.packets import parse

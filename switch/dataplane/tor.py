@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from switch.contract import (DEFAULT_SLOTS, MAX_RACKS, MAX_RANKS, PSN_MASK, TOR_COUNTERS,
+from nr_contract.spec import (DEFAULT_SLOTS, MAX_RACKS, MAX_RANKS, PSN_MASK, TOR_COUNTERS,
                              TRANSIT_COUNTERS, Connection, RingSpec, required_slots)
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag

@@ -24,7 +24,7 @@ bool slot_ready(in bit<64> head, in bit<32> bitmap, in bit<24> k, in bit<16> epo
 }
 
 control NrEmit(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
-#include "pl_valid.p4"
+#include "generated/pl_valid.p4"
 
     apply {
         bit<32> ring = (bit<32>)meta.ring;

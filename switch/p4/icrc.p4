@@ -65,7 +65,7 @@ control NrIcrc(in headers_t hdr, in bit<8> words, out bit<32> icrc) {
     icrc_buf_t buf;      // the hashed buffer (icrc_words.p4 fills b0..b79)
     bit<32> crc;
 
-#include "icrc_words.p4"
+#include "generated/icrc_words.p4"
 
     apply {
         /* the 4 bytes of ones and the masked IPv4 (5 words), UDP (2) and BTH (3) */

@@ -50,7 +50,7 @@ control NrIsCrc(in headers_t hdr, in bit<8> words, out bit<32> crc_le) {
     iscrc_c70_t c70;
     iscrc_c74_t c74;
 
-#include "iscrc_words.p4"
+#include "generated/iscrc_words.p4"
 
     apply {
         bit<32> ones = 32w0xFFFFFFFF;

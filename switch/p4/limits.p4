@@ -3,7 +3,7 @@
  * The one place these numbers are stated. switch/p4/program.py reads every
  * `#define NR_<NAME> <integer>` line of this file (derived values, in parentheses, are
  * not read); tests/test_p4_program.py checks the Python side and switch/p4/README.md
- * against them. Change a limit here and nowhere else. Its Python twin is switch/contract.py
+ * against them. Change a limit here and nowhere else. Its Python twin is nr_contract/spec.py
  * (what hosts and the software target agree on).
  */
 #ifndef NR_LIMITS_P4
@@ -27,7 +27,7 @@
 
 /* Counter ids. ring_ctr index = ring * NR_CTRS + id; conn_ctr index = conn * NR_CTRS + id
  * with conn = ring * NR_MAX_RANKS + rank. The names are the software target's counter
- * names (switch/contract.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
+ * names (nr_contract/spec.py RING_COUNTERS, CONN_COUNTERS) in capitals. */
 #define NR_CTRS                     18
 #define NR_CTR_PACKETS              0
 #define NR_CTR_MESSAGES             1
@@ -48,7 +48,7 @@
 #define NR_CTR_EMPTIES_FORWARDED    16
 #define NR_CTR_RECUTS               17
 
-/* Spine counter ids (spine.p4; the software spine's names, switch/contract.py
+/* Spine counter ids (spine.p4; the software spine's names, nr_contract/spec.py
  * LANE_OUTCOMES and SpinePipeline's): spine_lane_ctr index = (ring * NR_MAX_LANES + lane)
  * * NR_LCTRS + NR_LCTR_<NAME>; spine_ring_ctr index = ring * NR_SCTRS + NR_SCTR_<NAME>;
  * spine_is_ctr index = NR_ISCTR_<NAME> (the inter-switch drops, of no ring). */
@@ -70,7 +70,7 @@
 #define NR_ISCTR_DROP_SPOOFED_TRANSIT 3
 #define NR_MAX_TRANSIT      256     // spine: connections between racks (transit entries)
 
-/* ToR (tor.p4; the software ToR's names, switch/contract.py TOR_COUNTERS and
+/* ToR (tor.p4; the software ToR's names, nr_contract/spec.py TOR_COUNTERS and
  * TRANSIT_COUNTERS): tor_ctr index = ring * NR_TCTRS + NR_TCTR_<NAME> (slots_skipped is
  * the register tor_skipped: it grows by more than one per pass); tor_transit_ctr index =
  * ring * NR_XCTRS + NR_XCTR_<NAME> (one entering connection per ring); tor_is_ctr index =

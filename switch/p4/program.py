@@ -34,9 +34,9 @@ MAIN = P4_DIR / "netreduce.p4"
 SPINE_MAIN = P4_DIR / "spine.p4"
 TOR_MAIN = P4_DIR / "tor.p4"
 LIMITS = P4_DIR / "limits.p4"
-ICRC_WORDS = P4_DIR / "icrc_words.p4"
-ISCRC_WORDS = P4_DIR / "iscrc_words.p4"
-PL_VALID = P4_DIR / "pl_valid.p4"
+ICRC_WORDS = P4_DIR / "generated/icrc_words.p4"
+ISCRC_WORDS = P4_DIR / "generated/iscrc_words.p4"
+PL_VALID = P4_DIR / "generated/pl_valid.p4"
 DEFAULT_BUILD = P4_DIR.parents[1] / "build" / "p4"
 DEFAULT_SPINE_BUILD = P4_DIR.parents[1] / "build" / "p4-spine"
 DEFAULT_TOR_BUILD = P4_DIR.parents[1] / "build" / "p4-tor"
@@ -258,8 +258,8 @@ def inputs_digest(out_dir: Path, main: Path = MAIN) -> str:
     """What a build is made from: the SHA-256 of p4c's command line and of every switch/p4
     source (name and bytes), written beside the build (INPUTS_FILE)."""
     h = hashlib.sha256("\0".join(compile_command(out_dir, main)).encode())
-    for src in sorted(P4_DIR.glob("*.p4")):
-        h.update(f"\0{src.name}\0".encode())
+    for src in sorted(P4_DIR.rglob("*.p4")):
+        h.update(f"\0{src.relative_to(P4_DIR)}\0".encode())
         h.update(src.read_bytes())
     return h.hexdigest()
 

@@ -23,7 +23,7 @@ control NrTorEgress(inout headers_t hdr, inout meta_t meta, inout standard_metad
     NrEgress() results;
     NrIsHeaders() headers;
     NrIsSign() sign;
-#include "pl_valid.p4"
+#include "generated/pl_valid.p4"
 
     apply {
         bit<16> rid = sm.egress_rid;

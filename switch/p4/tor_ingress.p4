@@ -64,7 +64,7 @@ control NrTorIngress(inout headers_t hdr, inout meta_t meta, inout standard_meta
     NrTorRecover() recover;
     NrTorRecover() recover_gap;
     NrTorRecover() recover_transit;
-#include "pl_valid.p4"
+#include "generated/pl_valid.p4"
 
     action set_conn(bit<8> ring, bit<8> rank, bit<24> psn0, bit<9> in_port, bit<9> out_port) {
         meta.ring = ring;

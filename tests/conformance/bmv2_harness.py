@@ -2,7 +2,7 @@
 
 One simple_switch_grpc serves, one after the other, the vectors of a test module that have
 the same program, ports, MAC table and role config (`switch_key`; tests/conftest.py runs
-them in a row). `setup` starts one (tools.bmv2_lab.Bmv2Switch: p4c output, P4Runtime via
+them in a row). `setup` starts one (labswitches.bmv2_lab.Bmv2Switch: p4c output, P4Runtime via
 p4runtime-shell) when the key changes or the last vector did not end cleanly; otherwise
 it resets the running one (Bmv2Switch.reset: its multicast groups deleted, the program
 pushed again, which starts every table, register and counter over, and a new target), so
@@ -37,11 +37,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Hashable, Optional
 
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 from switch.control.bmv2 import Bmv2Target
 from switch.dataplane.spine import SpineConfig
 from switch.dataplane.tor import TorConfig
-from tools.bmv2_lab import Bmv2Switch
+from labswitches.bmv2_lab import Bmv2Switch
 from switch.dataplane.ports import Port, open_port
 from switch.p4.program import DEFAULT_BUILD
 

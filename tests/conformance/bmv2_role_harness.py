@@ -2,7 +2,7 @@
 vectors (conformance/roles.py).
 
 Every `setup` has a simple_switch_grpc running the vector's role's program
-(tools.bmv2_lab.Bmv2Switch with a SpineConfig or a TorConfig: a Bmv2SpineTarget or a
+(labswitches.bmv2_lab.Bmv2Switch with a SpineConfig or a TorConfig: a Bmv2SpineTarget or a
 Bmv2TorTarget) in the state of a fresh one, cabled, driven and reset between vectors of
 the same program, ports, MACs and config as the single switch's BMv2 harness does
 (conformance/bmv2_harness.py), and registers the setup's rings with exactly the arguments

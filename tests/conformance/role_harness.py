@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Frames
 from conformance.roles import MANY_CARRIED
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpineConfig, SpinePipeline

@@ -49,7 +49,7 @@ from conformance.vectors import (BROADCAST, MTU, SEND_ONLY, empty_frame, flip, p
                                  resigned)
 from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
                          WRITE_ONLY, WRITE_ONLY_IMM, make_ring, wrapping_sum, write_frame)
-from switch.contract import (CONN_COUNTERS, LANE_OUTCOMES, PSN_MASK, RING_COUNTERS,
+from nr_contract.spec import (CONN_COUNTERS, LANE_OUTCOMES, PSN_MASK, RING_COUNTERS,
                              TOR_COUNTERS, TRANSIT_COUNTERS, Connection, RingSpec, inflight_packets,
                              required_slots)
 from switch.dataplane import interswitch

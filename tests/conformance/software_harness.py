@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 from switch.control.target import SoftwareTarget
 from switch.dataplane.pipeline import AggregationPipeline
 

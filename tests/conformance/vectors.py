@@ -24,7 +24,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
-from switch.contract import CONN_COUNTERS, RING_COUNTERS, Connection, RingSpec
+from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS, Connection, RingSpec
 from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
                          WRITE_ONLY, WRITE_ONLY_IMM, lab_port, mac_ports, make_ring,
                          wrapping_sum, write_frame)

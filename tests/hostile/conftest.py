@@ -5,7 +5,7 @@ from typing import Iterator
 
 import pytest
 
-from switch.api.client import ControllerClient
+from nr_contract.client import ControllerClient
 from tests.hostile.netns import SwitchRig
 
 

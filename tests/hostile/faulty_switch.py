@@ -1,12 +1,12 @@
-"""`python -m tests.hostile.faulty_switch ARGS`: the real switch (`switch.cli.main`) with
+"""`python -m tests.hostile.faulty_switch ARGS`: the real switch (`switch.daemon.main`) with
 one fault injected for the tests: a ring whose id starts with "faulty" gets an aggregator
 pool whose `offer` raises, as a bug in the aggregation code would."""
 from __future__ import annotations
 
 import sys
 
-from switch import contract
-from switch.cli import main
+from nr_contract import spec as contract
+from switch.daemon import main
 from switch.dataplane import pipeline
 
 _register = pipeline.AggregationPipeline.register_ring

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roce_layers import WRITE_ONLY, lab_ip, lab_mac, make_ring, wrapping_sum, write_frame
-from switch.contract import RingSpec
-from switch.api.client import ControllerClient, ControllerError
+from nr_contract.spec import RingSpec
+from nr_contract.client import ControllerClient, ControllerError
 from tests.hostile.netns import SwitchRig
 
 MAC_TABLE_SIZE = 64

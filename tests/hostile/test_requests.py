@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roce_layers import lab_ip, lab_mac, make_ring
-from switch.api import control_pb2 as pb
-from switch.api.client import ControllerClient, ControllerError, spec_message
+from nr_contract import control_pb2 as pb
+from nr_contract.client import ControllerClient, ControllerError, spec_message
 from tests.hostile.netns import ALICE, SwitchRig
 
 SERVICE = "/netreduce.control.v1.Controller/"

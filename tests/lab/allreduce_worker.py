@@ -87,7 +87,7 @@ def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int, algo
 
 def switch_ring_counters(comm: netreduce.Communicator) -> dict:
     """The switch's counters of this communicator's registered "inc" ring."""
-    from switch.api.client import ControllerClient
+    from nr_contract.client import ControllerClient
     assert comm.switch.controller is not None and comm.switch.ring_id is not None
     with ControllerClient(comm.switch.controller) as client:
         return client.counters()["rings"][comm.switch.ring_id]["counters"]
@@ -388,7 +388,7 @@ def recut(comm: netreduce.Communicator, victim: int, calls: int, size: int) -> N
     print(f"EMPTY_RESENDS {json.dumps({'rank': comm.rank, 'count': stream.empty_resends})}",
           flush=True)
     if comm.rank == 0:
-        from switch.api.client import ControllerClient
+        from nr_contract.client import ControllerClient
         with ControllerClient(comm.switch.controller) as client:
             ring = client.counters()["rings"][comm.switch.ring_id]
         print(f"SWITCH_RING {json.dumps(ring['counters'])}", flush=True)

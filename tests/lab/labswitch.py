@@ -107,7 +107,7 @@ def canonical(kind: str) -> str:
 
 def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
     """Restart ToR `j` of the lab's fabric (the switch kind "racks:..."), fresh state, same
-    ports (tools/fabric_lab.py serves it: fabric.request / fabric.reply in $NR_LAB_DIR);
+    ports (labswitches/fabric_lab.py serves it: fabric.request / fabric.reply in $NR_LAB_DIR);
     returns the seconds it took, once the fabric's controller answers Ping from h0."""
     kind = current_switch()
     if not kind.startswith("racks:"):
@@ -115,7 +115,7 @@ def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
     t0 = time.monotonic()
     status, _, rest = _ask("fabric", f"tor {j}", t0 + timeout).partition(" ")
     if status != "ok":
-        raise LabSwitchError(f"restart_tor({j}): tools/fabric_lab.py says: {rest}")
+        raise LabSwitchError(f"restart_tor({j}): labswitches/fabric_lab.py says: {rest}")
     _ping(kind, t0 + timeout)
     return time.monotonic() - t0
 

@@ -18,7 +18,7 @@ from typing import Iterator, TextIO
 import pytest
 
 from netreduce.tools.launch import LaunchResult, launch
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 from tests.lab.labhosts import HOSTS, ROOT, host_ip
 
 pytestmark = pytest.mark.lab

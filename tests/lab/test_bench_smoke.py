@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from netreduce.tools.bench.report import validate
+from netreduce.tools.bench.results import validate
 from tests.lab.labhosts import HOSTS
 from tests.test_bench import JOB_LINE, STAT_LINE, STD_LINE
 

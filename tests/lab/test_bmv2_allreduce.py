@@ -103,7 +103,7 @@ def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[
                             timeout=1500)
     seconds = time.monotonic() - t0
     inc = inc_config(result)
-    # BMv2's pace (tools/bmv2_lab.py): 32 packets in flight per connection, a 537 ms timer
+    # BMv2's pace (labswitches/bmv2_lab.py): 32 packets in flight per connection, a 537 ms timer
     assert inc == FlowConfig(mtu=BMV2_PATH_MTU, msg_size=16 * BMV2_PATH_MTU,
                              ack_timeout=17), inc
     registered = [line for line in result.ranks[0].output if "registered with the switch" in line]

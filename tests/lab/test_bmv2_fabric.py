@@ -2,7 +2,7 @@
 tor.p4, the spine spine.p4 (kind "racks:2:PCT:bmv2:bmv2", what `scripts/lab.sh --racks 2
 --switch bmv2` runs), and the hosts run the unchanged user program (allreduce_worker.py:
 `netreduce.init()` defaults, fitted by init to what the fabric publishes: path MTU 256,
-the fabric's BMv2 pace, tools/fabric_lab.py BMV2_FABRIC_ACK_TIMEOUT).
+the fabric's BMv2 pace, labswitches/fabric_lab.py BMV2_FABRIC_ACK_TIMEOUT).
 
 Two jobs at once through the fabric (two rings on every switch; each ring's sums exact,
 float32 within the bound, every rank checks against numpy): in the 6-host boot of
@@ -10,7 +10,7 @@ scripts/test.sh (racks h0-h2 | h3-h5) 5 ranks on h0-h4, the uneven 3 + 2, and 4 
 h1-h4, 2 + 2; in a 4-host boot both are 2 + 2 on h0-h3. The jobs share hosts, so they run
 under one principal (an address belongs to one principal at a time). First without loss,
 then with 1% loss on every host link (netem in the hosts) and on every ToR-spine link both
-ways (BMv2 cannot lose frames on purpose: tc on its veths, tools/fabric_lab.py
+ways (BMv2 cannot lose frames on purpose: tc on its veths, labswitches/fabric_lab.py
 `lossy_egress`). Each ring's counters are checked per tier (test_multirack_lab.check_tiers:
 every contribution counted once at its ToR, one partial per slot from each ToR counted once
 at the spine, every slot totalled once).
@@ -37,7 +37,7 @@ from tests.lab.test_bmv2_allreduce import inc_config
 from tests.lab.test_multirack_lab import RACKS, check_fabric_run, spine_link_packets
 from tests.lab.test_switch_allreduce import (RECUT_CALLS, check_recut_run,
                                              check_retransmissions_seen, host_loss, run_recut)
-from tools.fabric_lab import rack_sizes
+from labswitches.fabric_lab import rack_sizes
 
 pytestmark = pytest.mark.lab
 

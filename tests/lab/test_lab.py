@@ -93,7 +93,7 @@ def test_tcp_crosses_the_switch() -> None:
 
 TLS_CHECK = """
 import json, os
-from switch.api.client import ControllerClient, ControllerError
+from nr_contract.client import ControllerClient, ControllerError
 with ControllerClient(timeout=3) as tls:
     answer = tls.ping()["auth_required"]
 os.environ.pop("NR_CONTROLLER_CA")

@@ -26,7 +26,7 @@ from tests.lab.test_allreduce import lines, run_worker
 from tests.lab.test_bmv2_allreduce import inc_config
 from tests.lab.test_switch_allreduce import (CONFIG, STRUCTURAL_DROPS, expected_packets,
                                              host_loss)
-from tools.fabric_lab import FABRIC_ACK_TIMEOUT
+from labswitches.fabric_lab import FABRIC_ACK_TIMEOUT
 
 pytestmark = pytest.mark.lab
 
@@ -54,7 +54,7 @@ def fabric() -> Iterator[None]:
 
 def test_the_fabric_publishes_its_pace(fabric: None) -> None:
     """The job's one controller address answers Ping with the fabric's limits: rings of
-    up to 32 ranks per ToR, and the fabric's ACK timeout (tools/fabric_lab.py)."""
+    up to 32 ranks per ToR, and the fabric's ACK timeout (labswitches/fabric_lab.py)."""
     p = python_in_host(0, "-m", "switch.ctl", "ping")
     limits = json.loads(p.stdout)["limits"]
     assert limits["ack_timeout"] == FABRIC_ACK_TIMEOUT == 16, limits

@@ -35,7 +35,7 @@ def moved(before: dict, after: dict) -> dict:
 
 
 def ring_counters(comm: netreduce.Communicator) -> dict:
-    from switch.api.client import ControllerClient
+    from nr_contract.client import ControllerClient
     assert comm.switch.controller is not None
     with ControllerClient(comm.switch.controller) as client:
         ring = client.counters()["rings"][comm.switch.ring_id]

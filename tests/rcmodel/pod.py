@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from switch.contract import PSN_MASK
+from nr_contract.spec import PSN_MASK
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag
 from switch.dataplane.pipeline import EMPTY, PSN_HALF

@@ -17,7 +17,7 @@ whose cost in the model grows as n^2 (their time follows `formula_ring`, fitted 
 `--markdown docs/figures/scale.json` docs/scale.md's tables and the formulas' check.
 
 Topologies (rack size, then racks per pod): one switch of n ports (its per-ring bitmap
-widened past switch.contract.MAX_RANKS = 32, a stated generalisation: `World(max_ranks=)`);
+widened past nr_contract.spec.MAX_RANKS = 32, a stated generalisation: `World(max_ranks=)`);
 two tiers of racks of min(32, n/2) ranks (at 1024: 32 racks x 32, both contract limits);
 three tiers of pods of racks (rcmodel.pod), 8 = 2x2x2, 64 = 2x2x16, 256 = 2x4x32,
 1024 = 4x8x32.
@@ -41,7 +41,7 @@ from netreduce.meta import RECORD_STRIDE
 from rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults
 from rcmodel.tiers import ThreeTierFabric, TwoTierFabric
 from rcmodel.world import World
-from switch.contract import DEFAULT_SLOTS
+from nr_contract.spec import DEFAULT_SLOTS
 
 CONFIG = FlowConfig(collective_timeout=600.0)     # the library's defaults: MTU 4096,
 SIZES = (4, 256 * 1024)                           # 256 KiB messages, window 2 (W = 128)

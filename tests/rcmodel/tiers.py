@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults, kind_of
 from rcmodel.pod import PodConfig, PodPipeline
 from rcmodel.sim import Simulation
-from switch.contract import RingSpec, required_slots
+from nr_contract.spec import RingSpec, required_slots
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.packets import conn_key

@@ -34,7 +34,7 @@ from rcmodel.sim import Simulation, Turns
 from rcmodel.tiers import ThreeTierFabric, TwoTierFabric
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
-from switch.contract import DEFAULT_SLOTS, RingSpec
+from nr_contract.spec import DEFAULT_SLOTS, RingSpec
 from switch.dataplane.pipeline import AggregationPipeline
 
 
@@ -203,7 +203,7 @@ class World:
     `racks` (rack sizes, contiguous ranks): a two-tier fabric instead of the one switch
     (rcmodel.tiers), its ToR-spine links with `uplink_faults`; with `pods` (racks per pod)
     three tiers (rcmodel.tiers.ThreeTierFabric, rcmodel.pod). `max_ranks` widens the one
-    switch's per-ring limit (switch.contract.MAX_RANKS, its slot bitmap's width) for the
+    switch's per-ring limit (nr_contract.spec.MAX_RANKS, its slot bitmap's width) for the
     scale study's "one switch of n ports" (rcmodel.scale); the software pipeline's bitmap
     is a Python int, so nothing else changes.
     """

@@ -23,7 +23,7 @@ Gbps." line per job (time per call), Min/Max/Median/Mean/Std dev per size and al
 a table of algbw = M/median time per call, busbw = algbw * 2(n-1)/n, and the ratios
 switch/ring and switch/link, then, nccl-tests style, every column's time per call in us
 with algbw and busbw, the round trip and each algorithm's time in round trips; --json and
---plot write them (netreduce.tools.bench.report says the JSON schema; the plot has algbw
+--plot write them (netreduce.tools.bench.results says the JSON schema; the plot has algbw
 and time per call against size). `--sweep` is the latency sweep: sizes 4 B .. 16 MiB by
 powers of 4 (unless --sizes says otherwise; sizes also take MIN:MAX:FACTOR ranges as
 nccl-tests' -b/-e/-f), --iters auto and --rtt. `--tenants T` runs T such jobs at once on

@@ -11,9 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from netreduce.tools.bench.plan import BenchPlan, format_size
-from netreduce.tools.bench.progress import Progress
-from netreduce.tools.bench.report import Collector, Record, Result
+from netreduce.tools.bench.runplan import BenchPlan, format_size
+from netreduce.tools.bench.progressbar import Progress
+from netreduce.tools.bench.results import Collector, Record, Result
 
 ROOT = Path(__file__).resolve().parents[3]
 _RANK_LINE = re.compile(r"\[rank (\d+)\] (.*)")

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from netreduce.tools.bench.plan import LINK, RTT, format_size
-from netreduce.tools.bench.report import Result
+from netreduce.tools.bench.runplan import LINK, RTT, format_size
+from netreduce.tools.bench.results import Result
 
 
 def _size_axes(ax: Any, results: list[Result], dtype: str, ylabel: str, title: str,

@@ -25,7 +25,7 @@ import numpy as np
 
 from flowctl.link import Completion, Link, RemoteBuffer
 from netreduce.comm import Communicator
-from netreduce.tools.bench.plan import RTT_BYTES   # 8: as the ib_write_lat reference
+from netreduce.tools.bench.runplan import RTT_BYTES   # 8: as the ib_write_lat reference
 from netreduce.workspace import RegisteredMemory
 from ring_setup.endpoints import QPEndpoint, RingEndpoint
 

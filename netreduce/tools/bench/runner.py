@@ -13,10 +13,10 @@ from typing import Callable, TypeVar
 
 from netreduce.registration import SWITCH_ENV
 from netreduce.tools.bench.gather import RankLines, meta
-from netreduce.tools.bench.plan import (ALGOS, DTYPES, SWEEP, BenchPlan, parse_algos,
+from netreduce.tools.bench.runplan import (ALGOS, DTYPES, SWEEP, BenchPlan, parse_algos,
                                         parse_iters, parse_size, parse_sizes)
-from netreduce.tools.bench.progress import Progress
-from netreduce.tools.bench.report import document, latency_table, table
+from netreduce.tools.bench.progressbar import Progress
+from netreduce.tools.bench.results import document, latency_table, table
 from netreduce.tools.bench.tenants import TENANT_TOKENS_ENV, run_tenants
 from netreduce.tools.launch import launch
 from ring_setup.rendezvous import DEFAULT_PORT

@@ -27,11 +27,11 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from netreduce.tools.bench.gather import RankLines, meta
-from netreduce.tools.bench.plan import LINK, BenchPlan, format_size
-from netreduce.tools.bench.progress import Progress
-from netreduce.tools.bench.report import Result, document, table
+from netreduce.tools.bench.runplan import LINK, BenchPlan, format_size
+from netreduce.tools.bench.progressbar import Progress
+from netreduce.tools.bench.results import Result, document, table
 from netreduce.tools.launch import LaunchResult, launch
-from switch.api.tokens import TOKEN_ENV
+from nr_contract.tokens import TOKEN_ENV
 
 TENANT_TOKENS_ENV = "NR_LAB_TENANT_TOKENS"    # the lab's per-tenant token files, ':'-separated
 

@@ -3,7 +3,7 @@
     python -m netreduce.tools.bench.worker --plan JSON
 
 For every size of the plan, `warmup` + `jobs` rounds; a round runs one job of every column
-in order -- the link (netreduce.tools.bench.link), then each allreduce algorithm, then with
+in order -- the link (netreduce.tools.bench.link_baseline), then each allreduce algorithm, then with
 `--rtt` the RC round trip between ranks 0 and 1 (netreduce.tools.bench.rtt) -- so that a
 slow spell of the lab hits every column alike. A job makes `plan.calls(size)` calls back to
 back. A job: prepare, barrier (a one-element ring
@@ -27,13 +27,13 @@ import numpy as np
 import netreduce
 from netreduce.algorithms.switch import one_scale_per_call
 from netreduce.registration import SWITCH_ENV
-from netreduce.tools.bench.link import LinkProbe
-from netreduce.tools.bench.plan import LINK, RTT, BenchPlan
-from netreduce.tools.bench.report import CPU, SPINE, Record
+from netreduce.tools.bench.link_baseline import LinkProbe
+from netreduce.tools.bench.runplan import LINK, RTT, BenchPlan
+from netreduce.tools.bench.results import CPU, SPINE, Record
 from netreduce.tools.bench.rtt import RTT_PINGS, PingPong
 from netreduce.tools.reference import SWITCH_PER_CALL, Reference, rank_input as seeded_input
 from ring_setup.device import hw_counters
-from switch.api.client import ControllerClient
+from nr_contract.client import ControllerClient
 
 CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 

@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from switch.api import control_pb2 as switch_dot_api_dot_control__pb2
+from nr_contract import control_pb2 as nr__contract_dot_control__pb2
 
 
 class ControllerStub(object):
@@ -16,28 +16,28 @@ class ControllerStub(object):
         """
         self.Ping = channel.unary_unary(
                 '/netreduce.control.v1.Controller/Ping',
-                request_serializer=switch_dot_api_dot_control__pb2.PingRequest.SerializeToString,
-                response_deserializer=switch_dot_api_dot_control__pb2.PingReply.FromString,
+                request_serializer=nr__contract_dot_control__pb2.PingRequest.SerializeToString,
+                response_deserializer=nr__contract_dot_control__pb2.PingReply.FromString,
                 )
         self.RegisterRing = channel.unary_unary(
                 '/netreduce.control.v1.Controller/RegisterRing',
-                request_serializer=switch_dot_api_dot_control__pb2.RegisterRingRequest.SerializeToString,
-                response_deserializer=switch_dot_api_dot_control__pb2.RegisterRingReply.FromString,
+                request_serializer=nr__contract_dot_control__pb2.RegisterRingRequest.SerializeToString,
+                response_deserializer=nr__contract_dot_control__pb2.RegisterRingReply.FromString,
                 )
         self.RenewLease = channel.unary_unary(
                 '/netreduce.control.v1.Controller/RenewLease',
-                request_serializer=switch_dot_api_dot_control__pb2.RenewLeaseRequest.SerializeToString,
-                response_deserializer=switch_dot_api_dot_control__pb2.RenewLeaseReply.FromString,
+                request_serializer=nr__contract_dot_control__pb2.RenewLeaseRequest.SerializeToString,
+                response_deserializer=nr__contract_dot_control__pb2.RenewLeaseReply.FromString,
                 )
         self.UnregisterRing = channel.unary_unary(
                 '/netreduce.control.v1.Controller/UnregisterRing',
-                request_serializer=switch_dot_api_dot_control__pb2.UnregisterRingRequest.SerializeToString,
-                response_deserializer=switch_dot_api_dot_control__pb2.UnregisterRingReply.FromString,
+                request_serializer=nr__contract_dot_control__pb2.UnregisterRingRequest.SerializeToString,
+                response_deserializer=nr__contract_dot_control__pb2.UnregisterRingReply.FromString,
                 )
         self.Counters = channel.unary_unary(
                 '/netreduce.control.v1.Controller/Counters',
-                request_serializer=switch_dot_api_dot_control__pb2.CountersRequest.SerializeToString,
-                response_deserializer=switch_dot_api_dot_control__pb2.CountersReply.FromString,
+                request_serializer=nr__contract_dot_control__pb2.CountersRequest.SerializeToString,
+                response_deserializer=nr__contract_dot_control__pb2.CountersReply.FromString,
                 )
 
 
@@ -80,28 +80,28 @@ def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Ping': grpc.unary_unary_rpc_method_handler(
                     servicer.Ping,
-                    request_deserializer=switch_dot_api_dot_control__pb2.PingRequest.FromString,
-                    response_serializer=switch_dot_api_dot_control__pb2.PingReply.SerializeToString,
+                    request_deserializer=nr__contract_dot_control__pb2.PingRequest.FromString,
+                    response_serializer=nr__contract_dot_control__pb2.PingReply.SerializeToString,
             ),
             'RegisterRing': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterRing,
-                    request_deserializer=switch_dot_api_dot_control__pb2.RegisterRingRequest.FromString,
-                    response_serializer=switch_dot_api_dot_control__pb2.RegisterRingReply.SerializeToString,
+                    request_deserializer=nr__contract_dot_control__pb2.RegisterRingRequest.FromString,
+                    response_serializer=nr__contract_dot_control__pb2.RegisterRingReply.SerializeToString,
             ),
             'RenewLease': grpc.unary_unary_rpc_method_handler(
                     servicer.RenewLease,
-                    request_deserializer=switch_dot_api_dot_control__pb2.RenewLeaseRequest.FromString,
-                    response_serializer=switch_dot_api_dot_control__pb2.RenewLeaseReply.SerializeToString,
+                    request_deserializer=nr__contract_dot_control__pb2.RenewLeaseRequest.FromString,
+                    response_serializer=nr__contract_dot_control__pb2.RenewLeaseReply.SerializeToString,
             ),
             'UnregisterRing': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterRing,
-                    request_deserializer=switch_dot_api_dot_control__pb2.UnregisterRingRequest.FromString,
-                    response_serializer=switch_dot_api_dot_control__pb2.UnregisterRingReply.SerializeToString,
+                    request_deserializer=nr__contract_dot_control__pb2.UnregisterRingRequest.FromString,
+                    response_serializer=nr__contract_dot_control__pb2.UnregisterRingReply.SerializeToString,
             ),
             'Counters': grpc.unary_unary_rpc_method_handler(
                     servicer.Counters,
-                    request_deserializer=switch_dot_api_dot_control__pb2.CountersRequest.FromString,
-                    response_serializer=switch_dot_api_dot_control__pb2.CountersReply.SerializeToString,
+                    request_deserializer=nr__contract_dot_control__pb2.CountersRequest.FromString,
+                    response_serializer=nr__contract_dot_control__pb2.CountersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -125,8 +125,8 @@ class Controller(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/netreduce.control.v1.Controller/Ping',
-            switch_dot_api_dot_control__pb2.PingRequest.SerializeToString,
-            switch_dot_api_dot_control__pb2.PingReply.FromString,
+            nr__contract_dot_control__pb2.PingRequest.SerializeToString,
+            nr__contract_dot_control__pb2.PingReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -142,8 +142,8 @@ class Controller(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/netreduce.control.v1.Controller/RegisterRing',
-            switch_dot_api_dot_control__pb2.RegisterRingRequest.SerializeToString,
-            switch_dot_api_dot_control__pb2.RegisterRingReply.FromString,
+            nr__contract_dot_control__pb2.RegisterRingRequest.SerializeToString,
+            nr__contract_dot_control__pb2.RegisterRingReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -159,8 +159,8 @@ class Controller(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/netreduce.control.v1.Controller/RenewLease',
-            switch_dot_api_dot_control__pb2.RenewLeaseRequest.SerializeToString,
-            switch_dot_api_dot_control__pb2.RenewLeaseReply.FromString,
+            nr__contract_dot_control__pb2.RenewLeaseRequest.SerializeToString,
+            nr__contract_dot_control__pb2.RenewLeaseReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -176,8 +176,8 @@ class Controller(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/netreduce.control.v1.Controller/UnregisterRing',
-            switch_dot_api_dot_control__pb2.UnregisterRingRequest.SerializeToString,
-            switch_dot_api_dot_control__pb2.UnregisterRingReply.FromString,
+            nr__contract_dot_control__pb2.UnregisterRingRequest.SerializeToString,
+            nr__contract_dot_control__pb2.UnregisterRingReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -193,7 +193,7 @@ class Controller(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/netreduce.control.v1.Controller/Counters',
-            switch_dot_api_dot_control__pb2.CountersRequest.SerializeToString,
-            switch_dot_api_dot_control__pb2.CountersReply.FromString,
+            nr__contract_dot_control__pb2.CountersRequest.SerializeToString,
+            nr__contract_dot_control__pb2.CountersReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

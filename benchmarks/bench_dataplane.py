@@ -1,12 +1,12 @@
 """The software switch's own ceiling: `switch.dataplane.ports.DataPlane` on real sockets,
 with nothing else competing for its core.
 
-    python -m tools.bench_dataplane [--ranks 4] [--packets 2048] [--payload 4096] \
+    python -m benchmarks.bench_dataplane [--ranks 4] [--packets 2048] [--payload 4096] \
         [--repeat 3] [--recv recv_into|recvmmsg|both] [--profile] [--json FILE]  (root)
 
 In a network namespace of its own (`nrdpbench`, made and removed here; veth pairs
-`nrbsN`/`nrbhN` as tools.bench_targets makes them), the driver first queues every frame
-of `tools.bench_pipeline.frames` (each rank's RDMA WRITE packet k, k-major) into the
+`nrbsN`/`nrbhN` as benchmarks.bench_targets makes them), the driver first queues every frame
+of `benchmarks.bench_pipeline.frames` (each rank's RDMA WRITE packet k, k-major) into the
 switch's receive queues (the switch sockets get SO_RCVBUFFORCE room for all of them), then
 the data plane runs in this process and drains them: **forward** (no ring registered:
 every frame L2-forwarded to its receiver's port) and **aggregate** (the ring registered
@@ -43,8 +43,8 @@ import numpy as np
 
 from switch.dataplane.pipeline import AggregationPipeline
 from switch.dataplane.ports import BATCH, DataPlane, open_port
-from tools.bench_pipeline import frames, lab_ring
-from tools.bench_targets import _ip, veth_pairs
+from benchmarks.bench_pipeline import frames, lab_ring
+from benchmarks.bench_targets import _ip, veth_pairs
 
 NETNS = "nrdpbench"
 SO_RCVBUFFORCE = 33
@@ -186,7 +186,7 @@ def once(mode: str, ranks: int, packets: int, payload: int,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench_dataplane",
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_dataplane",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--packets", type=int, default=2048, help="packets per rank")
@@ -209,7 +209,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _ip("netns", "add", NETNS)
         try:
             _ip("-n", NETNS, "link", "set", "lo", "up")
-            cmd = ["ip", "netns", "exec", NETNS, sys.executable, "-m", "tools.bench_dataplane",
+            cmd = ["ip", "netns", "exec", NETNS, sys.executable, "-m", "benchmarks.bench_dataplane",
                    "--in-netns", *(argv if argv is not None else sys.argv[1:])]
             return subprocess.run(cmd).returncode
         finally:

@@ -1,4 +1,4 @@
-"""`python -m tools.bmv2_lab`: BMv2 in the software switch's place, same command line.
+"""`python -m labswitches.bmv2_lab`: BMv2 in the software switch's place, same command line.
 
 Compiles switch/p4 (p4c), starts `simple_switch_grpc` on the given ports (port N is
 BMv2 port N: host hI on I+1, the controller's port last, as for `python -m switch`),
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from switch.cli import build_parser, controller_options, spine_config, tor_config
+from switch.daemon import build_parser, controller_options, spine_config, tor_config
 from switch.control.bmv2 import Bmv2Target, ShellSession
 from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
@@ -184,7 +184,7 @@ def served(sw: Bmv2Switch) -> Target:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = build_parser()
-    ap.prog = "python -m tools.bmv2_lab"
+    ap.prog = "python -m labswitches.bmv2_lab"
     ap.description = (__doc__ or "").split("\n\n")[1].replace("\n", " ")
     ap.add_argument("--build", type=Path, default=None,
                     help=f"where p4c's output goes (default {DEFAULT_BUILD}, with --role "

@@ -1,13 +1,13 @@
 """simple_switch_grpc's CPU per frame for builds of a program, on veth pairs: what costs what.
 
-    python -m tools.bench_bmv2 [--ranks 4] [--packets 512] [--window 16] [--repeat 3]
+    python -m benchmarks.bench_bmv2 [--ranks 4] [--packets 512] [--window 16] [--repeat 3]
                                 [--log-levels off,trace] [--prefix nrpf]
                                 NAME=BUILD_DIR[:MODES] ...        # root
 
 BUILD_DIR holds p4c's `netreduce.json` and `netreduce.p4info.txtpb` (`p4c --target bmv2
 --arch v1model --p4runtime-files DIR/netreduce.p4info.txtpb -o DIR FILE.p4`, the JSON
 renamed if FILE is not netreduce.p4): switch/p4 as built, or a variant of it with a part
-removed. MODES (default `forward,aggregate`) as in `tools.bench_targets`, whose traffic and
+removed. MODES (default `forward,aggregate`) as in `benchmarks.bench_targets`, whose traffic and
 replay this uses: forward = the ring not registered, every frame L2-forwarded (a build needs
 only switch/p4's `l2` table and flood group for it, e.g. docs/bmv2_l2_baseline.p4);
 aggregate = the ring registered (every slot's contributions come back as results). The
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from switch.contract import RingSpec
+from nr_contract.spec import RingSpec
 from switch.control.bmv2 import Bmv2Target, ShellSession
 from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
@@ -47,10 +47,10 @@ from switch.dataplane.ports import Port, open_port
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
 from switch.p4.program import MAIN, SPINE_MAIN, TOR_MAIN, build_paths
-from tools.bench_pipeline import frames, lab_ring
-from tools.bench_targets import Answer, replay
-from tools.bmv2_lab import SIMPLE_SWITCH, wait_listening
-from tools.fabric_lab import SPINE_IP, SPINE_MAC, tor_ip, tor_mac
+from benchmarks.bench_pipeline import frames, lab_ring
+from benchmarks.bench_targets import Answer, replay
+from labswitches.bmv2_lab import SIMPLE_SWITCH, wait_listening
+from labswitches.fabric_lab import SPINE_IP, SPINE_MAC, tor_ip, tor_mac
 
 GRPC_PORT = 9591
 THRIFT_PORT = 9391
@@ -303,7 +303,7 @@ def parse_build(text: str) -> tuple[str, Path, tuple[str, ...]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench_bmv2",
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_bmv2",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("builds", nargs="+", help="NAME=BUILD_DIR[:MODES]")
     ap.add_argument("--ranks", type=int, default=4)
@@ -326,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             _ip("-n", args.prefix, "link", "set", "lo", "up")
             cmd = ["ip", "netns", "exec", args.prefix, sys.executable, "-m",
-                   "tools.bench_bmv2", "--in-netns",
+                   "benchmarks.bench_bmv2", "--in-netns",
                    *(argv if argv is not None else sys.argv[1:])]
             return subprocess.run(cmd).returncode
         finally:

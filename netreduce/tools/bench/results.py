@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from netreduce.tools.bench.plan import LINK, RTT, RTT_BYTES, format_size
+from netreduce.tools.bench.runplan import LINK, RTT, RTT_BYTES, format_size
 from netreduce.tools.reference import SWITCH_PER_CALL
 
 PREFIX = "NRBENCH "        # a worker's stdout line carrying one Record

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Collection
 
-from switch.api.client import ControllerError
+from nr_contract.client import ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
 from switch.control.service import (DEFAULT_CALLS_PER_SECOND, DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS,
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"switch: controller: {e}", file=sys.stderr)
             return 1
         if args.token_file is None:
-            logging.getLogger("switch").warning(
+            logging.getLogger(__name__).warning(
                 "controller on %s without --token-file: anyone who reaches it can register "
                 "and unregister rings", args.controller)
 

@@ -1,6 +1,6 @@
 """Micro-benchmark of AggregationPipeline.process: packets/s and cost per packet.
 
-    python -m tools.bench_pipeline [--ranks 4] [--packets 4096] [--mtu 4096] [--repeat 3]
+    python -m benchmarks.bench_pipeline [--ranks 4] [--packets 4096] [--mtu 4096] [--repeat 3]
 
 Pushes every rank's packet k, k = 0..packets-1, through process() with an emit that
 only counts, and compares with frames process() hands to L2 (the pass-through cost).
@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from switch.contract import Connection, RingSpec
+from nr_contract.spec import Connection, RingSpec
 from switch.dataplane.packets import Op, build_frame
 from switch.dataplane.pipeline import AggregationPipeline
 

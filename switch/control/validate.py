@@ -16,8 +16,8 @@ from typing import Any, Iterator
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from switch.api import control_pb2 as pb
-from switch.contract import MAX_RACKS, RXE_MAX_INFLIGHT, Connection, RingSpec, required_slots
+from nr_contract import control_pb2 as pb
+from nr_contract.spec import MAX_RACKS, RXE_MAX_INFLIGHT, Connection, RingSpec, required_slots
 
 MAX_RING_ID = 128
 MAX_LEASE_MS = 3_600_000

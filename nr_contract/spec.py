@@ -1,7 +1,7 @@
 """The contract between hosts and switches: the limits both sides must agree on, the names
 of the counters every target reports, the ring description a host registers (`RingSpec`) and
 the pace a target may publish. The Python twin of switch/p4/limits.p4; host (`netreduce`,
-`flowctl`, `ring_setup`) and switch (`switch.dataplane`, `switch.control`, `switch.api`) import
+`flowctl`, `ring_setup`) and switch (`switch.dataplane`, `switch.control`, `nr_contract`) import
 these from here and nowhere else. This module imports nothing of the project.
 
 Invariants of a `RingSpec`: connection r goes from rank r (requester) to rank (r+1) mod n

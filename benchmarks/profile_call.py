@@ -1,6 +1,6 @@
 """Where an allreduce call's time goes, on every rank of a lab job (issue 23).
 
-    scripts/lab.sh --hosts 4 -- netreduce launch --hosts 4 -- python -m tools.profile_call \
+    scripts/lab.sh --hosts 4 -- netreduce launch --hosts 4 -- python -m benchmarks.profile_call \
         --calls 100 --out .lab/profile                                         (one line)
 
 Per algorithm (switch, ring), `--calls` back-to-back int32 calls of `--count` elements, after

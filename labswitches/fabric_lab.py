@@ -1,4 +1,4 @@
-"""`python -m tools.fabric_lab`: the lab's two-tier fabric on the lab's ports (scripts/lab.sh
+"""`python -m labswitches.fabric_lab`: the lab's two-tier fabric on the lab's ports (scripts/lab.sh
 --racks R, or a restart as kind "racks:R[:LOSS]" through tests/lab/labswitch.py).
 
 Takes the single switch's command line (`--port`, `--mac`, `--controller`, `--token-file`,
@@ -7,10 +7,10 @@ cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its o
 - ToR j (`python -m switch --role tor`) on the host ports of rack j (hosts spread as evenly
   as possible, in port order: `rack_sizes`) keeping their lab port numbers, uplink port
   UPLINK on a veth `nrkt{j}` whose peer `nrks{j}` is spine port j+1; with `--tor-target
-  bmv2` tor.p4 on BMv2 (`python -m tools.bmv2_lab --role tor`, gRPC and Thrift ports of its
+  bmv2` tor.p4 on BMv2 (`python -m labswitches.bmv2_lab --role tor`, gRPC and Thrift ports of its
   own) instead;
 - the spine (`--role spine`) on those peers and the spine ports; with `--spine-target bmv2`
-  spine.p4 on BMv2 (`python -m tools.bmv2_lab --role spine`) instead;
+  spine.p4 on BMv2 (`python -m labswitches.bmv2_lab --role spine`) instead;
   with either on BMv2 the fabric publishes its BMv2 pace (BMV2_FABRIC_ACK_TIMEOUT);
 - the fabric's controller (`--role fabric`) on the job's controller address, programming
   the switches through their control APIs on 127.0.0.1 (the lab's token for all; TLS only
@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from switch.cli import _mac_arg, _port_arg
-from tools.bmv2_lab import BMV2_MAX_IN_FLIGHT
+from switch.daemon import _mac_arg, _port_arg
+from labswitches.bmv2_lab import BMV2_MAX_IN_FLIGHT
 
 UPLINK = 100
 TOR_CONTROL_PORT = 50100           # ToR j: 127.0.0.1:50100+j; the spine: 127.0.0.1:50199
@@ -56,7 +56,7 @@ BMV2_START_TIMEOUT = 280.0    # a stale build/p4-spine compiles first (lab.sh wa
 # 300 s wait needs build/p4-tor fresh (scripts/test.sh compiles it before the lab stages)
 BMV2_TOR_START_TIMEOUT = 600.0
 # The pace a fabric with a BMv2 switch publishes: its own, not one BMv2 switch's 2^17 x
-# 4.096 us = 537 ms (tools/bmv2_lab.py). A slot there costs the CPU of two or three BMv2
+# 4.096 us = 537 ms (labswitches/bmv2_lab.py). A slot there costs the CPU of two or three BMv2
 # processes (~10 ms in a 2 x 2 fabric of BMv2 switches, ~3.5 ms in one switch:
 # docs/benchmarks.md), so 32 slots in flight per job take ~0.3 s of BMv2 CPU, ~0.7 s for
 # CI's two jobs at once, on the two cores the lab's VM shares: past 537 ms, RC timed out
@@ -141,7 +141,7 @@ def cable(j: int, mtu: int) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m tools.fabric_lab", description=__doc__.split(
+    ap = argparse.ArgumentParser(prog="python -m labswitches.fabric_lab", description=__doc__.split(
         "\n\n")[0])
     ap.add_argument("--port", action="append", type=_port_arg, required=True)
     ap.add_argument("--mac", action="append", type=_mac_arg, default=[])
@@ -157,10 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--token-file", type=Path)
     ap.add_argument("--spine-target", choices=("soft", "bmv2"), default="soft",
                     help="the spine: the software role, or spine.p4 on BMv2 (python -m "
-                         "tools.bmv2_lab --role spine)")
+                         "labswitches.bmv2_lab --role spine)")
     ap.add_argument("--tor-target", choices=("soft", "bmv2"), default="soft",
                     help="the ToRs: the software role, or tor.p4 on BMv2 (python -m "
-                         "tools.bmv2_lab --role tor; its rings must span racks)")
+                         "labswitches.bmv2_lab --role tor; its rings must span racks)")
     ap.add_argument("--tls-cert", type=Path, metavar="PEM",
                     help="the fabric's controller serves TLS with this certificate (the "
                          "switches' own control APIs listen on 127.0.0.1 of the switch "
@@ -236,7 +236,7 @@ class Fabric:
                 self.spawn(f"tor{j}", [*argv, "--grpc-port", str(TOR_GRPC_PORT + j),
                                        "--thrift-port", str(TOR_THRIFT_PORT + j),
                                        "--bmv2-log", str(a.workdir / f"fabric-tor{j}-bmv2.log")],
-                           module="tools.bmv2_lab", timeout=BMV2_TOR_START_TIMEOUT)
+                           module="labswitches.bmv2_lab", timeout=BMV2_TOR_START_TIMEOUT)
             else:
                 self.spawn(f"tor{j}", [*argv, f"--tx-loss={UPLINK}={a.link_loss}"])
         spine = ["--role", "spine", "--me", f"{SPINE_MAC},{SPINE_IP}",
@@ -255,7 +255,7 @@ class Fabric:
             self.spawn("spine", [*spine, "--grpc-port", str(SPINE_GRPC_PORT),
                                  "--thrift-port", str(SPINE_THRIFT_PORT),
                                  "--bmv2-log", str(a.workdir / "fabric-spine-bmv2.log")],
-                       module="tools.bmv2_lab", timeout=BMV2_START_TIMEOUT)
+                       module="labswitches.bmv2_lab", timeout=BMV2_START_TIMEOUT)
         else:
             self.spawn("spine", [*spine, *[f"--tx-loss={j + 1}={a.link_loss}"
                                            for j in range(len(racks))]])

@@ -1,12 +1,12 @@
 """Both switch targets side by side on the same recorded contribution traffic, on veth pairs.
 
-    python -m tools.bench_targets [--targets soft,bmv2] [--ranks 4] [--packets 4096]
+    python -m benchmarks.bench_targets [--targets soft,bmv2] [--ranks 4] [--packets 4096]
                                    [--payload 256] [--window 64] [--json FILE]
 
-For each target, a fresh switch process (`python -m switch` or `python -m tools.bmv2_lab`:
+For each target, a fresh switch process (`python -m switch` or `python -m labswitches.bmv2_lab`:
 the same command line, as in the lab) gets one port per rank, a veth pair each
 (`nrbsN` switch side, `nrbhN` driver side), and a controller on 127.0.0.1. The driver
-replays `tools.bench_pipeline.frames` (every rank's RDMA WRITE packet k, k-major, 256 B
+replays `benchmarks.bench_pipeline.frames` (every rank's RDMA WRITE packet k, k-major, 256 B
 payloads by default: BMv2's most; --payload 128 halves the elements) into the driver sides, keeping at most `window` slots
 outstanding (rxe keeps at most 128 PSNs unacknowledged), and counts what comes back:
   - forward: the ring is not registered, every frame is L2-forwarded to its receiver;
@@ -33,15 +33,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from switch.api.client import ControllerClient
+from nr_contract.client import ControllerClient
 from switch.dataplane.interswitch import is_interswitch
 from switch.dataplane.packets import parse
 from switch.dataplane.ports import Port, open_port
-from tools.bench_pipeline import frames, lab_ring
+from benchmarks.bench_pipeline import frames, lab_ring
 
 NETNS = "nrlab"
 LOCK = Path("/run/lock/netreduce-lab.lock")
-MODULES = {"soft": "switch", "bmv2": "tools.bmv2_lab"}
+MODULES = {"soft": "switch", "bmv2": "labswitches.bmv2_lab"}
 CONTROLLER = "127.0.0.1:50199"
 PATH_MTU = 256               # the ring's: BMv2's limit (switch/p4/limits.p4)
 START_TIMEOUT = 120.0        # s (a first bmv2 start compiles switch/p4)
@@ -221,7 +221,7 @@ def lab_namespace() -> Iterator[None]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench_targets",
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_targets",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--targets", default="soft,bmv2", help="comma-separated: soft, bmv2")
     ap.add_argument("--ranks", type=int, default=4)
@@ -242,7 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("needs root (a network namespace and veth pairs)")
     if not args.in_netns:
         with lab_namespace():
-            cmd = ["ip", "netns", "exec", NETNS, sys.executable, "-m", "tools.bench_targets",
+            cmd = ["ip", "netns", "exec", NETNS, sys.executable, "-m", "benchmarks.bench_targets",
                    "--in-netns", *(argv if argv is not None else sys.argv[1:])]
             return subprocess.run(cmd).returncode
     results = []

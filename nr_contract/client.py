@@ -1,6 +1,6 @@
 """The controller's client: typed calls (control.proto), answers as plain dicts.
 
-Imports only grpc, the generated modules, the token files and `switch.contract`: the host
+Imports only grpc, the generated modules, the token files and `nr_contract.spec`: the host
 library uses it without loading any of the switch's data-plane code.
 Credentials (control.proto header): the secret of the first entry of the token file
 (`token_file`, else the file `$NR_CONTROLLER_TOKEN` names; neither: no credentials) goes with
@@ -16,10 +16,10 @@ from typing import Any, Optional, Sequence
 
 import grpc
 
-from switch.contract import RingSpec
-from switch.api import control_pb2 as pb
-from switch.api import control_pb2_grpc
-from switch.api.tokens import CA_ENV, TOKEN_ENV, read_token_file
+from nr_contract.spec import RingSpec
+from nr_contract import control_pb2 as pb
+from nr_contract import control_pb2_grpc
+from nr_contract.tokens import CA_ENV, TOKEN_ENV, read_token_file
 
 logger = logging.getLogger(__name__)
 _warned_plaintext: set[str] = set()     # addresses warned about once per process
