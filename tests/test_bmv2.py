@@ -19,7 +19,7 @@ from switch.p4 import program as p4program
 from labswitches import bmv2_lab
 from switch.control.bmv2 import Bmv2Target, McGroup, ShellSession, TableEntry, plan_ring
 from switch.control.bmv2_registers import ThriftRegisters
-from switch.control.service import serve
+from switch.control.service import ControllerConfig, serve
 from nr_contract.client import ControllerClient
 from switch.control.target import SoftwareTarget
 from switch.dataplane.ports import format_port_table
@@ -254,7 +254,7 @@ def test_reth_comes_from_the_register_reader(session: FakeSession) -> None:
 
 
 def test_the_controller_serves_a_bmv2_target(target: Bmv2Target, session: FakeSession) -> None:
-    server, port = serve(target, "127.0.0.1:0")
+    server, port = serve(target, "127.0.0.1:0", config=ControllerConfig(insecure=True))
     try:
         with ControllerClient(f"127.0.0.1:{port}", timeout=5) as client:
             limits = client.ping()["limits"]
