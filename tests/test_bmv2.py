@@ -387,6 +387,8 @@ def test_bmv2_lab_stops_the_switch_it_started(tmp_path: Path, monkeypatch: pytes
         f"#!{sys.executable}\nimport os, socket, sys, time\n"
         "host, port = sys.argv[sys.argv.index('--grpc-server-addr') + 1].split(':')\n"
         "s = socket.socket(); s.bind((host, int(port))); s.listen()\n"
+        "thrift = int(sys.argv[sys.argv.index('--thrift-port') + 1])\n"
+        "t = socket.socket(); t.bind(('', thrift)); t.listen()\n"      # every address: as BMv2
         f"open('{tmp_path}/args', 'w').write(' '.join(sys.argv[1:]))\n"
         "time.sleep(60)\n")
     (tmp_path / "simple_switch_grpc").chmod(0o755)
