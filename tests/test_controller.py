@@ -2,6 +2,7 @@
 limits, Counters, TLS, switch.ctl (the typed API of nr_contract/control.proto)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import json
@@ -663,13 +664,35 @@ def test_a_client_refuses_clear_text_to_a_remote_controller_unless_told(
 
 
 class SlowTarget(SoftwareTarget):
-    """A software target whose registrations take `delay` s: a fabric whose ToR is slow."""
+    """A software target whose registrations take `register_delay` s (a fabric whose ToR is
+    slow) and whose Counters take `counters_delay` s (a BMv2 switch's under load: registers
+    over Thrift; or a fabric's: every ToR and the spine asked in turn)."""
 
-    delay = 0.0
+    register_delay = 0.0
+    counters_delay = 0.0
 
     def register_ring(self, spec, slots):  # type: ignore[no-untyped-def]
-        time.sleep(self.delay)
+        time.sleep(self.register_delay)
         return super().register_ring(spec, slots)
+
+    def counters(self):  # type: ignore[no-untyped-def]
+        time.sleep(self.counters_delay)
+        return super().counters()
+
+
+@contextlib.contextmanager
+def alice_and_bob(target: SoftwareTarget, tokens: dict[str, Path]
+                  ) -> Iterator[tuple[ControllerClient, ControllerClient]]:
+    """Clients of principals alice and bob of a controller over `target` (4 hosts each)."""
+    server, port = serve(target, "127.0.0.1:0",
+                         config=config_of(tokens={ALICE: "alice", BOB: "bob"}))
+    addr = f"127.0.0.1:{port}"
+    try:
+        with ControllerClient(addr, timeout=10, token_file=tokens["alice"]) as alice, \
+                ControllerClient(addr, timeout=10, token_file=tokens["bob"]) as bob:
+            yield alice, bob
+    finally:
+        server.stop()
 
 
 def test_a_slow_target_stalls_no_other_tenants_renewals(tokens: dict[str, Path]) -> None:
@@ -677,42 +700,24 @@ def test_a_slow_target_stalls_no_other_tenants_renewals(tokens: dict[str, Path])
     (lease 300 ms) at once and its lease never lapses; the same ring's second registration
     meanwhile is ABORTED (busy), not queued behind the first."""
     target = SlowTarget(AggregationPipeline(), mac_ports(4).get)
-    server, port = serve(target, "127.0.0.1:0",
-                         config=config_of(tokens={ALICE: "alice", BOB: "bob"}))
-    addr = f"127.0.0.1:{port}"
-    try:
-        with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
-                ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
-            bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
-                              lease_ms=300)
-            target.delay = 1.5
-            slow = threading.Thread(target=alice.register_ring, args=(make_ring(2),))
-            slow.start()
-            time.sleep(0.2)
-            assert refused(lambda: alice.register_ring(make_ring(2)))[0] == "ABORTED"
-            worst = 0.0
-            while slow.is_alive():
-                t0 = time.monotonic()
-                bob.renew_lease("bobs")
-                worst = max(worst, time.monotonic() - t0)
-                time.sleep(0.1)
-            assert worst < 0.5, worst
-            got = bob.counters()
-            assert "bobs" in got["rings"] and got["switch"]["leases_expired"] == 0
-            assert list(alice.counters()["rings"]) == ["ring"]
-    finally:
-        server.stop()
-
-
-class SlowCounters(SoftwareTarget):
-    """A software target whose Counters take `delay` s: a BMv2 switch's under load (its
-    registers over Thrift), or a fabric's (every ToR and the spine asked in turn)."""
-
-    delay = 0.0
-
-    def counters(self):  # type: ignore[no-untyped-def]
-        time.sleep(self.delay)
-        return super().counters()
+    with alice_and_bob(target, tokens) as (alice, bob):
+        bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
+                          lease_ms=300)
+        target.register_delay = 1.5
+        slow = threading.Thread(target=alice.register_ring, args=(make_ring(2),))
+        slow.start()
+        time.sleep(0.2)
+        assert refused(lambda: alice.register_ring(make_ring(2)))[0] == "ABORTED"
+        worst = 0.0
+        while slow.is_alive():
+            t0 = time.monotonic()
+            bob.renew_lease("bobs")
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.1)
+        assert worst < 0.5, worst
+        got = bob.counters()
+        assert "bobs" in got["rings"] and got["switch"]["leases_expired"] == 0
+        assert list(alice.counters()["rings"]) == ["ring"]
 
 
 def test_one_tenants_slow_calls_delay_neither_anothers_registration_nor_a_lease_expiry(
@@ -722,39 +727,32 @@ def test_one_tenants_slow_calls_delay_neither_anothers_registration_nor_a_lease_
     alice keeps two Counters calls of 2 s each at the target (her share: a third is refused
     at once), bob's RegisterRing takes under 0.5 s and his 300 ms lease is off the data
     plane within 0.3 + 0.5 s of its registration."""
-    target = SlowCounters(AggregationPipeline(), mac_ports(4).get)
-    server, port = serve(target, "127.0.0.1:0",
-                         config=config_of(tokens={ALICE: "alice", BOB: "bob"}))
-    addr = f"127.0.0.1:{port}"
-    try:
-        with ControllerClient(addr, timeout=10, token_file=tokens["alice"]) as alice, \
-                ControllerClient(addr, timeout=10, token_file=tokens["bob"]) as bob:
-            alice.register_ring(make_ring(2))
-            target.delay = 2.0
-            polls = [threading.Thread(target=alice.counters) for _ in range(2)]
-            for t in polls:
-                t.start()
-            time.sleep(0.3)
-            t0 = time.monotonic()
-            code, message = refused(alice.counters)
-            assert (code, time.monotonic() - t0 < 0.5) == ("RESOURCE_EXHAUSTED", True)
-            assert message == ("principal 'alice': 2 calls at the target already (the "
-                               "controller's limit per principal): wait for one to end")
-            t0 = time.monotonic()
-            bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
-                              lease_ms=300)
-            registered = time.monotonic() - t0
-            while "bobs" in target.pipeline.counters() and time.monotonic() - t0 < 5:
-                time.sleep(0.01)
-            freed = time.monotonic() - t0
-            for t in polls:
-                t.join()
-            assert registered < 0.5 and freed < 0.8, (registered, freed)
-            assert list(target.pipeline.counters()) == ["ring"]
-            print(f"bob registered in {registered * 1000:.0f} ms, his 300 ms lease freed "
-                  f"{freed * 1000:.0f} ms after he asked, alice's 2 s Counters at the target")
-    finally:
-        server.stop()
+    target = SlowTarget(AggregationPipeline(), mac_ports(4).get)
+    with alice_and_bob(target, tokens) as (alice, bob):
+        alice.register_ring(make_ring(2))
+        target.counters_delay = 2.0
+        polls = [threading.Thread(target=alice.counters) for _ in range(2)]
+        for t in polls:
+            t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        code, message = refused(alice.counters)
+        assert (code, time.monotonic() - t0 < 0.5) == ("RESOURCE_EXHAUSTED", True)
+        assert message == ("principal 'alice': 2 calls at the target already (the "
+                           "controller's limit per principal): wait for one to end")
+        t0 = time.monotonic()
+        bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
+                          lease_ms=300)
+        registered = time.monotonic() - t0
+        while "bobs" in target.pipeline.counters() and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        freed = time.monotonic() - t0
+        for t in polls:
+            t.join()
+        assert registered < 0.5 and freed < 0.8, (registered, freed)
+        assert list(target.pipeline.counters()) == ["ring"]
+        print(f"bob registered in {registered * 1000:.0f} ms, his 300 ms lease freed "
+              f"{freed * 1000:.0f} ms after he asked, alice's 2 s Counters at the target")
 
 
 def test_each_principal_has_its_own_rate_limit(tokens: dict[str, Path]) -> None:

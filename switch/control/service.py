@@ -35,6 +35,7 @@ from switch.control import validate
 from nr_contract.client import DEFAULT_ADDR, local_address
 from nr_contract.tokens import HostsPolicy, read_hosts_policy, read_token_file
 from nr_contract.spec import DEFAULT_SLOTS, MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT, RingSpec
+from switch.control.quotas import RateLimit, TargetTurns
 from switch.control.target import FabricSwitchTarget, Target, slot_memory
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Controller"].full_name
@@ -166,26 +167,6 @@ class Lease:
     hosts: frozenset[str] = frozenset()    # the ranks' addresses: held by `owner` alone
 
 
-class RateLimit:
-    """A token bucket per principal: `rate` calls per second, bursts of 2 x rate
-    (0: no limit). Invariant: a principal's calls beyond it are refused, others' are not."""
-
-    def __init__(self, rate: float, clock: Callable[[], float]):
-        self.rate = rate
-        self.clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}    # principal -> (tokens, when)
-
-    def take(self, principal: str) -> bool:
-        if not self.rate:
-            return True
-        now = self.clock()
-        tokens, when = self._buckets.get(principal, (2 * self.rate, now))
-        tokens = min(2 * self.rate, tokens + (now - when) * self.rate)
-        ok = tokens >= 1
-        self._buckets[principal] = (tokens - 1 if ok else tokens, now)
-        return ok
-
-
 class ControllerService:
     """The RPC handlers over a Target (see the module doc).
 
@@ -207,7 +188,7 @@ class ControllerService:
         self._lock = threading.Lock()
         # ring id -> (its owner, why the target lost it), recent losses only
         self._lost_why: dict[str, tuple[str, str]] = {}
-        self._at_target: dict[str, int] = {}     # principal -> its calls at the target now
+        self._turns = TargetTurns(config.target_calls)
         self._freeing = futures.ThreadPoolExecutor(FREE_WORKERS, "lease-free")
         self._frees: list[futures.Future[None]] = []     # lapsed rings' removals under way
         self._rate = RateLimit(config.calls_per_second, clock)
@@ -557,14 +538,12 @@ class ControllerService:
             try:
                 principal = (self._login(context) if needs_credentials
                              else self._maybe_login(context))
-                if principal is not None and needs_credentials:
-                    with self._lock:
-                        within = self._rate.take(principal)
-                    if not within:
-                        raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                      f"principal {principal!r}: over "
-                                      f"{self.config.calls_per_second:g} calls per second "
-                                      "(the controller's rate limit per principal)")
+                if principal is not None and needs_credentials \
+                        and not self._rate.take(principal):
+                    raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"principal {principal!r}: over "
+                                  f"{self.config.calls_per_second:g} calls per second "
+                                  "(the controller's rate limit per principal)")
                 msg = validate.parse(request_type, request)
                 if not at_target:
                     return fn(msg, principal).SerializeToString()
@@ -589,21 +568,15 @@ class ControllerService:
 
     @contextlib.contextmanager
     def _target_turn(self, principal: str) -> Iterator[None]:
-        """One of `principal`'s `config.target_calls` places at the target, or
-        RESOURCE_EXHAUSTED at once: one principal's slow calls hold at most that many of
-        the server's workers, never another principal's turn."""
-        cap = self.config.target_calls
-        with self._lock:
-            if self._at_target.get(principal, 0) >= cap:
-                raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"principal {principal!r}: {cap} calls at the target already "
-                              "(the controller's limit per principal): wait for one to end")
-            self._at_target[principal] = self._at_target.get(principal, 0) + 1
+        """One of `principal`'s places at the target (`TargetTurns`), or RESOURCE_EXHAUSTED."""
+        if not self._turns.take(principal):
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"principal {principal!r}: {self._turns.cap} calls at the target "
+                          "already (the controller's limit per principal): wait for one to end")
         try:
             yield
         finally:
-            with self._lock:
-                self._at_target[principal] -= 1
+            self._turns.give_back(principal)
 
 
 @dataclass(frozen=True)
