@@ -33,6 +33,7 @@ from typing import Callable, Optional, Sequence
 
 from switch.daemon import build_parser, controller_options, spine_config, tor_config
 from switch.control.bmv2 import Bmv2Target, ShellSession
+from switch.control.private import check_directory
 from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
 from switch.control.bmv2_tor import Bmv2TorTarget
@@ -274,6 +275,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bmv2_lab: --tx-loss: BMv2 has no such thing (lose frames on the peers' side)",
               file=sys.stderr)
         return 2
+    try:              # credentials, hosts policy, stats directory: refused before BMv2 starts
+        options = controller_options(args) if args.controller else {}
+        if args.stats_file:
+            check_directory(args.stats_file.parent)
+    except (ValueError, OSError) as e:
+        print(f"bmv2_lab: {e}", file=sys.stderr)
+        return 2
     try:
         spine = spine_config(args, ports) if args.role == "spine" else None
         tor = tor_config(args, ports) if args.role == "tor" else None
@@ -288,7 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.controller:
             try:
-                server, _ = serve(target, args.controller, **controller_options(args))
+                server, _ = serve(target, args.controller, **options)
             except (OSError, ValueError) as e:
                 print(f"bmv2_lab: controller: {e}", file=sys.stderr)
                 return 1

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from switch.daemon import _mac_arg, _port_arg
-from switch.control.private import write_private
+from switch.control.private import check_directory, write_private
 from labswitches.bmv2_lab import BMV2_MAX_IN_FLIGHT
 
 UPLINK = 100
@@ -356,6 +356,12 @@ class Fabric:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        for directory in {args.workdir, *([args.stats_file.parent] if args.stats_file else [])}:
+            check_directory(directory)
+    except ValueError as e:
+        print(f"fabric_lab: {e}", file=sys.stderr, flush=True)
+        return 2
     fabric = Fabric(args)
     stopping = False
 

@@ -266,7 +266,8 @@ def run_fabric(args: argparse.Namespace, options: dict[str, Any]) -> int:
         print("switch: --role fabric needs --controller, --spine-controller and a "
               "--tor-controller per ToR", file=sys.stderr)
         return 2
-    token = args.fabric_token_file or args.token_file
+    token = args.fabric_token_file or args.token_file or (
+        None if args.insecure else credentials.token_file(args.credentials_dir))
     token = str(token) if token else None
     try:
         tors = [TorClient(j, addr, token) for j, addr in args.tor_controller]
