@@ -4,12 +4,11 @@ switch namespace, whose control link gives that namespace an address the hosts r
 every table and register, other tenants' R_Keys among them) listened there too."""
 from __future__ import annotations
 
+import importlib.util
 import socket
 from pathlib import Path
 
-import pytest
-
-from p4tools import P4_TOOLS, require_tools
+from p4tools import P4_TOOLS, require_tools, unavailable
 from tests.hostile.netns import CONTROL_IP, HOSTS_NS, SWITCH_NS, SwitchRig, in_netns
 
 THRIFT_PORT, GRPC_PORT = 9391, 9659
@@ -26,7 +25,8 @@ def connects(ns: str, addr: str, port: int) -> bool:
 
 def test_bmv2_listens_on_loopback_only(tmp_path: Path) -> None:
     require_tools(*P4_TOOLS)
-    pytest.importorskip("p4runtime_sh")
+    if importlib.util.find_spec("p4runtime_sh") is None:
+        unavailable("p4runtime-shell missing (pip install 'netreduce[bmv2]')")
     rig = SwitchRig(tmp_path, module="labswitches.bmv2_lab", control_link=True,
                     extra_args=["--thrift-port", str(THRIFT_PORT), "--grpc-port", str(GRPC_PORT)])
     try:
