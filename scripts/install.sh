@@ -41,7 +41,9 @@ export DEBIAN_FRONTEND=noninteractive
 
 DEB_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-providers ibverbs-utils
           python3-pyverbs python3-venv perftest iproute2 ethtool kmod iputils-ping tcpdump
-          procps openssl)
+          procps openssl
+          gcc make clang llvm libisal-dev libxdp-dev libbpf-dev xdp-tools valgrind)
+          # the second line: the native data plane (switch/native) and BMv2's loopback shim
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
