@@ -24,7 +24,7 @@ from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
 from netreduce.routing import SwitchUnavailable
 from ring_setup.device import DeviceError
-from ring_setup.rendezvous import RendezvousError, RendezvousTimeout
+from ring_setup.store_protocol import RendezvousError, RendezvousTimeout
 
 __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicator",
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",

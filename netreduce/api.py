@@ -17,7 +17,7 @@ from typing import Any
 
 from flowctl.plan import FlowConfig
 from netreduce.comm import Communicator, CommunicatorError
-from ring_setup.rendezvous import DEFAULT_TIMEOUT
+from ring_setup.store_protocol import DEFAULT_TIMEOUT
 
 _default: Communicator | None = None
 _sigterm_installed = False

@@ -68,8 +68,8 @@ from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
 from ring_setup.endpoints import (HostEndpoint, QPEndpoint, RingEndpoint, check_agreement as
                                   check_endpoints, neighbours, ring_spec)
-from ring_setup.rendezvous import (DEFAULT_TIMEOUT, PeerFailed, PortExchange, Rendezvous,
-                                   RendezvousConfig, RendezvousError)
+from ring_setup.rendezvous import PortExchange, Rendezvous, RendezvousConfig
+from ring_setup.store_protocol import DEFAULT_TIMEOUT, PeerFailed, RendezvousError
 from nr_contract.spec import RingSpec
 
 logger = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ import numpy as np
 from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.stream import Outgoing, SequenceError, Stream
 from netreduce.dtypes import FLOATS, SUPPORTED_DTYPES
-from ring_setup.rendezvous import ranks_phrase
+from ring_setup.store_protocol import ranks_phrase
 
 # op -> the ufunc that folds two contributions; "avg" folds like "sum", and the algorithm
 # divides the sum by the number of ranks when it forms the result (`CallContext.divisor`)

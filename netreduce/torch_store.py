@@ -10,7 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 import torch.distributed as dist
 
-from ring_setup.rendezvous import PortExchange, RendezvousConfig, RendezvousError
+from ring_setup.rendezvous import PortExchange, RendezvousConfig
+from ring_setup.store_protocol import RendezvousError
 
 _COUNT_KEY = "netreduce/inits/{}"       # per rank: how many communicators it created
 _PORT_KEY = "netreduce/store_port/{}"   # the k-th communicator's store "PORT SECRET"

@@ -12,7 +12,7 @@ from typing import Any
 
 from flowctl.link import RemoteBuffer
 from flowctl.plan import FlowConfig
-from ring_setup.rendezvous import RendezvousError
+from ring_setup.store_protocol import RendezvousError
 from nr_contract.spec import Connection, RingSpec
 
 

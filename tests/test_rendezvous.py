@@ -9,9 +9,10 @@ from typing import Any, Callable
 
 import pytest
 
-import ring_setup.rendezvous as rendezvous
-from ring_setup.rendezvous import (PeerFailed, Rendezvous, RendezvousConfig, RendezvousError,
-                                   RendezvousTimeout, StoreClient)
+import ring_setup.store_server as store_server
+from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreClient
+from ring_setup.store_protocol import (WATCH_INTERVAL, PeerFailed, RendezvousError,
+                                       RendezvousTimeout)
 
 
 def free_port() -> int:
@@ -254,7 +255,7 @@ def test_rank_0_gone_means_the_store_is_gone() -> None:
 
 
 def test_a_silent_rank_is_declared_failed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rendezvous, "SILENCE_TIMEOUT", 1.0)
+    monkeypatch.setattr(store_server, "SILENCE_TIMEOUT", 1.0)
     port = free_port()
     ranks = [Rendezvous(config(r, 3, port)) for r in range(2)]
     for r in ranks:
@@ -276,7 +277,7 @@ def test_ranks_that_finalize_together_report_nothing() -> None:
     def body(r: Rendezvous) -> Any:
         r.watch()
         r.barrier("work")
-        time.sleep(2 * rendezvous.WATCH_INTERVAL)
+        time.sleep(2 * WATCH_INTERVAL)
         r.check_peers()
         return "ok"
 

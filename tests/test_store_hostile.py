@@ -1,4 +1,4 @@
-"""Hostile clients of the rendezvous store (ring_setup/rendezvous.py): without the job's
+"""Hostile clients of the rendezvous store (ring_setup/store_server.py): without the job's
 secret a connection changes and learns nothing; with it, a rank writes only its own keys and
 speaks only for itself; every malformed request is refused by name and changes nothing;
 lines, waits and connections are bounded; a store without the secret is not believed."""
@@ -12,9 +12,10 @@ from typing import Any, Iterator
 
 import pytest
 
-import ring_setup.rendezvous as rdzv
-from ring_setup.rendezvous import (MAX_LINE, Rendezvous, RendezvousConfig, RendezvousError,
-                                   StoreClient, StoreServer, _mac)
+import ring_setup.store_server as store_server
+from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreClient
+from ring_setup.store_protocol import MAX_LINE, RendezvousError, mac
+from ring_setup.store_server import StoreServer
 
 SECRET = b"secret-of-the-hostile-store-tests"
 WORLD = 2
@@ -55,7 +56,7 @@ class Raw:
 
     def hello(self, rank: int, secret: bytes = SECRET, world: int = WORLD) -> dict[str, Any] | None:
         return self.ask({"op": "hello", "rank": rank, "world_size": world, "nonce": "n1",
-                         "mac": _mac(secret, "hello", self.challenge, "n1", rank, world)})
+                         "mac": mac(secret, "hello", self.challenge, "n1", rank, world)})
 
     def close(self) -> None:
         self.reader.close()
@@ -168,7 +169,7 @@ def test_silent_and_surplus_connections_are_cut(store: StoreServer,
     for s in idle + [extra]:
         s.close()
     time.sleep(0.3)
-    monkeypatch.setattr(rdzv, "HELLO_TIMEOUT", 0.3)
+    monkeypatch.setattr(store_server, "HELLO_TIMEOUT", 0.3)
     silent = socket.create_connection(("127.0.0.1", store.port), timeout=5)
     silent.recv(200)                                  # the challenge
     time.sleep(0.6)

@@ -27,7 +27,7 @@ from netreduce.algorithms.switch import (INLINE_BYTES, INT32_MAX, MIN_BLOCK, SWI
                                          one_scale_per_call, quantize, wire_bytes)
 from netreduce.meta import MAX_BLOCK_BYTES
 from netreduce.tools.reference import SWITCH_PER_CALL, Reference, rank_input
-from ring_setup.rendezvous import ranks_phrase
+from ring_setup.store_protocol import ranks_phrase
 from test_comm import CFG, rank_data, run_ranks
 
 

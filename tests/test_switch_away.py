@@ -17,7 +17,8 @@ from flowctl import FlowConfig
 from netreduce import Communicator
 from netreduce.away import Backoff, settle_plan
 from netreduce.routing import SwitchUnavailable
-from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreServer
+from ring_setup.rendezvous import Rendezvous, RendezvousConfig
+from ring_setup.store_server import StoreServer
 from test_comm import free_port, run_ranks
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)

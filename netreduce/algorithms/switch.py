@@ -102,7 +102,7 @@ from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext, DataRange
 from netreduce.dtypes import FLOAT32, HALVES, ROUNDINGS_FROM_FLOAT64, after_roundings
 from netreduce.meta import MAX_BLOCK_BYTES, AllreduceMismatch, CallRejected, SwitchNotAggregating
-from ring_setup.rendezvous import ranks_phrase
+from ring_setup.store_protocol import ranks_phrase
 
 WIRE = np.dtype("<i4")
 INT32_MAX = 2**31 - 1

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Mapping, Protocol, TextIO
 
 from netreduce.tools.forkserver import NETNS_DIR as _NETNS_DIR, Refused, WarmProcess
-from ring_setup.rendezvous import DEFAULT_PORT, SECRET_ENV, new_secret
+from ring_setup.store_protocol import DEFAULT_PORT, SECRET_ENV, new_secret
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from flowctl.stream import LIVENESS_POLL, Stream
 from netreduce.comm import RINGS, Communicator
 from netreduce.meta import control_bytes
 from netreduce.registration import SwitchStatus
-from ring_setup.rendezvous import PeerFailed, RendezvousTimeout
+from ring_setup.store_protocol import PeerFailed, RendezvousTimeout
 from rcmodel.fabric import Fabric, FaultRates, Faults
 from rcmodel.rxe import QP, Device, Peer, QPAttr
 from rcmodel.sim import Simulation, Turns
@@ -138,7 +138,7 @@ class ModelRendezvous:
 
     Every rank shares one `ModelStore`, as the real store's watch does: a rank that aborts
     (its call failed) is seen at once by every other rank's `check_peers`, so the others
-    fail fast with `PeerFailure` naming it (ring_setup/rendezvous.py); a notice is seen at
+    fail fast with `PeerFailure` naming it (ring_setup/store_server.py); a notice is seen at
     once through `notice_epoch` (a rank's "inc" stream checks it while it waits). Notices
     are never pushed to listeners: a model rank has no progress thread, so only ranks in a
     call settle (the tests' bodies end with a call on every rank). A gather waits on the

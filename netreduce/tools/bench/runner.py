@@ -19,7 +19,7 @@ from netreduce.tools.bench.progressbar import Progress
 from netreduce.tools.bench.results import document, latency_table, table
 from netreduce.tools.bench.tenants import TENANT_TOKENS_ENV, run_tenants
 from netreduce.tools.launch import launch
-from ring_setup.rendezvous import DEFAULT_PORT
+from ring_setup.store_protocol import DEFAULT_PORT
 
 DEFAULT_SIZES = "256K,1M,4M,16M"
 T = TypeVar("T")

@@ -1,0 +1,122 @@
+"""The rendezvous store's wire protocol: framing, message schema, MACs, bounds and errors.
+
+Shared by the store (`ring_setup.store_server`, served by rank 0) and its clients
+(`ring_setup.rendezvous`, every rank). One JSON object per line each way, one request at a
+time per connection:
+  (store)                            -> challenge {nonce}
+  hello {rank, world_size, nonce, mac} -> ok + mac | error, then closed (bad secret, rank
+                                        out of range, world size disagreement)
+  set   {key, value, exclusive}      -> ok | error (exclusive key already set, not ours)
+  get   {keys, timeout, poll}        -> ok + values | missing keys | aborted ranks (poll:
+                                        the rank will ask again, it did not give up)
+  abort {rank, reason}               -> ok   (every pending and later get fails with it)
+  notice {rank, epoch, reason}       -> ok   (the first reason of an epoch is kept)
+  watch {rank, timeout, notice}      -> ok + failed ranks and reasons ({} when none within
+                                        timeout) + the highest notice [epoch, reason] when
+                                        above `notice` (the epoch last seen); marks the rank
+                                        alive
+  leave {rank, timeout}              -> ok + missing ranks; once all ranks have left the
+                                        server stops accepting before it answers anyone, so a
+                                        rank that quickly rejoins reaches the next store.
+The hello's MAC is an HMAC-SHA256 under the job's secret of the store's nonce, the rank's
+nonce, the rank and the world size; the store answers with its own over both nonces.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from typing import Any, Mapping
+
+DEFAULT_PORT = 29500
+DEFAULT_TIMEOUT = 30.0
+WATCH_INTERVAL = 1.0     # a watch request returns after this long when nothing failed
+# A dead process is seen at once (its connections close); these two only bound how long a
+# hung host or store goes unnoticed, so they are generous: in the TCG lab a busy rank's
+# store thread can go several seconds without the GIL or a vCPU (a watch timing out at
+# 6 s broke slow BMv2 calls).
+SILENCE_TIMEOUT = 60.0   # a rank whose watch is silent this long is declared failed
+SECRET_ENV = "NR_JOB_SECRET"
+MIN_SECRET = 16          # characters of NR_JOB_SECRET
+HELLO_TIMEOUT = 10.0     # s a new connection has to prove the secret
+MAX_LINE = 1 << 20       # bytes of one request or reply line
+MAX_WAIT = 7200.0        # s: the longest server-side wait a request may ask for
+MAX_KEYS = 4096          # keys of one get
+_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}/(\d{1,6})")
+
+
+class RendezvousError(RuntimeError):
+    """Setup could not agree with the other ranks."""
+
+
+class RendezvousTimeout(RendezvousError):
+    """Some rank never showed up; the message names it."""
+
+
+class UntrustedStore(RendezvousError):
+    """Whatever answers at MASTER_ADDR:MASTER_PORT could not prove the job's secret."""
+
+
+class BadRequest(ValueError):
+    """A request the store refuses; the message says what is wrong with it."""
+
+
+class PeerFailed(RendezvousError):
+    """Some rank died, went silent or aborted (`failures`: rank -> reason)."""
+
+    def __init__(self, failures: Mapping[int, str]) -> None:
+        self.failures = dict(sorted(failures.items()))
+        super().__init__("; ".join(f"rank {r}: {why}" for r, why in self.failures.items()))
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.failures)
+
+
+def ranks_phrase(ranks: list[int]) -> str:
+    """"rank 3" or "ranks 0, 2": how every error message names ranks."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def mac(secret: bytes, *parts: object) -> str:
+    """HMAC-SHA256 under `secret` of `parts` joined by "|", in hex."""
+    return hmac.new(secret, "|".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
+
+
+def new_secret() -> str:
+    """A fresh job secret (what `netreduce launch` puts in NR_JOB_SECRET)."""
+    return secrets.token_hex(16)
+
+
+def read_request(reader: Any) -> dict[str, Any]:
+    """The next request line as a JSON object; BadRequest("closed") at end of stream."""
+    line = reader.readline(MAX_LINE + 1)
+    if not line:
+        raise BadRequest("closed")
+    if len(line) > MAX_LINE:
+        raise OSError(f"a line over {MAX_LINE} bytes")      # cannot resynchronise: close
+    try:
+        req = json.loads(line)
+    except ValueError:
+        raise BadRequest("not JSON") from None
+    if not isinstance(req, dict):
+        raise BadRequest("a request is a JSON object")
+    return req
+
+
+def key_rank(key: object) -> int | None:
+    """The rank a store key "NAME/<rank>" belongs to, or None when it is not a key."""
+    m = _KEY.fullmatch(key) if isinstance(key, str) else None
+    return None if m is None else int(m[1])
+
+
+def parse_wait(req: dict[str, Any]) -> float:
+    """A request's `timeout`: seconds in 0..MAX_WAIT, else BadRequest."""
+    timeout = req.get("timeout")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 <= timeout <= MAX_WAIT:
+        raise BadRequest(f"timeout must be a number of seconds in 0..{MAX_WAIT:g}, not "
+                         f"{timeout!r}")
+    return float(timeout)
