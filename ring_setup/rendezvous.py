@@ -39,10 +39,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ring_setup.store_protocol import (DEFAULT_PORT, DEFAULT_TIMEOUT, HELLO_TIMEOUT, MAX_LINE,
-                                       MAX_WAIT, MIN_SECRET, SECRET_ENV, SILENCE_TIMEOUT,
-                                       WATCH_INTERVAL, PeerFailed, RendezvousError,
-                                       RendezvousTimeout, UntrustedStore, mac, new_secret,
-                                       ranks_phrase)
+                                       MAX_REPLY, MAX_WAIT, MIN_SECRET, SECRET_ENV,
+                                       SILENCE_TIMEOUT, WATCH_INTERVAL, LineSocket,
+                                       PeerFailed, RendezvousError, RendezvousTimeout,
+                                       UntrustedStore, mac, new_secret, ranks_phrase)
 from ring_setup.store_server import StoreServer
 
 _MARGIN = 30.0           # extra socket timeout over a server-side wait
@@ -108,7 +108,7 @@ class StoreClient:
 
     def __init__(self, sock: socket.socket, where: str) -> None:
         self._sock = sock
-        self._reader = sock.makefile("rb")
+        self._line = LineSocket(sock)
         self._where = where
 
     @classmethod
@@ -150,10 +150,11 @@ class StoreClient:
                                 f"(no store at {config.where}: {last})")
 
     def _hello(self, config: RendezvousConfig) -> dict[str, Any]:
-        """Answer the store's challenge; check that the store holds the secret too."""
-        self._sock.settimeout(HELLO_TIMEOUT)
+        """Answer the store's challenge (all within HELLO_TIMEOUT); check that the store
+        holds the secret too."""
+        deadline = time.monotonic() + HELLO_TIMEOUT
         try:
-            line = self._reader.readline(MAX_LINE)
+            line = self._line.read_line(MAX_LINE, deadline)
         except OSError as exc:
             raise RendezvousError(f"rendezvous: no challenge from {self._where}: {exc}") from exc
         try:
@@ -162,10 +163,11 @@ class StoreClient:
             raise RendezvousError(f"rendezvous: {self._where} sent no challenge (not a "
                                   "netreduce store, or one shutting down)") from None
         mine = secrets.token_hex(16)
-        reply = self.request({"op": "hello", "rank": config.rank,
-                              "world_size": config.world_size, "nonce": mine,
-                              "mac": mac(config.secret, "hello", challenge, mine, config.rank,
-                                          config.world_size)}, wait=0)
+        reply = self._exchange({"op": "hello", "rank": config.rank,
+                                "world_size": config.world_size, "nonce": mine,
+                                "mac": mac(config.secret, "hello", challenge, mine,
+                                           config.rank, config.world_size)},
+                               deadline, MAX_LINE)
         if reply.get("ok") and not hmac.compare_digest(
                 str(reply.get("mac")), mac(config.secret, "store", mine, challenge)):
             raise UntrustedStore(f"rendezvous: the store at {self._where} does not know "
@@ -176,10 +178,13 @@ class StoreClient:
                 margin: float = _MARGIN) -> dict[str, Any]:
         """Send one request; `wait` is how long the server may hold it, `margin` how much
         longer the answer may take before the store counts as lost."""
+        return self._exchange(req, time.monotonic() + wait + margin, MAX_REPLY)
+
+    def _exchange(self, req: dict[str, Any], deadline: float, limit: int) -> dict[str, Any]:
+        """Send `req`; its answer (at most `limit` bytes) by `deadline`."""
         try:
-            self._sock.settimeout(wait + margin)
-            self._sock.sendall(json.dumps(req).encode() + b"\n")
-            line = self._reader.readline()
+            self._line.write_line(json.dumps(req).encode(), deadline)
+            line = self._line.read_line(limit, deadline)
         except OSError as exc:
             raise RendezvousError(f"rendezvous: lost the store at {self._where}: {exc}") from exc
         if not line:
@@ -194,7 +199,6 @@ class StoreClient:
             pass
 
     def close(self) -> None:
-        self._reader.close()
         self._sock.close()
 
 

@@ -28,6 +28,9 @@ import hmac
 import json
 import re
 import secrets
+import socket
+import threading
+import time
 from typing import Any, Mapping
 
 DEFAULT_PORT = 29500
@@ -41,7 +44,9 @@ SILENCE_TIMEOUT = 60.0   # a rank whose watch is silent this long is declared fa
 SECRET_ENV = "NR_JOB_SECRET"
 MIN_SECRET = 16          # characters of NR_JOB_SECRET
 HELLO_TIMEOUT = 10.0     # s a new connection has to prove the secret
-MAX_LINE = 1 << 20       # bytes of one request or reply line
+MAX_LINE = 1 << 20       # bytes of one request line (and of a reply to an unproven peer)
+MAX_STORED = 64 << 20    # bytes of keys and values the store holds
+MAX_REPLY = MAX_STORED + MAX_LINE   # bytes of a reply line (every value of the store)
 MAX_WAIT = 7200.0        # s: the longest server-side wait a request may ask for
 MAX_KEYS = 4096          # keys of one get
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}/(\d{1,6})")
@@ -90,13 +95,68 @@ def new_secret() -> str:
     return secrets.token_hex(16)
 
 
-def read_request(reader: Any) -> dict[str, Any]:
-    """The next request line as a JSON object; BadRequest("closed") at end of stream."""
-    line = reader.readline(MAX_LINE + 1)
+class LineTooLong(OSError):
+    """A line over its bound: the stream cannot be resynchronised, so it is closed."""
+
+
+class LineSocket:
+    """A socket that carries one line at a time each way. Invariant: `read_line` returns a
+    whole line of at most `limit` bytes (its newline included) that arrived before the
+    deadline given, else raises (LineTooLong, TimeoutError): a peer cannot stretch a read
+    by sending a byte at a time. Threads sharing it read whole lines in turn (and write
+    them), as a buffered file would let them."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+        self._reading = threading.Lock()
+        self._writing = threading.Lock()
+
+    def read_line(self, limit: int, deadline: float | None = None) -> bytes:
+        """The next line (b"" at the end of the stream, a partial line included), read by
+        `deadline` (time.monotonic(); None: no limit)."""
+        with self._reading:
+            return self._read_line(limit, deadline)
+
+    def _read_line(self, limit: int, deadline: float | None) -> bytes:
+        scanned = 0
+        while True:
+            end = self._buf.find(b"\n", scanned, limit)
+            if end >= 0:
+                line = bytes(self._buf[:end + 1])
+                del self._buf[:end + 1]
+                return line
+            if len(self._buf) >= limit:
+                raise LineTooLong(f"a line over {limit} bytes")
+            scanned = len(self._buf)
+            self.sock.settimeout(_left(deadline))
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return b""
+            self._buf += chunk
+
+    def write_line(self, data: bytes, deadline: float | None = None) -> None:
+        """Send `data` and a newline, by `deadline` (None: no limit)."""
+        with self._writing:
+            self.sock.settimeout(_left(deadline))
+            self.sock.sendall(data + b"\n")
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until `deadline` (None: none); TimeoutError once it passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+def decode_request(line: bytes) -> dict[str, Any]:
+    """A request line as a JSON object; BadRequest("closed") for the end of the stream,
+    BadRequest naming what is wrong for anything else."""
     if not line:
         raise BadRequest("closed")
-    if len(line) > MAX_LINE:
-        raise OSError(f"a line over {MAX_LINE} bytes")      # cannot resynchronise: close
     try:
         req = json.loads(line)
     except ValueError:

@@ -3,9 +3,10 @@ at MASTER_ADDR:MASTER_PORT, torchrun style (the wire protocol: `ring_setup.store
 the ranks' side: `ring_setup.rendezvous`).
 
 Who may talk to the store: only the job's ranks. A connection proves the job's secret
-before anything else (the hello), and the store proves it back; a connection that fails
-(or says nothing for HELLO_TIMEOUT) is closed having changed nothing. The store listens on
-MASTER_ADDR only, holds at most `max_connections` connections, bounds lines (MAX_LINE),
+before anything else (the hello), and the store proves it back; a connection that fails,
+or has not finished its hello HELLO_TIMEOUT after it was accepted, is closed having changed
+nothing. The store listens on MASTER_ADDR only; it bounds the connections waiting to prove
+the secret per address and in all, and those of each rank (`Admission`), lines (MAX_LINE),
 stored bytes (MAX_STORED) and every server-side wait (MAX_WAIT); a rank may write only its
 own keys ("<name>/<rank>") and speak only for itself. A malformed request gets an error
 naming what is wrong and changes nothing.
@@ -29,12 +30,77 @@ import threading
 import time
 from typing import Any
 
-from ring_setup.store_protocol import (HELLO_TIMEOUT, MAX_KEYS, MIN_SECRET, SECRET_ENV,
-                                       SILENCE_TIMEOUT, BadRequest, RendezvousError, key_rank,
-                                       mac, parse_wait, read_request)
+from ring_setup.store_protocol import (HELLO_TIMEOUT, MAX_KEYS, MAX_LINE, MAX_STORED,
+                                       MIN_SECRET, SECRET_ENV, SILENCE_TIMEOUT, BadRequest,
+                                       LineSocket, RendezvousError, decode_request, key_rank,
+                                       mac, parse_wait)
 
-MAX_STORED = 64 << 20    # bytes of keys and values the store holds
 MAX_NOTICES = 1 << 20    # notice epochs
+PENDING_PER_PEER = 16    # connections of one address waiting to prove the secret
+RANK_CONNECTIONS = 8     # connections that proved one rank (a rank keeps 2, and briefly
+#                          one per abort and notice)
+_REFUSAL_SEND = 1.0      # s to send a refused hello its answer
+
+
+class Admission:
+    """Who holds the store's connections (the server's condition guards it). Invariants: at
+    most `per_peer` connections from one address and `pending` in all are waiting to prove
+    the secret; at most RANK_CONNECTIONS proved each rank. A new connection over a pending
+    bound makes room by cutting the oldest waiting one of its own address (else of the
+    address waiting with most): a peer that keeps connections open only pushes out its own,
+    and a rank's hello, answered within a round trip, is the newest of its address."""
+
+    def __init__(self, world_size: int) -> None:
+        self.per_peer = PENDING_PER_PEER
+        self.pending = PENDING_PER_PEER * 4 + 2 * world_size
+        self.refused = 0                        # cut, or failed its hello; once each
+        self._waiting: dict[str, list[socket.socket]] = {}   # address -> oldest first
+        self._ranks: dict[int, int] = {}        # rank -> connections that proved it
+
+    def arrive(self, conn: socket.socket, addr: str) -> socket.socket | None:
+        """Count `conn` as waiting; the connection it pushes out (to be shut down), if any."""
+        victim = None
+        mine = self._waiting.setdefault(addr, [])
+        if len(mine) >= self.per_peer:
+            victim = mine[0]
+        elif sum(map(len, self._waiting.values())) >= self.pending:
+            victim = max(self._waiting.values(), key=len)[0]
+        if victim is not None:
+            self.refuse(victim)
+        mine.append(conn)
+        return victim
+
+    def refuse(self, conn: socket.socket) -> None:
+        """`conn` will not be served (cut, or its hello failed)."""
+        if self._unwait(conn):
+            self.refused += 1
+
+    def admit(self, conn: socket.socket, rank: int) -> str | None:
+        """`conn` proved `rank`: None if it is served from now on, else why not."""
+        if self._ranks.get(rank, 0) >= RANK_CONNECTIONS:
+            self.refuse(conn)
+            return f"rank {rank} has {RANK_CONNECTIONS} connections open already"
+        if not self._unwait(conn):
+            return "cut: too many connections were waiting to prove the secret"
+        self._ranks[rank] = self._ranks.get(rank, 0) + 1
+        return None
+
+    def _unwait(self, conn: socket.socket) -> bool:
+        """Take `conn` off the waiting lists: True if it was on one."""
+        for addr, conns in self._waiting.items():
+            if conn in conns:
+                conns.remove(conn)
+                if not conns:
+                    del self._waiting[addr]
+                return True
+        return False
+
+    def close(self, conn: socket.socket, rank: int | None) -> None:
+        """`conn` closed: its place is free."""
+        if rank is None:
+            self.refuse(conn)
+        else:
+            self._ranks[rank] -= 1
 
 
 class StoreServer:
@@ -42,19 +108,16 @@ class StoreServer:
     module doc for who may connect and the bounds).
 
     Invariants: a request reaches `_handle` only on a connection that proved the secret, as
-    the rank it proved; a refused request changes nothing; the store holds at most
-    `max_connections` connections and MAX_STORED bytes."""
+    the rank it proved; a refused request changes nothing; the connections are bounded as
+    `Admission` says, the stored bytes by MAX_STORED."""
 
-    def __init__(self, port: int, world_size: int, host: str, secret: bytes,
-                 max_connections: int | None = None) -> None:
+    def __init__(self, port: int, world_size: int, host: str, secret: bytes) -> None:
         if len(secret) < MIN_SECRET:
             raise RendezvousError("rendezvous: the store needs the job's secret "
                                   f"({SECRET_ENV}, at least {MIN_SECRET} characters)")
         self.world_size = world_size
         self._secret = secret
-        # each rank keeps 2 (requests, watch) and briefly a third (abort); room to spare
-        self.max_connections = max_connections or 4 * world_size + 8
-        self.refused_connections = 0            # over max_connections, or failed hello
+        self.admission = Admission(world_size)
         self._stored = 0
         self._cond = threading.Condition()
         self._data: dict[str, Any] = {}
@@ -81,21 +144,22 @@ class StoreServer:
                                           daemon=True)
         self._acceptor.start()
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections closed without being served: cut to make room, or a failed hello."""
+        return self.admission.refused
+
     def _accept_loop(self) -> None:
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, (addr, _) = self._listener.accept()
             except OSError:
                 break
             with self._cond:
-                full = len(self._conns) >= self.max_connections
-                if full:
-                    self.refused_connections += 1
-                else:
-                    self._conns.add(conn)
-            if full:
-                conn.close()
-                continue
+                self._conns.add(conn)
+                victim = self.admission.arrive(conn, addr)
+            if victim is not None:
+                _cut(victim)
             threading.Thread(target=self._serve, args=(conn,), name="nr-store-conn",
                              daemon=True).start()
         self._listener.close()
@@ -115,35 +179,22 @@ class StoreServer:
             self._stop_accepting()
             self._cond.wait_for(lambda: not self._conns, timeout=grace)
             for conn in self._conns:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                _cut(conn)
         self._acceptor.join(timeout=grace)
 
     def _serve(self, conn: socket.socket) -> None:
         rank: int | None = None          # whose connection this is, once it proved the secret
         notifier = False                 # a connection that published a notice: its close
         #                                  is the end of that request, not of its rank
+        line = LineSocket(conn)
         try:
-            with conn, conn.makefile("rb") as reader:
-                nonce = secrets.token_hex(16)
-                conn.settimeout(HELLO_TIMEOUT)
-                conn.sendall(json.dumps({"challenge": nonce}).encode() + b"\n")
-                try:
-                    reply, rank = self._hello(read_request(reader), nonce)
-                except (BadRequest, OSError) as exc:
-                    reply, rank = {"ok": False, "error": str(exc)}, None
-                if rank is None:
-                    with self._cond:
-                        self.refused_connections += 1
-                conn.sendall(json.dumps(reply).encode() + b"\n")
+            with conn:
+                rank = self._greet(line)
                 if rank is None:
                     return
-                conn.settimeout(None)
                 while True:
                     try:
-                        req = read_request(reader)
+                        req = decode_request(line.read_line(MAX_LINE))
                     except BadRequest as exc:
                         if str(exc) == "closed":
                             break
@@ -154,15 +205,42 @@ class StoreServer:
                             reply = self._handle(req, rank)
                         except BadRequest as exc:
                             reply = {"ok": False, "error": str(exc)}
-                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                    line.write_line(json.dumps(reply).encode())
         except (OSError, BadRequest):
             pass
         finally:
             with self._cond:
                 self._conns.discard(conn)
+                self.admission.close(conn, rank)
                 if rank is not None and not notifier:
                     self._connection_closed(rank)
                 self._cond.notify_all()
+
+    def _greet(self, line: LineSocket) -> int | None:
+        """The hello, within HELLO_TIMEOUT in all: the rank the connection proved and is
+        admitted as, or None (it was answered why not)."""
+        deadline = time.monotonic() + HELLO_TIMEOUT
+        nonce = secrets.token_hex(16)
+        line.write_line(json.dumps({"challenge": nonce}).encode(), deadline)
+        try:
+            reply, rank = self._hello(decode_request(line.read_line(MAX_LINE, deadline)),
+                                      nonce)
+        except TimeoutError:
+            reply, rank = {"ok": False, "error": f"no hello within {HELLO_TIMEOUT:g}s"}, None
+        except (BadRequest, OSError) as exc:
+            reply, rank = {"ok": False, "error": str(exc)}, None
+        with self._cond:
+            if rank is None:
+                self.admission.refuse(line.sock)
+            else:
+                why = self.admission.admit(line.sock, rank)
+                if why is not None:
+                    rank, reply = None, {"ok": False, "error": why}
+        # a refusal may be sent a little past the deadline (it says why); an admitted rank's
+        # answer is not cut short (its loss would fail the rank)
+        line.write_line(json.dumps(reply).encode(),
+                        time.monotonic() + _REFUSAL_SEND if rank is None else None)
+        return rank
 
     def _connection_closed(self, rank: int) -> None:
         """A connection of `rank` closed (caller holds the condition): a failure unless
@@ -284,3 +362,11 @@ class StoreServer:
     def _newest(self) -> int:
         """The highest notice epoch published (0: none; caller holds the condition)."""
         return max(self._notices, default=0)
+
+
+def _cut(conn: socket.socket) -> None:
+    """End `conn` now: its thread's read returns and the thread closes it."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
