@@ -38,11 +38,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from ring_setup.store_protocol import (DEFAULT_PORT, DEFAULT_TIMEOUT, HELLO_TIMEOUT, MAX_LINE,
+from ring_setup.store_protocol import (DEFAULT_PORT, DEFAULT_TIMEOUT, HELLO_TIMEOUT, MAX_HELLO,
                                        MAX_REPLY, MAX_WAIT, MIN_SECRET, SECRET_ENV,
                                        SILENCE_TIMEOUT, WATCH_INTERVAL, LineSocket,
-                                       PeerFailed, RendezvousError, RendezvousTimeout,
-                                       UntrustedStore, mac, new_secret, ranks_phrase)
+                                       BadRequest, PeerFailed, RendezvousError, RendezvousTimeout,
+                                       UntrustedStore, decode_request, mac, new_secret,
+                                       ranks_phrase)
 from ring_setup.store_server import StoreServer
 
 _MARGIN = 30.0           # extra socket timeout over a server-side wait
@@ -154,12 +155,12 @@ class StoreClient:
         holds the secret too."""
         deadline = time.monotonic() + HELLO_TIMEOUT
         try:
-            line = self._line.read_line(MAX_LINE, deadline)
+            line = self._line.read_line(MAX_HELLO, deadline)
         except OSError as exc:
             raise RendezvousError(f"rendezvous: no challenge from {self._where}: {exc}") from exc
         try:
-            challenge = json.loads(line)["challenge"]
-        except (ValueError, KeyError, TypeError):
+            challenge = str(decode_request(line)["challenge"])
+        except (BadRequest, KeyError):
             raise RendezvousError(f"rendezvous: {self._where} sent no challenge (not a "
                                   "netreduce store, or one shutting down)") from None
         mine = secrets.token_hex(16)
@@ -167,7 +168,7 @@ class StoreClient:
                                 "world_size": config.world_size, "nonce": mine,
                                 "mac": mac(config.secret, "hello", challenge, mine,
                                            config.rank, config.world_size)},
-                               deadline, MAX_LINE)
+                               deadline, MAX_HELLO)
         if reply.get("ok") and not hmac.compare_digest(
                 str(reply.get("mac")), mac(config.secret, "store", mine, challenge)):
             raise UntrustedStore(f"rendezvous: the store at {self._where} does not know "
@@ -189,7 +190,11 @@ class StoreClient:
             raise RendezvousError(f"rendezvous: lost the store at {self._where}: {exc}") from exc
         if not line:
             raise RendezvousError(f"rendezvous: the store at {self._where} closed the connection")
-        return json.loads(line)
+        try:
+            return decode_request(line)
+        except BadRequest as exc:
+            raise RendezvousError(f"rendezvous: a bad answer from the store at {self._where}: "
+                                  f"{exc}") from None
 
     def interrupt(self) -> None:
         """Make a request in progress (in another thread) fail at once."""

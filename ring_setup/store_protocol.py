@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import re
 import secrets
@@ -45,6 +46,8 @@ SECRET_ENV = "NR_JOB_SECRET"
 MIN_SECRET = 16          # characters of NR_JOB_SECRET
 HELLO_TIMEOUT = 10.0     # s a new connection has to prove the secret
 MAX_LINE = 1 << 20       # bytes of one request line (and of a reply to an unproven peer)
+MAX_HELLO = 1024         # bytes of a line from a peer that has not proven the secret
+MAX_DEPTH = 32           # nesting of arrays and objects in any line
 MAX_STORED = 64 << 20    # bytes of keys and values the store holds
 MAX_REPLY = MAX_STORED + MAX_LINE   # bytes of a reply line (every value of the store)
 MAX_WAIT = 7200.0        # s: the longest server-side wait a request may ask for
@@ -152,11 +155,26 @@ def _left(deadline: float | None) -> float | None:
     return left
 
 
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_NESTING = [{ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}.get(b, 0) for b in range(256)]
+
+
+def json_depth(line: bytes) -> int:
+    """How deep arrays and objects nest in `line` (exact for valid JSON; brackets in
+    strings do not count), found without parsing it (the parser recurses)."""
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", line))
+    return max(itertools.accumulate(map(_NESTING.__getitem__, brackets)), default=0)
+
+
 def decode_request(line: bytes) -> dict[str, Any]:
-    """A request line as a JSON object; BadRequest("closed") for the end of the stream,
-    BadRequest naming what is wrong for anything else."""
+    """A request (or reply) line as a JSON object of at most MAX_DEPTH levels;
+    BadRequest("closed") for the end of the stream, BadRequest naming what is wrong for
+    anything else."""
     if not line:
         raise BadRequest("closed")
+    if json_depth(line) > MAX_DEPTH:
+        raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
         req = json.loads(line)
     except ValueError:

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from ring_setup.store_protocol import (HELLO_TIMEOUT, MAX_KEYS, MAX_LINE, MAX_STORED,
+from ring_setup.store_protocol import (HELLO_TIMEOUT, MAX_HELLO, MAX_KEYS, MAX_LINE, MAX_STORED,
                                        MIN_SECRET, SECRET_ENV, SILENCE_TIMEOUT, BadRequest,
                                        LineSocket, RendezvousError, decode_request, key_rank,
                                        mac, parse_wait)
@@ -40,6 +40,8 @@ PENDING_PER_PEER = 16    # connections of one address waiting to prove the secre
 RANK_CONNECTIONS = 8     # connections that proved one rank (a rank keeps 2, and briefly
 #                          one per abort and notice)
 _REFUSAL_SEND = 1.0      # s to send a refused hello its answer
+MAX_REASON = 1000        # characters of an abort's or a notice's reason
+_ENTRY = 64              # bytes counted for each entry besides its key and value (JSON)
 
 
 class Admission:
@@ -118,9 +120,10 @@ class StoreServer:
         self.world_size = world_size
         self._secret = secret
         self.admission = Admission(world_size)
-        self._stored = 0
+        self._stored = 0                        # bytes counted (`_charge`), every entry
         self._cond = threading.Condition()
         self._data: dict[str, Any] = {}
+        self._sizes: dict[str, int] = {}        # key -> what `_charge` counted for it
         self._aborted: dict[int, str] = {}      # failed ranks (see the module doc)
         self._notices: dict[int, str] = {}      # notice epoch -> its first reason
         self._left: set[int] = set()
@@ -223,7 +226,7 @@ class StoreServer:
         nonce = secrets.token_hex(16)
         line.write_line(json.dumps({"challenge": nonce}).encode(), deadline)
         try:
-            reply, rank = self._hello(decode_request(line.read_line(MAX_LINE, deadline)),
+            reply, rank = self._hello(decode_request(line.read_line(MAX_HELLO, deadline)),
                                       nonce)
         except TimeoutError:
             reply, rank = {"ok": False, "error": f"no hello within {HELLO_TIMEOUT:g}s"}, None
@@ -294,13 +297,10 @@ class StoreServer:
                 if key_rank(key) != rank:
                     raise BadRequest(f"rank {rank} may set only its own keys NAME/{rank}, "
                                      f"not {key!r}")
-                size = len(key) + len(json.dumps(value))
-                if key not in self._data and self._stored + size > MAX_STORED:
-                    raise BadRequest(f"the store is full ({MAX_STORED} bytes)")
                 if req.get("exclusive") and key in self._data:
                     return {"ok": False, "error": f"{key!r} was published twice: two processes "
                             f"claim the same rank"}
-                self._stored += size if key not in self._data else 0
+                self._sizes[key] = self._charge(self._sizes.get(key, 0), key, value)
                 self._data[key] = value
                 self._cond.notify_all()
                 return {"ok": True}
@@ -319,8 +319,10 @@ class StoreServer:
                         self._gave_up.add(rank)
                     return {"ok": False, "missing": missing}
                 return {"ok": True, "values": {k: self._data[k] for k in keys}}
-            if op == "abort":
-                self._aborted.setdefault(rank, str(req.get("reason"))[:1000])
+            if op == "abort":      # (counted, never refused: one per rank)
+                if rank not in self._aborted:
+                    self._aborted[rank] = str(req.get("reason"))[:MAX_REASON]
+                    self._stored += _ENTRY + len(json.dumps(self._aborted[rank]))
                 self._cond.notify_all()
                 return {"ok": True}
             if op == "notice":
@@ -329,7 +331,11 @@ class StoreServer:
                         or not 0 < epoch <= MAX_NOTICES:
                     raise BadRequest(f"a notice's epoch is a number in 1..{MAX_NOTICES}, not "
                                      f"{epoch!r}")
-                reason = self._notices.setdefault(epoch, str(req.get("reason"))[:1000])
+                if epoch not in self._notices:
+                    reason = str(req.get("reason"))[:MAX_REASON]
+                    self._charge(0, epoch, reason)
+                    self._notices[epoch] = reason
+                reason = self._notices[epoch]
                 self._cond.notify_all()
                 return {"ok": True, "reason": reason}
             if op == "watch":
@@ -358,6 +364,16 @@ class StoreServer:
                 return {"ok": True, "missing": sorted(set(range(self.world_size)) - self._left)}
         raise BadRequest(f"unknown request {str(op)[:40]!r}")
 
+
+    def _charge(self, old: int, key: object, value: Any) -> int:
+        """Count an entry (`key`, `value`) in place of one of `old` bytes (0: a new entry);
+        its size, or BadRequest (nothing counted) if the store would hold more than
+        MAX_STORED bytes. Caller holds the condition."""
+        size = _ENTRY + len(json.dumps(key)) + len(json.dumps(value))
+        if self._stored - old + size > MAX_STORED:
+            raise BadRequest(f"the store is full ({MAX_STORED} bytes)")
+        self._stored += size - old
+        return size
 
     def _newest(self) -> int:
         """The highest notice epoch published (0: none; caller holds the condition)."""

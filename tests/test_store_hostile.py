@@ -381,3 +381,102 @@ def test_a_flooder_cannot_keep_an_abort_or_a_notice_from_the_ranks(
     finally:
         for me in ranks:
             threading.Thread(target=me.close, args=(1,)).start()
+
+
+def test_overwrites_count_against_the_size_cap(store: StoreServer,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: a key counted only when created, its overwrites free (95 MiB held while
+    566 B counted)."""
+    monkeypatch.setattr(store_server, "MAX_STORED", 64 << 10)
+    c = Raw(store)
+    assert c.hello(1)["ok"] is True  # type: ignore[index]
+    assert c.ask({"op": "set", "key": "a/1", "value": "x"}) == {"ok": True}
+    assert c.ask({"op": "set", "key": "b/1", "value": "x"}) == {"ok": True}
+    big = "y" * (40 << 10)
+    assert c.ask({"op": "set", "key": "a/1", "value": big}) == {"ok": True}
+    assert c.ask({"op": "set", "key": "b/1", "value": big}) == {
+        "ok": False, "error": f"the store is full ({64 << 10} bytes)"}
+    assert values(store) == {"a/1": big, "b/1": "x"}
+    assert c.ask({"op": "set", "key": "a/1", "value": "z"}) == {"ok": True}   # frees it
+    assert c.ask({"op": "set", "key": "b/1", "value": big}) == {"ok": True}
+
+
+def test_notices_count_against_the_size_cap(store: StoreServer,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_server, "MAX_STORED", 64 << 10)
+    c = Raw(store)
+    assert c.hello(1)["ok"] is True  # type: ignore[index]
+    replies = [c.ask({"op": "notice", "rank": 1, "epoch": e, "reason": "r" * 1000})
+               for e in range(1, 101)]
+    kept = [e for e, r in enumerate(replies, 1) if r and r["ok"]]
+    # each notice holds at least its 1,000-character reason: at most 64 of them fit
+    assert 0 < len(kept) <= 64 and kept == list(range(1, len(kept) + 1)), kept
+    assert replies[-1] == {"ok": False, "error": f"the store is full ({64 << 10} bytes)"}
+    assert sorted(store._notices) == kept
+
+
+@pytest.fixture
+def thread_errors(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    """Exceptions that escape any thread (the store's included) while the test runs."""
+    seen: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    return seen
+
+
+def test_deep_json_before_the_hello_is_refused_by_name(store: StoreServer,
+                                                       thread_errors: list[BaseException]) -> None:
+    c = Raw(store)
+    assert c.ask(b'{"op": "hello", "nonce": ' + b"[" * 40 + b"]" * 40 + b"}") == {
+        "ok": False, "error": "JSON nested deeper than 32 levels"}
+    c = Raw(store)            # (this one raised RecursionError in the store's thread)
+    assert c.ask(b"[" * 1000 + b"]" * 1000) == {"ok": False, "error": "a line over 1024 bytes"}
+    time.sleep(0.2)
+    assert thread_errors == [] and store.refused_connections == 2
+
+
+def test_deep_json_after_the_hello_is_refused_and_the_connection_served(
+        store: StoreServer, thread_errors: list[BaseException]) -> None:
+    c = Raw(store)
+    assert c.hello(1)["ok"] is True  # type: ignore[index]
+    line = b'{"op": "set", "key": "k/1", "value": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert c.ask(line) == {"ok": False, "error": "JSON nested deeper than 32 levels"}
+    assert c.ask({"op": "set", "key": "k/1", "value": [[["fine"]]]}) == {"ok": True}
+    assert thread_errors == [] and values(store) == {"k/1": [[["fine"]]]}
+
+
+def test_a_long_line_before_the_hello_is_cut_at_its_bound(store: StoreServer) -> None:
+    """An unproven peer may send a hello, not a megabyte."""
+    c = Raw(store)
+    reply = c.ask(b'{"op": "hello", "pad": "' + b"x" * 4096 + b'"}')
+    assert reply == {"ok": False, "error": "a line over 1024 bytes"}, reply
+
+
+@pytest.mark.parametrize("challenge, error", [
+    (b"[" * 100000, "no challenge from .*: a line over 1024 bytes"),
+    (b'{"challenge": ' + b"[" * 40 + b"]" * 40 + b"}", "sent no challenge"),
+])
+def test_a_fake_store_sending_deep_json_gets_a_clear_error(
+        challenge: bytes, error: str, thread_errors: list[BaseException]) -> None:
+    fake = socket.socket()
+    fake.bind(("127.0.0.1", 0))
+    fake.listen(8)
+    fake.settimeout(0.1)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = fake.accept()
+                with conn:
+                    conn.sendall(challenge + b"\n")
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with pytest.raises(RendezvousError, match=error):
+            StoreClient.connect(RendezvousConfig(1, 2, "127.0.0.1", fake.getsockname()[1], 0.5,
+                                                 SECRET))
+    finally:
+        done.set()
+        t.join(5)
+        fake.close()
+    assert thread_errors == []
