@@ -263,7 +263,7 @@ class Communicator:
                                    liveness=rendezvous.check_peers)
         rendezvous.barrier("ready")
         switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, fit.config,
-                                                              rendezvous.config.secret),
+                                                              rendezvous.job_key),
                                    controller if rank == 0 else None, fit.choice)
         try:
             rendezvous.watch()
@@ -281,7 +281,7 @@ class Communicator:
 
     def inc_ring_spec(self) -> RingSpec:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""
-        return _inc_ring_spec(self._endpoints, self.inc_config, self._rendezvous.config.secret)
+        return _inc_ring_spec(self._endpoints, self.inc_config, self._rendezvous.job_key)
 
     def allreduce(self, array: Any, op: str = "sum", algo: str = "auto",
                   out: Any = None, async_op: bool = False) -> Any:
@@ -673,7 +673,7 @@ class Communicator:
         if self._rejoiner is not None:
             self._rejoiner.stop()
             self._rejoiner = None
-        spec = _inc_ring_spec(endpoints, self.inc_config, self._rendezvous.config.secret)
+        spec = _inc_ring_spec(endpoints, self.inc_config, self._rendezvous.job_key)
         try:
             status = register_inc_ring(self._rendezvous, spec,
                                        self._controller if self.rank == 0 else None,
@@ -905,11 +905,12 @@ def _controller_client(addr: str, timeout: float, program_timeout: float,
 
 
 def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig,
-                   secret: bytes) -> RingSpec:
+                   job_key: bytes) -> RingSpec:
     """The "inc" ring's RingSpec; its id names rank 0's address and "inc" send QPN, and ends
-    in 8 hex digits derived from the job's secret: the same on every rank, and no other
-    tenant can predict it to register it first (and so have this job refused)."""
+    in 8 hex digits derived from the job's key (`Rendezvous.job_key`): the same on every
+    rank, and no other tenant can predict it to register it first (and so have this job
+    refused)."""
     first = endpoints[0]
     qpn = first.rings["inc"].send.qpn
-    tag = hmac.new(secret, f"ring-id|{first.ip}|{qpn}".encode(), hashlib.sha256).hexdigest()
+    tag = hmac.new(job_key, f"ring-id|{first.ip}|{qpn}".encode(), hashlib.sha256).hexdigest()
     return ring_spec(endpoints, "inc", f"nr-{first.ip}-{qpn}-{tag[:8]}", config)

@@ -21,10 +21,13 @@ so every rank learns the highest epoch within a round trip (`notice_epoch`, `not
 and `on_notice` callbacks on the watch thread). A notice breaks nothing: what it asks
 for is agreed with keys of its own (`gather`).
 
-Who may talk to the store: only the job's ranks. Every rank holds the job's secret
-(NR_JOB_SECRET, which `netreduce launch` sets to a fresh random value per run; under torch,
-rank 0 passes one through torch's store with the store's port). A rank checks the store's
-proof of the secret too, so it never believes a process that merely took the port.
+Who may talk to the store: only the job's ranks, each as itself. Rank 0 holds the job's
+secret (NR_JOB_SECRET, which `netreduce launch` sets to a fresh random value per run), every
+other rank its own key derived from it (NR_RANK_KEY, which launch hands it; or derived here
+from NR_JOB_SECRET when a rank has that, as under torchrun; under torch, rank 0 passes the
+secret through torch's store with the store's port). A rank checks the store's proof too,
+so it never believes a process that merely took the port, and every later line each way
+carries its MAC (`ring_setup.store_protocol`).
 """
 from __future__ import annotations
 
@@ -38,12 +41,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from ring_setup.store_protocol import (DEFAULT_PORT, DEFAULT_TIMEOUT, HELLO_TIMEOUT, MAX_HELLO,
-                                       MAX_REPLY, MAX_WAIT, MIN_SECRET, SECRET_ENV,
-                                       SILENCE_TIMEOUT, WATCH_INTERVAL, LineSocket,
-                                       BadRequest, PeerFailed, RendezvousError, RendezvousTimeout,
+from ring_setup.store_protocol import (DEFAULT_PORT, DEFAULT_TIMEOUT, HELLO_TIMEOUT,
+                                       MAX_HELLO, MAX_REPLY, MAX_WAIT, MIN_SECRET,
+                                       RANK_KEY_ENV, SECRET_ENV, SILENCE_TIMEOUT,
+                                       WATCH_INTERVAL, BadRequest, LineSocket, PeerFailed,
+                                       RendezvousError, RendezvousTimeout, Session,
                                        UntrustedStore, decode_request, mac, new_secret,
-                                       ranks_phrase)
+                                       rank_key, ranks_phrase, session_key, unwrap)
 from ring_setup.store_server import StoreServer
 
 _MARGIN = 30.0           # extra socket timeout over a server-side wait
@@ -60,7 +64,9 @@ class RendezvousConfig:
     master_addr: str
     master_port: int = DEFAULT_PORT
     timeout: float = DEFAULT_TIMEOUT
-    secret: bytes = b""      # the job's secret (empty: not known yet, see Rendezvous.join)
+    secret: bytes = b""      # the job's secret (rank 0 needs it; empty: not known yet, see
+    #                          Rendezvous.join, or not given to this rank: `key`)
+    key: bytes = b""         # this rank's own key (empty: derived from `secret`)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -73,14 +79,23 @@ class RendezvousConfig:
     def where(self) -> str:
         return f"{self.master_addr}:{self.master_port}"
 
+    @property
+    def credential(self) -> bytes:
+        """What this rank proves itself with: its own key, given or derived from the job's
+        secret (b"": neither is known)."""
+        if self.key:
+            return self.key
+        return rank_key(self.secret, self.rank) if len(self.secret) >= MIN_SECRET else b""
+
     @classmethod
     def resolve(cls, rank: int | None = None, world_size: int | None = None,
                 master_addr: str | None = None, master_port: int | None = None,
                 timeout: float = DEFAULT_TIMEOUT,
                 env: Mapping[str, str] = os.environ) -> "RendezvousConfig":
         """Explicit arguments win; the rest come from RANK, WORLD_SIZE, MASTER_ADDR and
-        MASTER_PORT (default 29500), as torchrun and netreduce.tools.launch set them, and
-        the job's secret from NR_JOB_SECRET (netreduce launch sets it)."""
+        MASTER_PORT (default 29500), as torchrun and netreduce.tools.launch set them, the
+        job's secret from NR_JOB_SECRET and this rank's own key from NR_RANK_KEY (netreduce
+        launch gives rank 0 the one, every other rank the other)."""
         def pick(value: Any, var: str, default: Any = None) -> Any:
             if value is not None:
                 return value
@@ -96,10 +111,17 @@ class RendezvousConfig:
                                   f"characters (e.g. python -c 'import secrets; "
                                   f"print(secrets.token_hex(16))')")
         try:
+            key = bytes.fromhex(env.get(RANK_KEY_ENV, ""))
+        except ValueError:
+            key = b"?"
+        if key and len(key) != 32:
+            raise RendezvousError(f"rendezvous: {RANK_KEY_ENV} must be 64 hex digits (the key "
+                                  f"netreduce launch derives for the rank)")
+        try:
             return cls(rank=int(pick(rank, "RANK")), world_size=int(pick(world_size, "WORLD_SIZE")),
                        master_addr=str(pick(master_addr, "MASTER_ADDR")),
                        master_port=int(pick(master_port, "MASTER_PORT", DEFAULT_PORT)),
-                       timeout=float(timeout), secret=secret.encode())
+                       timeout=float(timeout), secret=secret.encode(), key=key)
         except ValueError as exc:
             raise RendezvousError(f"rendezvous: bad setting: {exc}") from exc
 
@@ -111,16 +133,18 @@ class StoreClient:
         self._sock = sock
         self._line = LineSocket(sock)
         self._where = where
+        self.job_key = b""       # the job's key the store handed (see `job_key`)
 
     @classmethod
     def connect(cls, config: RendezvousConfig) -> "StoreClient":
-        """Connect and prove the job's secret, retrying until the store is up or
+        """Connect and prove this rank's key, retrying until the store is up or
         `config.timeout` passes."""
-        if len(config.secret) < MIN_SECRET:
+        if not config.credential:
             raise RendezvousError(f"rendezvous: rank {config.rank}: no job secret: "
-                                  f"{SECRET_ENV} is not set (netreduce launch sets it; under "
-                                  "torchrun, export the same random value of at least "
-                                  f"{MIN_SECRET} characters on every rank)")
+                                  f"{SECRET_ENV} is not set, nor {RANK_KEY_ENV} (netreduce "
+                                  "launch sets them; under torchrun, export the same random "
+                                  f"value of at least {MIN_SECRET} characters as {SECRET_ENV} "
+                                  "on every rank)")
         deadline = time.monotonic() + config.timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
@@ -152,7 +176,7 @@ class StoreClient:
 
     def _hello(self, config: RendezvousConfig) -> dict[str, Any]:
         """Answer the store's challenge (all within HELLO_TIMEOUT); check that the store
-        holds the secret too."""
+        holds the secret too; from then on every line each way is behind its MAC."""
         deadline = time.monotonic() + HELLO_TIMEOUT
         try:
             line = self._line.read_line(MAX_HELLO, deadline)
@@ -163,16 +187,24 @@ class StoreClient:
         except (BadRequest, KeyError):
             raise RendezvousError(f"rendezvous: {self._where} sent no challenge (not a "
                                   "netreduce store, or one shutting down)") from None
-        mine = secrets.token_hex(16)
+        key, mine = config.credential, secrets.token_hex(16)
         reply = self._exchange({"op": "hello", "rank": config.rank,
                                 "world_size": config.world_size, "nonce": mine,
-                                "mac": mac(config.secret, "hello", challenge, mine,
-                                           config.rank, config.world_size)},
+                                "mac": mac(key, "hello", challenge, mine, config.rank,
+                                           config.world_size)},
                                deadline, MAX_HELLO)
-        if reply.get("ok") and not hmac.compare_digest(
-                str(reply.get("mac")), mac(config.secret, "store", mine, challenge)):
+        if not reply.get("ok"):
+            return reply
+        session = session_key(key, challenge, mine)
+        try:
+            if not hmac.compare_digest(str(reply.get("mac")), mac(key, "store", mine, challenge,
+                                                                  reply.get("job_key"))):
+                raise ValueError("no proof")
+            self.job_key = unwrap(str(reply["job_key"]), session)
+        except ValueError:
             raise UntrustedStore(f"rendezvous: the store at {self._where} does not know "
-                                 f"this job's secret ({SECRET_ENV}): not our rank 0")
+                                 f"this job's secret ({SECRET_ENV}): not our rank 0") from None
+        self._line.session = Session(session, "rank")
         return reply
 
     def request(self, req: dict[str, Any], wait: float,
@@ -227,6 +259,8 @@ class Rendezvous:
         self._notice_listeners: list[Callable[[int, str], None]] = []
         self._notice_lock = threading.Lock()
         self._published: set[str] = set()     # keys `gather` published
+        self.job_key = b""     # once joined: the job's key, alike on every rank and known to
+        #                        no one outside the job (store_protocol.job_key)
 
     @property
     def rank(self) -> int:
@@ -241,12 +275,16 @@ class Rendezvous:
         port and the job's secret travel through another store, e.g. torch's on
         MASTER_PORT), rank 0 serves on a port the kernel picks, with its NR_JOB_SECRET or a
         fresh one, and hands both to `port_exchange((port, secret))`; the other ranks use
-        what `port_exchange(None)` returns. Without, MASTER_PORT and NR_JOB_SECRET."""
+        what `port_exchange(None)` returns. Without, MASTER_PORT and NR_JOB_SECRET (rank 0)
+        or this rank's key (NR_RANK_KEY, or derived from NR_JOB_SECRET)."""
         if self.rank == 0:
             if port_exchange is not None and not self.config.secret:
                 self.config = replace(self.config, secret=new_secret().encode())
-            if not self.config.secret:
-                StoreClient.connect(self.config)       # raises: says what is missing
+            if len(self.config.secret) < MIN_SECRET:
+                raise RendezvousError(f"rendezvous: rank 0: no job secret: {SECRET_ENV} is "
+                                      "not set: rank 0 serves the store and needs it (netreduce "
+                                      "launch sets it; under torchrun, export the same random "
+                                      f"value of at least {MIN_SECRET} characters on every rank)")
             self._server = StoreServer(0 if port_exchange else self.config.master_port,
                                        self.world_size, self.config.master_addr,
                                        self.config.secret)
@@ -254,8 +292,10 @@ class Rendezvous:
             if port_exchange is not None:
                 port, secret = port_exchange(
                     (self._server.port, self.config.secret.decode()) if self._server else None)
-                self.config = replace(self.config, master_port=port, secret=secret.encode())
+                self.config = replace(self.config, master_port=port, secret=secret.encode(),
+                                      key=b"")
             self._client = StoreClient.connect(self.config)
+            self.job_key = self._client.job_key
         except BaseException:
             self._stop_server()
             raise

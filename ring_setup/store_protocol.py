@@ -1,11 +1,13 @@
-"""The rendezvous store's wire protocol: framing, message schema, MACs, bounds and errors.
+"""The rendezvous store's wire protocol: framing, message schema, keys, MACs, bounds, errors.
 
 Shared by the store (`ring_setup.store_server`, served by rank 0) and its clients
-(`ring_setup.rendezvous`, every rank). One JSON object per line each way, one request at a
-time per connection:
+(`ring_setup.rendezvous`, every rank). One JSON object per line each way (at most MAX_DEPTH
+levels deep; MAX_LINE bytes, MAX_HELLO before the hello), one request at a time per
+connection:
   (store)                            -> challenge {nonce}
-  hello {rank, world_size, nonce, mac} -> ok + mac | error, then closed (bad secret, rank
-                                        out of range, world size disagreement)
+  hello {rank, world_size, nonce, mac} -> ok + mac + job_key | error, then closed (not the
+                                        rank's key, rank out of range, world size
+                                        disagreement)
   set   {key, value, exclusive}      -> ok | error (exclusive key already set, not ours)
   get   {keys, timeout, poll}        -> ok + values | missing keys | aborted ranks (poll:
                                         the rank will ask again, it did not give up)
@@ -18,8 +20,18 @@ time per connection:
   leave {rank, timeout}              -> ok + missing ranks; once all ranks have left the
                                         server stops accepting before it answers anyone, so a
                                         rank that quickly rejoins reaches the next store.
-The hello's MAC is an HMAC-SHA256 under the job's secret of the store's nonce, the rank's
-nonce, the rank and the world size; the store answers with its own over both nonces.
+
+Keys (HKDF-SHA256 of the job's secret, RFC 5869, salt "netreduce rendezvous store"): rank
+r's key K_r (info "rank r") is all a rank needs and proves that rank only; the job key
+(info "job key") reaches every rank through the hello. mac(K, a, b, ..) is HMAC-SHA256
+under K of "a|b|..", in hex. The hello, for store nonce c and rank nonce m:
+  rank  -> mac = mac(K_r, "hello", c, m, r, world_size)
+  store -> mac = mac(K_r, "store", m, c, job_key), job_key = the job key XOR
+           HMAC(S, "wrap"), in hex, where S = HMAC(K_r, "session|c|m") is the session key.
+After it, every line each way is "<hex MAC> <JSON>" with MAC = HMAC-SHA256(S, "<sender>|
+<number>|" + JSON), sender "rank" or "store", lines numbered from 0 per direction
+(`Session`): a line altered, injected, replayed or reordered fails and the connection is
+closed. Values travel in clear: their integrity is protected, not their secrecy.
 """
 from __future__ import annotations
 
@@ -43,11 +55,13 @@ WATCH_INTERVAL = 1.0     # a watch request returns after this long when nothing 
 # 6 s broke slow BMv2 calls).
 SILENCE_TIMEOUT = 60.0   # a rank whose watch is silent this long is declared failed
 SECRET_ENV = "NR_JOB_SECRET"
+RANK_KEY_ENV = "NR_RANK_KEY"   # a rank's own key, in hex (what launch hands ranks 1..n-1)
 MIN_SECRET = 16          # characters of NR_JOB_SECRET
 HELLO_TIMEOUT = 10.0     # s a new connection has to prove the secret
 MAX_LINE = 1 << 20       # bytes of one request line (and of a reply to an unproven peer)
 MAX_HELLO = 1024         # bytes of a line from a peer that has not proven the secret
 MAX_DEPTH = 32           # nesting of arrays and objects in any line
+_SALT = b"netreduce rendezvous store"    # HKDF's salt for the keys of the job's secret
 MAX_STORED = 64 << 20    # bytes of keys and values the store holds
 MAX_REPLY = MAX_STORED + MAX_LINE   # bytes of a reply line (every value of the store)
 MAX_WAIT = 7200.0        # s: the longest server-side wait a request may ask for
@@ -93,6 +107,77 @@ def mac(secret: bytes, *parts: object) -> str:
     return hmac.new(secret, "|".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
 
 
+def _hkdf(secret: bytes, info: str) -> bytes:
+    """32 bytes of HKDF-SHA256 (RFC 5869: extract with the store's salt, one expand block)
+    of the job's secret for `info`."""
+    prk = hmac.new(_SALT, secret, hashlib.sha256).digest()
+    return hmac.new(prk, info.encode() + b"\x01", hashlib.sha256).digest()
+
+
+def rank_key(secret: bytes, rank: int) -> bytes:
+    """Rank `rank`'s key: what it proves itself with; it proves no other rank."""
+    return _hkdf(secret, f"rank {rank}")
+
+
+def job_key(secret: bytes) -> bytes:
+    """A key every rank of the job learns from the store (`StoreClient.job_key`): for
+    values the ranks agree on and others must not predict (the inc ring's id)."""
+    return _hkdf(secret, "job key")
+
+
+def session_key(key: bytes, challenge: str, nonce: str) -> bytes:
+    """The MAC key of one connection of the rank holding `key`, from both nonces."""
+    return hmac.new(key, f"session|{challenge}|{nonce}".encode(), hashlib.sha256).digest()
+
+
+def wrap(secret: bytes, session: bytes) -> str:
+    """`secret` (32 bytes) for the one peer holding `session`, in hex (a one-time pad from
+    the session key); `wrap(wrap(..))` undoes it."""
+    pad = hmac.new(session, b"wrap", hashlib.sha256).digest()
+    return bytes(a ^ b for a, b in zip(secret, pad, strict=True)).hex()
+
+
+def unwrap(wrapped: str, session: bytes) -> bytes:
+    """The secret `wrap` sent; ValueError if `wrapped` is not 32 bytes in hex."""
+    return bytes.fromhex(wrap(bytes.fromhex(wrapped), session))
+
+
+class Forged(OSError):
+    """A line whose MAC does not verify: altered, injected, replayed, reordered or sent
+    back. The stream cannot be trusted any more: it is closed."""
+
+
+class Session:
+    """The MACs of one proven connection, for the side `me` ("rank" or "store"). Invariant:
+    each direction's lines are numbered from 0 and a line verifies only under its own
+    direction and number, so a line replayed, reordered, dropped, reflected or carried to
+    another connection fails."""
+
+    def __init__(self, key: bytes, me: str) -> None:
+        self._key = key
+        self._me, self._peer = me, {"rank": "store", "store": "rank"}[me]
+        self._sent = self._received = 0
+
+    def seal(self, body: bytes) -> bytes:
+        """`body` behind the MAC of the next line sent: "<hex MAC> <body>"."""
+        tag = self._tag(self._me, self._sent, body)
+        self._sent += 1
+        return tag + b" " + body
+
+    def open(self, line: bytes) -> bytes:
+        """The body of the next line received; Forged if its MAC does not verify."""
+        tag, _, body = line.rstrip(b"\n").partition(b" ")
+        if not hmac.compare_digest(tag, self._tag(self._peer, self._received, body)):
+            raise Forged(f"line {self._received} from the {self._peer} failed its MAC "
+                         "(altered, injected or replayed on the way)")
+        self._received += 1
+        return body
+
+    def _tag(self, sender: str, number: int, body: bytes) -> bytes:
+        data = f"{sender}|{number}|".encode() + body
+        return hmac.new(self._key, data, hashlib.sha256).hexdigest().encode()
+
+
 def new_secret() -> str:
     """A fresh job secret (what `netreduce launch` puts in NR_JOB_SECRET)."""
     return secrets.token_hex(16)
@@ -114,12 +199,14 @@ class LineSocket:
         self._buf = bytearray()
         self._reading = threading.Lock()
         self._writing = threading.Lock()
+        self.session: Session | None = None     # once proven: every line behind its MAC
 
     def read_line(self, limit: int, deadline: float | None = None) -> bytes:
         """The next line (b"" at the end of the stream, a partial line included), read by
         `deadline` (time.monotonic(); None: no limit)."""
         with self._reading:
-            return self._read_line(limit, deadline)
+            line = self._read_line(limit, deadline)
+            return self.session.open(line) if self.session is not None and line else line
 
     def _read_line(self, limit: int, deadline: float | None) -> bytes:
         scanned = 0
@@ -141,6 +228,8 @@ class LineSocket:
     def write_line(self, data: bytes, deadline: float | None = None) -> None:
         """Send `data` and a newline, by `deadline` (None: no limit)."""
         with self._writing:
+            if self.session is not None:
+                data = self.session.seal(data)
             self.sock.settimeout(_left(deadline))
             self.sock.sendall(data + b"\n")
 

@@ -2,8 +2,10 @@
 at MASTER_ADDR:MASTER_PORT, torchrun style (the wire protocol: `ring_setup.store_protocol`;
 the ranks' side: `ring_setup.rendezvous`).
 
-Who may talk to the store: only the job's ranks. A connection proves the job's secret
-before anything else (the hello), and the store proves it back; a connection that fails,
+Who may talk to the store: only the job's ranks. A connection proves a rank's key (derived
+from the job's secret: it proves that rank only) before anything else (the hello), and the
+store proves it back; then every line each way carries its MAC, and a line that fails it
+closes the connection (the rank counts as failed). A connection that fails its hello,
 or has not finished its hello HELLO_TIMEOUT after it was accepted, is closed having changed
 nothing. The store listens on MASTER_ADDR only; it bounds the connections waiting to prove
 the secret per address and in all, and those of each rank (`Admission`), lines (MAX_LINE),
@@ -30,10 +32,11 @@ import threading
 import time
 from typing import Any
 
-from ring_setup.store_protocol import (HELLO_TIMEOUT, MAX_HELLO, MAX_KEYS, MAX_LINE, MAX_STORED,
-                                       MIN_SECRET, SECRET_ENV, SILENCE_TIMEOUT, BadRequest,
-                                       LineSocket, RendezvousError, decode_request, key_rank,
-                                       mac, parse_wait)
+from ring_setup.store_protocol import (HELLO_TIMEOUT, MAX_HELLO, MAX_KEYS, MAX_LINE,
+                                       MAX_STORED, MIN_SECRET, RANK_KEY_ENV, SECRET_ENV,
+                                       SILENCE_TIMEOUT, BadRequest, Forged, LineSocket,
+                                       RendezvousError, Session, decode_request, job_key,
+                                       key_rank, mac, parse_wait, rank_key, session_key, wrap)
 
 MAX_NOTICES = 1 << 20    # notice epochs
 PENDING_PER_PEER = 16    # connections of one address waiting to prove the secret
@@ -119,6 +122,7 @@ class StoreServer:
                                   f"({SECRET_ENV}, at least {MIN_SECRET} characters)")
         self.world_size = world_size
         self._secret = secret
+        self._job_key = job_key(secret)
         self.admission = Admission(world_size)
         self._stored = 0                        # bytes counted (`_charge`), every entry
         self._cond = threading.Condition()
@@ -189,6 +193,7 @@ class StoreServer:
         rank: int | None = None          # whose connection this is, once it proved the secret
         notifier = False                 # a connection that published a notice: its close
         #                                  is the end of that request, not of its rank
+        forged = False                   # closed for a line that failed its MAC
         line = LineSocket(conn)
         try:
             with conn:
@@ -209,14 +214,16 @@ class StoreServer:
                         except BadRequest as exc:
                             reply = {"ok": False, "error": str(exc)}
                     line.write_line(json.dumps(reply).encode())
+        except Forged:
+            forged = True
         except (OSError, BadRequest):
             pass
         finally:
             with self._cond:
                 self._conns.discard(conn)
                 self.admission.close(conn, rank)
-                if rank is not None and not notifier:
-                    self._connection_closed(rank)
+                if rank is not None and (forged or not notifier):
+                    self._connection_closed(rank, forged)
                 self._cond.notify_all()
 
     def _greet(self, line: LineSocket) -> int | None:
@@ -225,9 +232,10 @@ class StoreServer:
         deadline = time.monotonic() + HELLO_TIMEOUT
         nonce = secrets.token_hex(16)
         line.write_line(json.dumps({"challenge": nonce}).encode(), deadline)
+        session = b""
         try:
-            reply, rank = self._hello(decode_request(line.read_line(MAX_HELLO, deadline)),
-                                      nonce)
+            reply, rank, session = self._hello(
+                decode_request(line.read_line(MAX_HELLO, deadline)), nonce)
         except TimeoutError:
             reply, rank = {"ok": False, "error": f"no hello within {HELLO_TIMEOUT:g}s"}, None
         except (BadRequest, OSError) as exc:
@@ -243,15 +251,21 @@ class StoreServer:
         # answer is not cut short (its loss would fail the rank)
         line.write_line(json.dumps(reply).encode(),
                         time.monotonic() + _REFUSAL_SEND if rank is None else None)
+        if rank is not None:
+            line.session = Session(session, "store")
         return rank
 
-    def _connection_closed(self, rank: int) -> None:
-        """A connection of `rank` closed (caller holds the condition): a failure unless
-        every rank has left, or some failure is known already (the ranks that learn of it
-        exit: consequences, not culprits)."""
+    def _connection_closed(self, rank: int, forged: bool) -> None:
+        """A connection of `rank` closed (caller holds the condition; `forged`: by the store,
+        for a line that failed its MAC): a failure unless every rank has left, or some
+        failure is known already (the ranks that learn of it exit: consequences, not
+        culprits)."""
         if len(self._left) == self.world_size or self._aborted or rank in self._gave_up:
             return          # (a rank that gave up waiting for others is not their culprit)
-        if rank in self._left:
+        if forged:
+            why = ("a line on its connection to the store failed its MAC (altered, injected "
+                   "or replayed on the way): the store closed it")
+        elif rank in self._left:
             why = "it finalized and left while other ranks had not (its QPs are gone)"
         else:
             why = ("its process died or closed its connection to the store without "
@@ -267,24 +281,33 @@ class StoreServer:
                 self._aborted[r] = (f"silent for {now - seen:.0f}s (no liveness message: its "
                                     f"host hung or is unreachable)")
 
-    def _hello(self, req: dict[str, Any], nonce: str) -> tuple[dict[str, Any], int | None]:
-        """The first request of a connection: (reply, the rank it proved or None)."""
+    def _hello(self, req: dict[str, Any], nonce: str
+               ) -> tuple[dict[str, Any], int | None, bytes]:
+        """The first request of a connection: (reply, the rank it proved or None, the
+        connection's session key)."""
         if req.get("op") != "hello":
-            return {"ok": False, "error": "the first request must be hello"}, None
+            return {"ok": False, "error": "the first request must be hello"}, None, b""
         rank, world_size = req.get("rank"), req.get("world_size")
         theirs, proof = req.get("nonce"), req.get("mac")
-        if not (isinstance(theirs, str) and isinstance(proof, str) and 0 < len(theirs) <= 64):
-            return {"ok": False, "error": "hello needs nonce and mac"}, None
-        if not hmac.compare_digest(proof, mac(self._secret, "hello", nonce, theirs, rank,
-                                             world_size)):
-            return {"ok": False, "error": f"not this job's secret ({SECRET_ENV}): every rank "
-                    "must have the same"}, None
+        if not (_integer(rank) and _integer(world_size) and isinstance(theirs, str)
+                and isinstance(proof, str) and 0 < len(theirs) <= 64):
+            return {"ok": False, "error": "hello needs rank and world_size (integers), nonce "
+                    "and mac"}, None, b""
+        key = rank_key(self._secret, rank)
+        if not hmac.compare_digest(proof, mac(key, "hello", nonce, theirs, rank, world_size)):
+            return {"ok": False, "error": f"not rank {rank}'s key: derived from another "
+                    f"secret than this job's ({SECRET_ENV}), or another rank's "
+                    f"({RANK_KEY_ENV})"}, None, b""
         if world_size != self.world_size:
             return {"ok": False, "error": f"rank {rank} has world size {world_size} but rank "
-                    f"0 has {self.world_size}"}, None
-        if not (isinstance(rank, int) and 0 <= rank < self.world_size):
-            return {"ok": False, "error": f"rank {rank!r} is not in 0..{self.world_size - 1}"}, None
-        return {"ok": True, "mac": mac(self._secret, "store", theirs, nonce)}, rank
+                    f"0 has {self.world_size}"}, None, b""
+        if not 0 <= rank < self.world_size:
+            return {"ok": False, "error": f"rank {rank!r} is not in 0..{self.world_size - 1}"
+                    }, None, b""
+        session = session_key(key, nonce, theirs)
+        wrapped = wrap(self._job_key, session)
+        return ({"ok": True, "mac": mac(key, "store", theirs, nonce, wrapped),
+                 "job_key": wrapped}, rank, session)
 
     def _handle(self, req: dict[str, Any], rank: int) -> dict[str, Any]:
         """One request of `rank`'s connection; BadRequest (nothing changed) if malformed."""
@@ -378,6 +401,11 @@ class StoreServer:
     def _newest(self) -> int:
         """The highest notice epoch published (0: none; caller holds the condition)."""
         return max(self._notices, default=0)
+
+
+def _integer(value: object) -> bool:
+    """`value` is a JSON integer (not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _cut(conn: socket.socket) -> None:

@@ -1,6 +1,8 @@
 """The launcher, with --local ranks (no lab): environment, prefixes, exit codes, stopping."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import sys
 import time
@@ -30,18 +32,33 @@ def test_every_rank_gets_its_environment_and_a_prefix() -> None:
     assert "[launch] rank 0: exit 0; rank 1: exit 0; rank 2: exit 0" in text
 
 
-def test_every_launch_hands_its_ranks_one_fresh_job_secret(
+def rank_key(secret: str, rank: int) -> str:
+    """HKDF-SHA256 (RFC 5869) of the job's secret for "rank R", salt "netreduce rendezvous
+    store", 32 bytes in hex: docs/security.md's derivation, written apart from the code."""
+    prk = hmac.new(b"netreduce rendezvous store", secret.encode(), hashlib.sha256).digest()
+    return hmac.new(prk, f"rank {rank}".encode() + b"\x01", hashlib.sha256).hexdigest()
+
+
+def test_every_launch_hands_rank_0_a_fresh_job_secret_and_the_others_only_their_keys(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-rank credentials (issue 39): a rank holding only its own key can claim no other
+    rank; rank 0 serves the store and so holds the secret."""
     monkeypatch.delenv("NR_JOB_SECRET", raising=False)
-    code = "import os; print(os.environ['NR_JOB_SECRET'])"
-    first, _ = run(code, 2)
-    second, _ = run(code, 2)
-    secrets = [r.output[0] for r in first.ranks], [r.output[0] for r in second.ranks]
-    assert len(set(secrets[0])) == len(set(secrets[1])) == 1          # one per job
-    assert secrets[0][0] != secrets[1][0] and len(secrets[0][0]) == 32   # fresh, 128 bits
+    monkeypatch.setenv("NR_RANK_KEY", "f" * 64)                # not passed on
+    code = ("import os; print(os.environ.get('NR_JOB_SECRET', '-'), "
+            "os.environ.get('NR_RANK_KEY', '-'))")
+    first, _ = run(code, 3)
+    second, _ = run(code, 3)
+    for job in (first, second):
+        secret, no_key = job.ranks[0].output[0].split()
+        assert len(secret) == 32 and no_key == "-"               # fresh, 128 bits
+        assert [r.output[0] for r in job.ranks[1:]] == [f"- {rank_key(secret, r)}"
+                                                         for r in (1, 2)]
+    assert first.ranks[0].output != second.ranks[0].output
     monkeypatch.setenv("NR_JOB_SECRET", "the-users-own-secret-000")     # the user's wins
     mine, _ = run(code, 2)
-    assert [r.output[0] for r in mine.ranks] == ["the-users-own-secret-000"] * 2
+    assert [r.output[0] for r in mine.ranks] == [
+        "the-users-own-secret-000 -", f"- {rank_key('the-users-own-secret-000', 1)}"]
 
 
 def test_lab_ranks_point_torch_at_the_lab_interface_unless_told_otherwise() -> None:

@@ -5,19 +5,22 @@ lines, waits and connections are bounded; a store without the secret is not beli
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import select
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
 
 import pytest
 
 import ring_setup.rendezvous as rendezvous
 import ring_setup.store_server as store_server
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreClient
-from ring_setup.store_protocol import MAX_LINE, RendezvousError, mac
+from ring_setup.store_protocol import MAX_LINE, RendezvousError
 from ring_setup.store_server import StoreServer
 
 SECRET = b"secret-of-the-hostile-store-tests"
@@ -36,34 +39,79 @@ def cfg(server: StoreServer, rank: int, secret: bytes = SECRET, world: int = WOR
     return RendezvousConfig(rank, world, "127.0.0.1", server.port, timeout, secret)
 
 
+def hkdf(secret: bytes, info: str) -> bytes:
+    """The test's own HKDF-SHA256 (RFC 5869, one 32-byte block) with the store's salt: the
+    derivation docs/security.md states, written apart from the code under test."""
+    prk = hmac.new(b"netreduce rendezvous store", secret, hashlib.sha256).digest()
+    return hmac.new(prk, info.encode() + b"\x01", hashlib.sha256).digest()
+
+
+def hexmac(key: bytes, *parts: object) -> str:
+    return hmac.new(key, "|".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
+
+
 class Raw:
-    """A hand-driven connection: one JSON line each way."""
+    """A hand-driven connection speaking the wire format of docs/security.md, written apart
+    from the code under test: a JSON line each way, each after the hello behind its MAC
+    under the session's key, numbered per direction from 0."""
 
     def __init__(self, server: StoreServer) -> None:
         self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
         self.reader = self.sock.makefile("rb")
         self.challenge = json.loads(self.reader.readline())["challenge"]
+        self.session: bytes | None = None
+        self.sent = self.received = 0
 
-    def send(self, obj: Any) -> None:
-        self.sock.sendall((obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n")
+    def seal(self, body: bytes) -> bytes:
+        """`body` behind the MAC of the next line this rank sends."""
+        assert self.session is not None
+        tag = hmac.new(self.session, f"rank|{self.sent}|".encode() + body, hashlib.sha256)
+        self.sent += 1
+        return tag.hexdigest().encode() + b" " + body
 
-    def ask(self, obj: Any) -> dict[str, Any] | None:
-        """The store's answer, or None when it hung up (a request sent after its close may
-        meet a reset rather than an end of stream: both mean the same)."""
+    def send(self, obj: Any, sealed: bool = True) -> None:
+        body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+        self.sock.sendall((self.seal(body) if self.session and sealed else body) + b"\n")
+
+    def ask(self, obj: Any, sealed: bool = True) -> dict[str, Any] | None:
+        """The store's answer (its MAC checked), or None when it hung up (a request sent
+        after its close may meet a reset rather than an end of stream: both mean the same)."""
         try:
-            self.send(obj)
+            self.send(obj, sealed)
             line = self.reader.readline()
         except (ConnectionResetError, BrokenPipeError):
             return None
+        if line and self.session is not None:
+            tag, body = line.rstrip(b"\n").split(b" ", 1)
+            want = hmac.new(self.session, f"store|{self.received}|".encode() + body,
+                            hashlib.sha256).hexdigest().encode()
+            assert tag == want, "the store's answer failed its MAC"
+            self.received += 1
+            line = body
         return json.loads(line) if line else None
 
-    def hello(self, rank: int, secret: bytes = SECRET, world: int = WORLD) -> dict[str, Any] | None:
-        return self.ask({"op": "hello", "rank": rank, "world_size": world, "nonce": "n1",
-                         "mac": mac(secret, "hello", self.challenge, "n1", rank, world)})
+    def hello(self, rank: Any, secret: bytes = SECRET, world: int = WORLD,
+              key: bytes | None = None) -> dict[str, Any] | None:
+        """Prove `rank` with `key` (default: the rank's key derived from `secret`)."""
+        key = hkdf(secret, f"rank {rank}") if key is None else key
+        reply = self.ask({"op": "hello", "rank": rank, "world_size": world, "nonce": "n1",
+                          "mac": hexmac(key, "hello", self.challenge, "n1", rank, world)})
+        if reply and reply.get("ok"):
+            assert reply["mac"] == hexmac(key, "store", "n1", self.challenge, reply["job_key"])
+            self.session = hmac.new(key, f"session|{self.challenge}|n1".encode(),
+                                    hashlib.sha256).digest()
+        return reply
 
     def close(self) -> None:
         self.reader.close()
         self.sock.close()
+
+
+def in_ranks(body: Callable[[int], Any], world: int = WORLD) -> dict[int, Any]:
+    """`body(rank)` for every rank at once (threads): rank -> its result or exception."""
+    with ThreadPoolExecutor(world) as pool:
+        futures = {r: pool.submit(body, r) for r in range(world)}
+    return {r: f.exception() or f.result() for r, f in futures.items()}
 
 
 def values(server: StoreServer) -> dict[str, Any]:
@@ -91,26 +139,24 @@ def test_a_stray_client_cannot_redirect_rank_0(store: StoreServer) -> None:
     """The attack of the issue: set endpoint/1 before rank 1 does."""
     stray = Raw(store)
     stray.ask({"op": "set", "key": "endpoint/1", "value": {"qpn": 666}})
-    got: dict[int, Any] = {}
 
-    def rank(r: int) -> None:
+    def rank(r: int) -> Any:
         me = Rendezvous(cfg(store, r))
         me._client = StoreClient.connect(me.config)
-        got[r] = me.all_gather("endpoint", {"qpn": 100 + r})
-        me.close(timeout=5)   # leave as ranks do (a bare disconnect fails a slower peer)
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(WORLD)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert got == {0: [{"qpn": 100}, {"qpn": 101}], 1: [{"qpn": 100}, {"qpn": 101}]}
+        try:
+            return me.all_gather("endpoint", {"qpn": 100 + r})
+        finally:
+            me.close(timeout=5)   # leave as ranks do (a bare disconnect fails a slower peer)
+    assert in_ranks(rank) == {0: [{"qpn": 100}, {"qpn": 101}], 1: [{"qpn": 100}, {"qpn": 101}]}
 
 
 def test_out_of_range_ranks_and_their_disconnects_fail_nobody(store: StoreServer) -> None:
-    for bad in (-1, WORLD, 10**9, "1", None):
+    for bad, error in ((-1, "is not in 0..1"), (WORLD, "is not in 0..1"),
+                       (10**9, "is not in 0..1"), ("1", "hello needs"), (None, "hello needs"),
+                       (True, "hello needs")):
         c = Raw(store)
-        reply = c.hello(bad)  # type: ignore[arg-type]
-        assert reply is not None and reply["ok"] is False and "is not in 0..1" in reply["error"]
+        reply = c.hello(bad)
+        assert reply is not None and reply["ok"] is False and error in reply["error"], reply
         c.close()
     time.sleep(0.2)
     assert store._aborted == {}
@@ -195,7 +241,7 @@ def test_surplus_connections_of_one_address_push_out_its_oldest(store: StoreServ
 def test_a_rank_holds_a_bounded_number_of_connections(store: StoreServer) -> None:
     mine = [Raw(store) for _ in range(store_server.RANK_CONNECTIONS + 1)]
     for c in mine[:-1]:
-        assert c.hello(1) == {"ok": True, "mac": mac(SECRET, "store", "n1", c.challenge)}
+        assert c.hello(1)["ok"] is True  # type: ignore[index]
     assert mine[-1].hello(1) == {"ok": False, "error": f"rank 1 has "
                                  f"{store_server.RANK_CONNECTIONS} connections open already"}
     other = Raw(store)
@@ -213,7 +259,7 @@ def test_a_rank_without_the_secret_is_told_what_to_set() -> None:
 
 
 def test_a_store_that_does_not_know_the_secret_is_not_believed(store: StoreServer) -> None:
-    with pytest.raises(RendezvousError, match="refused it: not this job's secret"):
+    with pytest.raises(RendezvousError, match="refused it: not rank 0's key"):
         StoreClient.connect(cfg(store, 0, secret=b"another-job-secret-0123456"))
 
 
@@ -337,23 +383,15 @@ def test_a_flooder_cannot_keep_the_ranks_from_joining(store: StoreServer, source
     """Issue 39: 4n+8 dribbling connections held every slot and a real rank got
     RendezvousTimeout. Now a flood from another address takes only that address's slots,
     and one from a rank's own address is the oldest there, the first cut for a newcomer."""
+    def rank(r: int) -> Any:
+        me = Rendezvous(cfg(store, r, timeout=3.0))
+        try:
+            me._client = StoreClient.connect(me.config)
+            return me.all_gather("endpoint", r)
+        finally:
+            me.close(timeout=3)
     with Flooder(store, source, 40):
-        got: dict[int, Any] = {}
-
-        def rank(r: int) -> None:
-            me = Rendezvous(cfg(store, r, timeout=3.0))
-            try:
-                me._client = StoreClient.connect(me.config)
-                got[r] = me.all_gather("endpoint", r)
-            except RendezvousError as exc:
-                got[r] = exc
-            finally:
-                me.close(timeout=3)
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(WORLD)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
+        got = in_ranks(rank)
     assert got == {0: [0, 1], 1: [0, 1]}, got
 
 
@@ -480,3 +518,98 @@ def test_a_fake_store_sending_deep_json_gets_a_clear_error(
         t.join(5)
         fake.close()
     assert thread_errors == []
+
+
+def test_a_rank_key_proves_its_own_rank_only(store: StoreServer) -> None:
+    """Per-rank credentials (issue 39): rank 1's key, all `netreduce launch` hands rank 1,
+    cannot claim rank 0."""
+    key1 = hkdf(SECRET, "rank 1")
+    c = Raw(store)
+    reply = c.hello(0, key=key1)
+    assert reply is not None and reply["ok"] is False and "not rank 0's key" in reply["error"]
+    assert c.ask({"op": "set", "key": "endpoint/0", "value": "evil"}) is None    # closed
+    mine = Raw(store)
+    assert mine.hello(1, key=key1)["ok"] is True  # type: ignore[index]
+    assert mine.ask({"op": "set", "key": "endpoint/1", "value": 1}) == {"ok": True}
+    assert values(store) == {"endpoint/1": 1}
+
+
+def test_ranks_holding_only_their_keys_join_and_agree_on_the_job_key(store: StoreServer) -> None:
+    """What `netreduce launch` hands out: rank 0 the job's secret (it serves the store),
+    every other rank only its own key; the job key (the inc ring's id tag) reaches all."""
+    envs = [{"NR_JOB_SECRET": SECRET.decode()}] + [
+        {"NR_RANK_KEY": hkdf(SECRET, f"rank {r}").hex()} for r in range(1, WORLD)]
+
+    def rank(r: int) -> Any:
+        config = RendezvousConfig.resolve(r, WORLD, "127.0.0.1", store.port, 5.0, env=envs[r])
+        me = Rendezvous(config)
+        me._client = StoreClient.connect(config)
+        try:
+            return me.all_gather("x", r), me._client.job_key
+        finally:
+            me.close(timeout=5)
+    got = in_ranks(rank)
+    assert got == {r: ([0, 1], hkdf(SECRET, "job key")) for r in range(WORLD)}, got
+
+
+def test_a_request_without_its_mac_is_refused_and_changes_nothing(store: StoreServer) -> None:
+    """Issue 39: only the hello was authenticated; a line injected into a rank's
+    connection (here: sent without its MAC) was served as the rank's."""
+    c = Raw(store)
+    assert c.hello(1)["ok"] is True  # type: ignore[index]
+    assert c.ask({"op": "set", "key": "endpoint/1", "value": "evil"}, sealed=False) is None
+    time.sleep(0.2)
+    assert values(store) == {}
+    assert "failed its MAC" in store._aborted[1]
+
+
+def test_a_replayed_request_is_refused(store: StoreServer) -> None:
+    c = Raw(store)
+    assert c.hello(1)["ok"] is True  # type: ignore[index]
+    first = c.seal(json.dumps({"op": "set", "key": "k/1", "value": 1}).encode())
+    c.sock.sendall(first + b"\n")
+    c.reader.readline()
+    c.received += 1
+    assert c.ask({"op": "set", "key": "k/1", "value": 2}) == {"ok": True}
+    c.sock.sendall(first + b"\n")                       # the first line again
+    assert c.reader.readline() == b""                    # closed, not served
+    other = Raw(store)                                   # nor on another connection
+    assert other.hello(1)["ok"] is True  # type: ignore[index]
+    other.sock.sendall(first + b"\n")
+    assert other.reader.readline() == b""
+    assert values(store) == {"k/1": 2}
+
+
+class Tamperer:
+    """A man in the middle between a rank and the store that changes one byte of the
+    store's `nth` line (0: the challenge) and forwards the rest unchanged."""
+
+    def __init__(self, server: StoreServer, nth: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.store_port, self.nth = server.port, nth
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        rank, _ = self.listener.accept()
+        store = socket.create_connection(("127.0.0.1", self.store_port))
+        threading.Thread(target=self._pipe, args=(rank, store, None), daemon=True).start()
+        self._pipe(store, rank, self.nth)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, nth: int | None) -> None:
+        with contextlib.suppress(OSError), src.makefile("rb") as lines:
+            for i, line in enumerate(lines):
+                if i == nth:
+                    line = line.replace(b'"ok": true', b'"ok": 1')   # same length, other bytes
+                dst.sendall(line)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def test_an_answer_altered_on_the_way_is_not_believed(store: StoreServer) -> None:
+    mitm = Tamperer(store, nth=2)              # the answer to the first request
+    client = StoreClient.connect(RendezvousConfig(1, WORLD, "127.0.0.1", mitm.port, 5.0, SECRET))
+    with pytest.raises(RendezvousError, match="failed its MAC"):
+        client.request({"op": "set", "key": "k/1", "value": 1}, wait=0)
+    client.close()

@@ -6,7 +6,8 @@ Rank I runs `CMD` in network namespace h(F+I), F = `--first-host` (default 0)
 (`ip netns exec h(F+I) ...`; `--local` runs every rank here instead) with RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (default: rank 0's lab address 10.77.0.(F+1), or
 127.0.0.1 with --local), MASTER_PORT and
-NR_JOB_SECRET (a fresh random secret per run, unless already set) set.
+the job's credentials set: NR_JOB_SECRET on rank 0 (a fresh random secret per run, unless
+already set), NR_RANK_KEY (that rank's own key, derived from it) on every other rank.
 In the lab's namespaces it also points torch's socket transports at the lab interface
 (GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME = nr0) unless they are set: gloo otherwise advertises
 an address of the namespace's hostname ([::1]) that no other rank can reach.
@@ -35,7 +36,8 @@ from pathlib import Path
 from typing import IO, Mapping, Protocol, TextIO
 
 from netreduce.tools.forkserver import NETNS_DIR as _NETNS_DIR, Refused, WarmProcess
-from ring_setup.store_protocol import DEFAULT_PORT, SECRET_ENV, new_secret
+from ring_setup.store_protocol import (DEFAULT_PORT, RANK_KEY_ENV, SECRET_ENV, new_secret,
+                                       rank_key)
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +96,16 @@ class LaunchResult:
 def rank_env(rank: int, world_size: int, master_addr: str, port: int, local: bool,
              base: Mapping[str, str]) -> dict[str, str]:
     """Rank `rank`'s environment: `base`, torchrun's variables, and (in the lab's
-    namespaces) torch's socket interfaces, which `base` may override."""
+    namespaces) torch's socket interfaces, which `base` may override. The job's secret
+    (`base`'s NR_JOB_SECRET) goes to rank 0 only, which serves the store; every other rank
+    gets its own key derived from it (NR_RANK_KEY), which proves that rank and no other."""
     ifnames = {} if local else {v: LAB_IFNAME for v in TORCH_IFNAME_VARS}
-    return {**ifnames, **base, "RANK": str(rank), "WORLD_SIZE": str(world_size),
+    env = {k: v for k, v in base.items() if k not in (SECRET_ENV, RANK_KEY_ENV)}
+    if SECRET_ENV in base:
+        secret = base[SECRET_ENV]
+        env.update({SECRET_ENV: secret} if rank == 0 else
+                   {RANK_KEY_ENV: rank_key(secret.encode(), rank).hex()})
+    return {**ifnames, **env, "RANK": str(rank), "WORLD_SIZE": str(world_size),
             "LOCAL_RANK": str(rank if local else 0),
             "LOCAL_WORLD_SIZE": str(world_size if local else 1),
             "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
