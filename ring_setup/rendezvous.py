@@ -166,10 +166,10 @@ class StoreClient:
                 last = exc
                 time.sleep(0.2)
                 continue
-            if not reply["ok"]:
+            if not reply.get("ok"):
                 client.close()
                 raise RendezvousError(f"rendezvous: rank {config.rank}: the store at "
-                                      f"{config.where} refused it: {reply['error']}")
+                                      f"{config.where} refused it: {reply.get('error')}")
             return client
         raise RendezvousTimeout(f"rendezvous: rank 0 never joined within {config.timeout:g}s "
                                 f"(no store at {config.where}: {last})")

@@ -30,6 +30,7 @@ import secrets
 import socket
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from ring_setup.store_protocol import (HELLO_TIMEOUT, MAX_HELLO, MAX_KEYS, MAX_LINE,
@@ -49,30 +50,34 @@ _ENTRY = 64              # bytes counted for each entry besides its key and valu
 
 class Admission:
     """Who holds the store's connections (the server's condition guards it). Invariants: at
-    most `per_peer` connections from one address and `pending` in all are waiting to prove
-    the secret; at most RANK_CONNECTIONS proved each rank. A new connection over a pending
+    most `per_peer` connections from one address and `in_all` in all are waiting to prove a
+    rank's key; at most RANK_CONNECTIONS proved each rank. A new connection over a waiting
     bound makes room by cutting the oldest waiting one of its own address (else of the
-    address waiting with most): a peer that keeps connections open only pushes out its own,
+    address with most waiting): a peer that keeps connections open only pushes out its own,
     and a rank's hello, answered within a round trip, is the newest of its address."""
 
     def __init__(self, world_size: int) -> None:
         self.per_peer = PENDING_PER_PEER
-        self.pending = PENDING_PER_PEER * 4 + 2 * world_size
+        self.in_all = 4 * PENDING_PER_PEER + 2 * world_size
         self.refused = 0                        # cut, or failed its hello; once each
-        self._waiting: dict[str, list[socket.socket]] = {}   # address -> oldest first
-        self._ranks: dict[int, int] = {}        # rank -> connections that proved it
+        self._waiting: dict[socket.socket, str] = {}   # -> its address; oldest first
+        self._per_address: Counter[str] = Counter()    # waiting connections per address
+        self._ranks: Counter[int] = Counter()          # connections that proved each rank
 
     def arrive(self, conn: socket.socket, addr: str) -> socket.socket | None:
-        """Count `conn` as waiting; the connection it pushes out (to be shut down), if any."""
+        """Count `conn` (from `addr`) as waiting; the connection it pushes out (to be shut
+        down), if any."""
+        crowded = None
+        if self._per_address[addr] >= self.per_peer:
+            crowded = addr
+        elif len(self._waiting) >= self.in_all:
+            crowded = self._per_address.most_common(1)[0][0]
         victim = None
-        mine = self._waiting.setdefault(addr, [])
-        if len(mine) >= self.per_peer:
-            victim = mine[0]
-        elif sum(map(len, self._waiting.values())) >= self.pending:
-            victim = max(self._waiting.values(), key=len)[0]
-        if victim is not None:
+        if crowded is not None:
+            victim = next(c for c, a in self._waiting.items() if a == crowded)
             self.refuse(victim)
-        mine.append(conn)
+        self._waiting[conn] = addr
+        self._per_address[addr] += 1
         return victim
 
     def refuse(self, conn: socket.socket) -> None:
@@ -80,25 +85,18 @@ class Admission:
         if self._unwait(conn):
             self.refused += 1
 
+    def waiting(self, conn: socket.socket) -> bool:
+        """`conn` waits to prove a rank's key (it was not cut to make room)."""
+        return conn in self._waiting
+
     def admit(self, conn: socket.socket, rank: int) -> str | None:
-        """`conn` proved `rank`: None if it is served from now on, else why not."""
-        if self._ranks.get(rank, 0) >= RANK_CONNECTIONS:
+        """`conn`, waiting, proved `rank`: None if it is served from now on, else why not."""
+        if self._ranks[rank] >= RANK_CONNECTIONS:
             self.refuse(conn)
             return f"rank {rank} has {RANK_CONNECTIONS} connections open already"
-        if not self._unwait(conn):
-            return "cut: too many connections were waiting to prove the secret"
-        self._ranks[rank] = self._ranks.get(rank, 0) + 1
+        self._unwait(conn)
+        self._ranks[rank] += 1
         return None
-
-    def _unwait(self, conn: socket.socket) -> bool:
-        """Take `conn` off the waiting lists: True if it was on one."""
-        for addr, conns in self._waiting.items():
-            if conn in conns:
-                conns.remove(conn)
-                if not conns:
-                    del self._waiting[addr]
-                return True
-        return False
 
     def close(self, conn: socket.socket, rank: int | None) -> None:
         """`conn` closed: its place is free."""
@@ -106,6 +104,16 @@ class Admission:
             self.refuse(conn)
         else:
             self._ranks[rank] -= 1
+
+    def _unwait(self, conn: socket.socket) -> bool:
+        """Take `conn` off the waiting list: True if it was on it."""
+        addr = self._waiting.pop(conn, None)
+        if addr is None:
+            return False
+        self._per_address[addr] -= 1
+        if not self._per_address[addr]:
+            del self._per_address[addr]
+        return True
 
 
 class StoreServer:
@@ -241,6 +249,8 @@ class StoreServer:
         except (BadRequest, OSError) as exc:
             reply, rank = {"ok": False, "error": str(exc)}, None
         with self._cond:
+            if not self.admission.waiting(line.sock):
+                return None             # cut to make room: shut down, the rank tries again
             if rank is None:
                 self.admission.refuse(line.sock)
             else:

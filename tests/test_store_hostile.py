@@ -613,3 +613,21 @@ def test_an_answer_altered_on_the_way_is_not_believed(store: StoreServer) -> Non
     with pytest.raises(RendezvousError, match="failed its MAC"):
         client.request({"op": "set", "key": "k/1", "value": 1}, wait=0)
     client.close()
+
+
+def test_the_bound_on_all_waiting_connections_cuts_the_busiest_address_first() -> None:
+    """Many addresses at once (Admission alone: connections are plain tokens here)."""
+    adm = store_server.Admission(world_size=2)
+    assert (adm.per_peer, adm.in_all) == (16, 4 * 16 + 2 * 2)
+    conns = [object() for _ in range(68)]
+    for i, c in enumerate(conns):                  # 14, 14, 14, 13, 13 from 5 addresses
+        assert adm.arrive(c, f"10.0.{i % 5}.1") is None  # type: ignore[arg-type]
+    assert adm.arrive(object(), "10.9.9.9") is conns[0]  # type: ignore[arg-type]
+    assert adm.refused == 1
+    lone = store_server.Admission(world_size=0)    # 64 addresses with one each
+    first = [object() for _ in range(64)]
+    for i, c in enumerate(first):
+        lone.arrive(c, f"10.1.0.{i}")  # type: ignore[arg-type]
+    newcomer = object()
+    assert lone.arrive(newcomer, "10.1.0.0") is first[0]  # type: ignore[arg-type]
+    assert lone.admit(newcomer, 0) is None  # type: ignore[arg-type]
