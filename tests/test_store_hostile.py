@@ -1,121 +1,25 @@
-"""Hostile clients of the rendezvous store (ring_setup/store_server.py): without the job's
-secret a connection changes and learns nothing; with it, a rank writes only its own keys and
-speaks only for itself; every malformed request is refused by name and changes nothing;
-lines, waits and connections are bounded; a store without the secret is not believed."""
+"""Hostile clients of the rendezvous store (ring_setup/store_server.py): without a rank's
+key a connection changes and learns nothing; with it, a rank writes only its own keys and
+speaks only for itself, and each of its lines carries a MAC; every malformed request is
+refused by name and changes nothing; lines, JSON depth, waits and stored bytes are
+bounded; a store without the secret is not believed. (Connections: test_store_flood.py.)"""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
-import select
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
-import ring_setup.rendezvous as rendezvous
+from rawstore import SECRET, WORLD, Raw, cfg, hkdf, in_ranks, values
+from rawstore import store  # noqa: F401 - the fixture, used by name
 import ring_setup.store_server as store_server
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreClient
 from ring_setup.store_protocol import MAX_LINE, RendezvousError
 from ring_setup.store_server import StoreServer
-
-SECRET = b"secret-of-the-hostile-store-tests"
-WORLD = 2
-
-
-@pytest.fixture
-def store() -> Iterator[StoreServer]:
-    server = StoreServer(0, WORLD, "127.0.0.1", SECRET)
-    yield server
-    server.stop(grace=0.5)
-
-
-def cfg(server: StoreServer, rank: int, secret: bytes = SECRET, world: int = WORLD,
-        timeout: float = 5.0) -> RendezvousConfig:
-    return RendezvousConfig(rank, world, "127.0.0.1", server.port, timeout, secret)
-
-
-def hkdf(secret: bytes, info: str) -> bytes:
-    """The test's own HKDF-SHA256 (RFC 5869, one 32-byte block) with the store's salt: the
-    derivation docs/security.md states, written apart from the code under test."""
-    prk = hmac.new(b"netreduce rendezvous store", secret, hashlib.sha256).digest()
-    return hmac.new(prk, info.encode() + b"\x01", hashlib.sha256).digest()
-
-
-def hexmac(key: bytes, *parts: object) -> str:
-    return hmac.new(key, "|".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
-
-
-class Raw:
-    """A hand-driven connection speaking the wire format of docs/security.md, written apart
-    from the code under test: a JSON line each way, each after the hello behind its MAC
-    under the session's key, numbered per direction from 0."""
-
-    def __init__(self, server: StoreServer) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        self.reader = self.sock.makefile("rb")
-        self.challenge = json.loads(self.reader.readline())["challenge"]
-        self.session: bytes | None = None
-        self.sent = self.received = 0
-
-    def seal(self, body: bytes) -> bytes:
-        """`body` behind the MAC of the next line this rank sends."""
-        assert self.session is not None
-        tag = hmac.new(self.session, f"rank|{self.sent}|".encode() + body, hashlib.sha256)
-        self.sent += 1
-        return tag.hexdigest().encode() + b" " + body
-
-    def send(self, obj: Any, sealed: bool = True) -> None:
-        body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-        self.sock.sendall((self.seal(body) if self.session and sealed else body) + b"\n")
-
-    def ask(self, obj: Any, sealed: bool = True) -> dict[str, Any] | None:
-        """The store's answer (its MAC checked), or None when it hung up (a request sent
-        after its close may meet a reset rather than an end of stream: both mean the same)."""
-        try:
-            self.send(obj, sealed)
-            line = self.reader.readline()
-        except (ConnectionResetError, BrokenPipeError):
-            return None
-        if line and self.session is not None:
-            tag, body = line.rstrip(b"\n").split(b" ", 1)
-            want = hmac.new(self.session, f"store|{self.received}|".encode() + body,
-                            hashlib.sha256).hexdigest().encode()
-            assert tag == want, "the store's answer failed its MAC"
-            self.received += 1
-            line = body
-        return json.loads(line) if line else None
-
-    def hello(self, rank: Any, secret: bytes = SECRET, world: int = WORLD,
-              key: bytes | None = None) -> dict[str, Any] | None:
-        """Prove `rank` with `key` (default: the rank's key derived from `secret`)."""
-        key = hkdf(secret, f"rank {rank}") if key is None else key
-        reply = self.ask({"op": "hello", "rank": rank, "world_size": world, "nonce": "n1",
-                          "mac": hexmac(key, "hello", self.challenge, "n1", rank, world)})
-        if reply and reply.get("ok"):
-            assert reply["mac"] == hexmac(key, "store", "n1", self.challenge, reply["job_key"])
-            self.session = hmac.new(key, f"session|{self.challenge}|n1".encode(),
-                                    hashlib.sha256).digest()
-        return reply
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-
-def in_ranks(body: Callable[[int], Any], world: int = WORLD) -> dict[int, Any]:
-    """`body(rank)` for every rank at once (threads): rank -> its result or exception."""
-    with ThreadPoolExecutor(world) as pool:
-        futures = {r: pool.submit(body, r) for r in range(world)}
-    return {r: f.exception() or f.result() for r, f in futures.items()}
-
-
-def values(server: StoreServer) -> dict[str, Any]:
-    return dict(server._data)
 
 
 def test_the_store_listens_on_the_job_address_only(store: StoreServer) -> None:
@@ -207,51 +111,6 @@ def test_an_endless_line_closes_the_connection(store: StoreServer) -> None:
     assert values(store) == {}
 
 
-def test_a_silent_connection_is_told_and_cut(store: StoreServer,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_server, "HELLO_TIMEOUT", 0.3)
-    silent = socket.create_connection(("127.0.0.1", store.port), timeout=5)
-    silent.recv(200)                                  # the challenge
-    time.sleep(0.6)
-    assert silent.recv(200) == b'{"ok": false, "error": "no hello within 0.3s"}\n'
-    assert silent.recv(200) == b""                    # and closed
-    assert store.refused_connections == 1
-
-
-def test_surplus_connections_of_one_address_push_out_its_oldest(store: StoreServer) -> None:
-    def connect() -> socket.socket:
-        s = socket.socket()
-        s.bind(("127.0.0.3", 0))
-        s.settimeout(5)
-        s.connect(("127.0.0.1", store.port))
-        assert s.recv(200).startswith(b'{"challenge": ')
-        return s
-    idle = [connect() for _ in range(store_server.PENDING_PER_PEER)]
-    newest = connect()
-    assert idle[0].recv(200) == b""                   # the oldest is cut
-    assert store.refused_connections == 1
-    for s in idle[1:]:                                 # the others still wait
-        s.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            s.recv(200)
-    for s in idle + [newest]:
-        s.close()
-
-
-def test_a_rank_holds_a_bounded_number_of_connections(store: StoreServer) -> None:
-    mine = [Raw(store) for _ in range(store_server.RANK_CONNECTIONS + 1)]
-    for c in mine[:-1]:
-        assert c.hello(1)["ok"] is True  # type: ignore[index]
-    assert mine[-1].hello(1) == {"ok": False, "error": f"rank 1 has "
-                                 f"{store_server.RANK_CONNECTIONS} connections open already"}
-    other = Raw(store)
-    assert other.hello(0)["ok"] is True  # type: ignore[index]
-    mine[0].close()
-    time.sleep(0.2)
-    again = Raw(store)
-    assert again.hello(1)["ok"] is True  # type: ignore[index]
-
-
 def test_a_rank_without_the_secret_is_told_what_to_set() -> None:
     me = Rendezvous(RendezvousConfig(0, 2, "127.0.0.1", 0, 1.0, b""))
     with pytest.raises(RendezvousError, match="NR_JOB_SECRET is not set"):
@@ -284,141 +143,6 @@ def test_a_fake_store_is_detected_by_the_rank() -> None:
         StoreClient.connect(RendezvousConfig(1, 2, "127.0.0.1", port, 3.0, SECRET))
     t.join(5)
     fake.close()
-
-
-def dribble(sock: socket.socket, within: float, every: float = 0.1) -> float | None:
-    """Send a hello one byte per `every` s (never its end) for up to `within` s: the time
-    after which the store hung up, or None if it still listened."""
-    t0 = time.monotonic()
-    payload = b'{"op": "hello", "rank": 0, "world_size": 2, "nonce": "n1", "mac": "' + b"0" * 4096
-    for byte in payload:
-        try:
-            sock.sendall(bytes([byte]))
-        except OSError:
-            return time.monotonic() - t0
-        readable, _, _ = select.select([sock], [], [], every)
-        if readable:                    # an answer (an error), the end or a reset
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > within:
-            return None
-    return None
-
-
-def test_a_hello_dribbled_a_byte_at_a_time_is_cut_at_its_deadline(
-        store: StoreServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The slow loris of issue 39: one byte before each per-recv timeout kept a connection
-    (and its slot) forever; the deadline is for the whole hello."""
-    monkeypatch.setattr(store_server, "HELLO_TIMEOUT", 0.5)
-    sock = socket.create_connection(("127.0.0.1", store.port), timeout=5)
-    sock.recv(200)                                            # the challenge
-    took = dribble(sock, within=3.0)
-    sock.close()
-    assert took is not None and 0.3 < took < 1.5, took
-
-
-class Flooder:
-    """A client without the secret that keeps `count` connections to the store open from
-    `source` (an address of its own), dribbling a hello into each (one byte per 0.2 s) and
-    opening a new one whenever the store cuts one: what one host of an attacker can do."""
-
-    def __init__(self, server: StoreServer, source: str, count: int) -> None:
-        self.port, self.source, self.count = server.port, source, count
-        self.opened = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "Flooder":
-        self._thread.start()
-        deadline = time.monotonic() + 5
-        while self.opened < self.count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)                 # the store has taken them all in
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _open(self) -> socket.socket | None:
-        try:
-            s = socket.socket()
-            s.bind((self.source, 0))
-            s.settimeout(1)
-            s.connect(("127.0.0.1", self.port))
-            s.setblocking(False)
-            self.opened += 1
-            return s
-        except OSError:
-            return None
-
-    def _run(self) -> None:
-        socks: list[socket.socket] = []
-        try:
-            while not self._stop.is_set():
-                while len(socks) < self.count and not self._stop.is_set():
-                    s = self._open()
-                    if s is None:
-                        break
-                    socks.append(s)
-                for s in list(socks):
-                    try:
-                        if s.recv(4096) == b"":          # (the challenge is drained)
-                            raise OSError("closed")
-                    except BlockingIOError:
-                        pass
-                    except OSError:
-                        socks.remove(s)
-                        s.close()
-                        continue
-                    with contextlib.suppress(OSError):
-                        s.send(b" ")
-                self._stop.wait(0.2)
-        finally:
-            for s in socks:
-                s.close()
-
-
-@pytest.mark.parametrize("source", ["127.0.0.2", "127.0.0.1"])
-def test_a_flooder_cannot_keep_the_ranks_from_joining(store: StoreServer, source: str) -> None:
-    """Issue 39: 4n+8 dribbling connections held every slot and a real rank got
-    RendezvousTimeout. Now a flood from another address takes only that address's slots,
-    and one from a rank's own address is the oldest there, the first cut for a newcomer."""
-    def rank(r: int) -> Any:
-        me = Rendezvous(cfg(store, r, timeout=3.0))
-        try:
-            me._client = StoreClient.connect(me.config)
-            return me.all_gather("endpoint", r)
-        finally:
-            me.close(timeout=3)
-    with Flooder(store, source, 40):
-        got = in_ranks(rank)
-    assert got == {0: [0, 1], 1: [0, 1]}, got
-
-
-def test_a_flooder_cannot_keep_an_abort_or_a_notice_from_the_ranks(
-        store: StoreServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mid-job, the ranks' abort and notice open connections of their own: a flood that
-    started after they joined must not refuse them."""
-    monkeypatch.setattr(rendezvous, "SILENCE_TIMEOUT", 3.0)     # how long a notice tries
-    ranks = [Rendezvous(cfg(store, r)) for r in range(WORLD)]
-    for me in ranks:
-        me._client = StoreClient.connect(me.config)
-        me.watch()
-    try:
-        with Flooder(store, "127.0.0.2", 40):
-            ranks[1].notice(1, "the switch went away")
-            deadline = time.monotonic() + 5
-            while ranks[0].notice_epoch < 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert ranks[0].notices == {1: "the switch went away"}
-            ranks[1].abort("CompletionError: RETRY_EXC_ERR")
-            while ranks[0].peers_alive() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert store._aborted == {1: "CompletionError: RETRY_EXC_ERR"}
-            assert not ranks[0].peers_alive()
-    finally:
-        for me in ranks:
-            threading.Thread(target=me.close, args=(1,)).start()
 
 
 def test_overwrites_count_against_the_size_cap(store: StoreServer,
@@ -615,19 +339,13 @@ def test_an_answer_altered_on_the_way_is_not_believed(store: StoreServer) -> Non
     client.close()
 
 
-def test_the_bound_on_all_waiting_connections_cuts_the_busiest_address_first() -> None:
-    """Many addresses at once (Admission alone: connections are plain tokens here)."""
-    adm = store_server.Admission(world_size=2)
-    assert (adm.per_peer, adm.in_all) == (16, 4 * 16 + 2 * 2)
-    conns = [object() for _ in range(68)]
-    for i, c in enumerate(conns):                  # 14, 14, 14, 13, 13 from 5 addresses
-        assert adm.arrive(c, f"10.0.{i % 5}.1") is None  # type: ignore[arg-type]
-    assert adm.arrive(object(), "10.9.9.9") is conns[0]  # type: ignore[arg-type]
-    assert adm.refused == 1
-    lone = store_server.Admission(world_size=0)    # 64 addresses with one each
-    first = [object() for _ in range(64)]
-    for i, c in enumerate(first):
-        lone.arrive(c, f"10.1.0.{i}")  # type: ignore[arg-type]
-    newcomer = object()
-    assert lone.arrive(newcomer, "10.1.0.0") is first[0]  # type: ignore[arg-type]
-    assert lone.admit(newcomer, 0) is None  # type: ignore[arg-type]
+def test_bad_or_misplaced_credentials_are_told_by_name() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    for bad in ("zz", "ab" * 31, "ab" * 33):
+        with pytest.raises(RendezvousError, match="NR_RANK_KEY must be 64 hex digits"):
+            RendezvousConfig.resolve(env={**env, "NR_RANK_KEY": bad})
+    only_a_key = RendezvousConfig(0, 2, "127.0.0.1", 0, 1.0, key=hkdf(SECRET, "rank 0"))
+    with pytest.raises(RendezvousError, match="NR_JOB_SECRET is not set: rank 0 serves the store"):
+        Rendezvous(only_a_key).join()
+    with pytest.raises(RendezvousError, match="NR_JOB_SECRET is not set, nor NR_RANK_KEY"):
+        StoreClient.connect(RendezvousConfig(1, 2, "127.0.0.1", 1, 1.0))
