@@ -1,7 +1,7 @@
 /* The least a v1model program can do for benchmarks.bench_bmv2's forward mode (p4lang
  * tutorials' basic forwarding, by MAC): Ethernet parsed and deparsed, switch/p4's `l2`
  * table (same names, so Bmv2Target programs it). What BMv2 itself costs per frame, next to
- * switch/p4 (docs/benchmarks.md, "Where BMv2's time goes"). Build:
+ * switch/p4 (switch/p4/README.md, "Cost per packet"). Build:
  *   p4c --target bmv2 --arch v1model --p4runtime-files DIR/netreduce.p4info.txtpb -o DIR \
  *       docs/bmv2_l2_baseline.p4 && mv DIR/bmv2_l2_baseline.json DIR/netreduce.json
  */
