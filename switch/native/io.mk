@@ -3,7 +3,7 @@
 #   make -f switch/native/io.mk stub       against pipeline_stub.h (L2 forwarding only)
 # Needs Debian's libxdp-dev libbpf-dev (and clang for the sanitizer builds).
 IO_DIR := $(dir $(lastword $(MAKEFILE_LIST)))
-IO_SRC := $(IO_DIR)xsk.c $(IO_DIR)afpacket.c $(IO_DIR)main.c
+IO_SRC := $(IO_DIR)xsk.c $(IO_DIR)afpacket.c $(IO_DIR)main.c $(IO_DIR)bench.c
 IO_HDR := $(IO_DIR)io.h $(IO_DIR)nrio.h
 IO_CFLAGS ?= -std=gnu11 -O2 -g -Wall -Wextra -fPIC -march=x86-64-v2 -mpclmul
 IO_LIBS := -lxdp -lbpf -lpthread

@@ -17,6 +17,7 @@
 #define NRIO_MAX_PORTS 64
 #define NRIO_MAX_WORKERS 16
 #define NRIO_IFNAME 16
+#define NRIO_MAX_FRAME 16384   /* no frame is longer (max_frame is at most this) */
 
 /* How a port moves frames (nrio_port_counters.kind). */
 enum nrio_kind {

@@ -153,3 +153,25 @@ class NativeIO:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StubPipe(ctypes.Structure):
+    """pipeline_stub.h's `struct nrdp_pipe`: the static MAC table of the L2-only stub."""
+    _fields_ = [("nmacs", ctypes.c_uint32), ("mac", (ctypes.c_uint8 * 6) * 256),
+                ("port", ctypes.c_uint32 * 256), ("nports", ctypes.c_uint32),
+                ("ports", ctypes.c_uint32 * 64)]
+
+
+def stub_pipe(macs: Mapping[str, int], ports: Sequence[int]) -> StubPipe:
+    """A stub pipeline forwarding to `macs` (MAC -> port), flooding others to `ports`."""
+    if len(macs) > 256 or len(ports) > 64:
+        raise ValueError(f"{len(macs)} MACs (256 at most), {len(ports)} ports (64 at most)")
+    pipe = StubPipe()
+    for i, (mac, port) in enumerate(macs.items()):
+        pipe.mac[i][:] = list(bytes.fromhex(mac.replace(":", "")))
+        pipe.port[i] = port
+    pipe.nmacs = len(macs)
+    pipe.nports = len(ports)
+    for i, port in enumerate(ports):
+        pipe.ports[i] = port
+    return pipe
