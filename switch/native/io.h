@@ -44,7 +44,6 @@ struct umem_pool {                /* one worker's UMEM and its free stacks */
     uint8_t *state;               /* enum chunk_state per chunk */
     uint64_t errors;              /* ownership violations */
     struct xsk_umem *umem;
-    int shared;                   /* the first socket took the umem's own fill/comp rings */
 };
 
 /* A received frame: contiguous data, and the chunks it came in (AF_XDP) or its place
