@@ -100,14 +100,20 @@ def veth_pairs(ranks: int) -> dict[int, tuple[str, str]]:
     return out
 
 
+def credentials(log: Path) -> Path:
+    """Where the switch logging to `log` keeps the credentials it makes (its defaults)."""
+    return log.parent / "credentials"
+
+
 @contextmanager
 def switch_process(kind: str, ports: dict[int, str], macs: dict[str, int],
                    log: Path) -> Iterator[subprocess.Popen]:
-    """The `kind` switch on `ports` with its controller at CONTROLLER, until the block ends."""
+    """The `kind` switch on `ports` with its controller at CONTROLLER, until the block ends;
+    it keeps the token file it makes in `credentials(log)`."""
     ready = log.with_suffix(".ready")
     ready.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", MODULES[kind], "--controller", CONTROLLER,
-           "--ready-file", str(ready)]
+           "--credentials-dir", str(credentials(log)), "--ready-file", str(ready)]
     cmd += [a for n, ifname in sorted(ports.items()) for a in ("--port", f"{n}={ifname}")]
     cmd += [a for mac, n in macs.items() for a in ("--mac", f"{mac}={n}")]
     with open(log, "ab") as out:
@@ -186,9 +192,10 @@ def bench(kind: str, ranks: int, packets: int, payload: int, window: int,
     out = []
     try:
         for mode in ("forward", "aggregate"):
-            with switch_process(kind, {n: sw for n, (sw, _) in links.items()}, macs,
-                                logdir / f"{kind}.log"):
-                with ControllerClient(CONTROLLER, timeout=30) as ctl:
+            log = logdir / f"{kind}.log"
+            with switch_process(kind, {n: sw for n, (sw, _) in links.items()}, macs, log):
+                with ControllerClient(CONTROLLER, timeout=30,
+                                      token_file=credentials(log) / "controller.token") as ctl:
                     if mode == "aggregate":
                         ctl.register_ring(spec, 256)
                     back, seconds = replay(todo, drivers, ranks, window)

@@ -10,11 +10,18 @@ spine program (spine.p4) instead, with `--role tor --tor-id J --uplink PORT --me
 the software role is (rings only from a fabric's controller). BMv2 does not learn MAC addresses: give every host's --mac (unknown
 destinations are flooded). Runs until SIGTERM/SIGINT; SIGUSR1 prints the port counters and
 writes --stats-file.
+
+BMv2's own servers listen on loopback only: P4Runtime on 127.0.0.1 by its option; Thrift
+(no option: it binds every address) through `labswitches/bmv2_loopback.c`, LD_PRELOAD'ed,
+and checked once it listens (`listening_elsewhere`): a switch that would listen anywhere
+else is stopped.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import ipaddress
 import signal
 import socket
 import subprocess
@@ -26,6 +33,7 @@ from typing import Callable, Optional, Sequence
 
 from switch.daemon import build_parser, controller_options, spine_config, tor_config
 from switch.control.bmv2 import Bmv2Target, ShellSession
+from switch.control.private import check_directory
 from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.bmv2_spine import Bmv2SpineTarget
 from switch.control.bmv2_tor import Bmv2TorTarget
@@ -57,6 +65,55 @@ START_TIMEOUT = 30.0
 # 3x that under load, and half the wait for each loss the responder's NAK does not repair.
 BMV2_MAX_IN_FLIGHT = 32
 BMV2_ACK_TIMEOUT = 17
+
+
+LOOPBACK_SHIM = Path(__file__).with_name("bmv2_loopback.c")
+TCP_LISTEN = "0A"                          # /proc/net/tcp's state of a listening socket
+
+
+def loopback_shim(build: Path = DEFAULT_BUILD.parent / "bmv2-loopback") -> Path:
+    """labswitches/bmv2_loopback.c compiled (once per version of it) into `build`; RuntimeError
+    when it cannot be (no C compiler): BMv2 is then not started at all."""
+    source = LOOPBACK_SHIM.read_bytes()
+    out = build / f"bmv2_loopback-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    if out.exists():
+        return out
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError(f"no C compiler (cc) to build {LOOPBACK_SHIM.name}: without it "
+                           f"{SIMPLE_SWITCH}'s Thrift server listens on every address")
+    build.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(LOOPBACK_SHIM),
+                           "-ldl"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{cc} could not build {LOOPBACK_SHIM.name}: {done.stderr[-500:]}")
+    os.replace(tmp, out)
+    return out
+
+
+def listening_elsewhere(ports: set[int]) -> list[str]:
+    """'ADDRESS:PORT' of every TCP socket of this network namespace listening on one of
+    `ports` at an address other than loopback (/proc/net/tcp, tcp6)."""
+    out = []
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            hexaddr, hexport = local.split(":")
+            if state != TCP_LISTEN or int(hexport, 16) not in ports:
+                continue
+            raw = bytes.fromhex(hexaddr)    # the kernel's words, each in host (little) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            addr = ipaddress.ip_address(socket.inet_ntop(family, raw))
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                addr = addr.ipv4_mapped
+            if not addr.is_loopback:
+                out.append(f"{addr}:{int(hexport, 16)}")
+    return out
 
 
 def wait_listening(proc: subprocess.Popen, port: int, timeout: float = START_TIMEOUT) -> None:
@@ -107,10 +164,22 @@ class Bmv2Switch:
         self.build, self.thrift_port = build, thrift_port   # the program, simple_switch_CLI's port
         self._connect_args = (grpc_addr, build, ports, macs, spine, tor)
         self.registers = ThriftRegisters(thrift_port)   # one CLI for the process's life
+        preload = [str(loopback_shim()), *filter(None, [os.environ.get("LD_PRELOAD")])]
+        env = {**os.environ, "LD_PRELOAD": " ".join(preload)}
         with open(log or os.devnull, "ab") as out:     # the child keeps its own copy
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        self._or_stop(lambda: wait_listening(self.proc, grpc_port), self._connect)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self._or_stop(lambda: wait_listening(self.proc, grpc_port),
+                      lambda: wait_listening(self.proc, thrift_port),
+                      lambda: self._loopback_only({grpc_port, thrift_port}), self._connect)
         self._open = True
+
+    @staticmethod
+    def _loopback_only(ports: set[int]) -> None:
+        """RuntimeError if BMv2 listens on `ports` anywhere but loopback."""
+        elsewhere = listening_elsewhere(ports)
+        if elsewhere:
+            raise RuntimeError(f"{SIMPLE_SWITCH} listens on {', '.join(elsewhere)}, not only "
+                               "on loopback: stopped (others could write its tables)")
 
     def _or_stop(self, *steps: Callable[[], object]) -> None:
         """Run `steps` in order; on a failure stop the process, then re-raise."""
@@ -206,6 +275,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bmv2_lab: --tx-loss: BMv2 has no such thing (lose frames on the peers' side)",
               file=sys.stderr)
         return 2
+    try:              # credentials, hosts policy, stats directory: refused before BMv2 starts
+        options = controller_options(args) if args.controller else {}
+        if args.stats_file:
+            check_directory(args.stats_file.parent)
+    except (ValueError, OSError) as e:
+        print(f"bmv2_lab: {e}", file=sys.stderr)
+        return 2
     try:
         spine = spine_config(args, ports) if args.role == "spine" else None
         tor = tor_config(args, ports) if args.role == "tor" else None
@@ -220,7 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.controller:
             try:
-                server, _ = serve(target, args.controller, **controller_options(args))
+                server, _ = serve(target, args.controller, **options)
             except (OSError, ValueError) as e:
                 print(f"bmv2_lab: controller: {e}", file=sys.stderr)
                 return 1

@@ -2,7 +2,7 @@
 --racks R, or a restart as kind "racks:R[:LOSS]" through tests/lab/labswitch.py).
 
 Takes the single switch's command line (`--port`, `--mac`, `--controller`, `--token-file`,
-`--tls-cert`, `--tls-key`, `--ready-file`, `--stats-file`) plus `--racks R`, `--spine-port N` (the controller's leg:
+`--hosts-policy`, `--tls-cert`, `--tls-key`, `--ready-file`, `--stats-file`) plus `--racks R`, `--spine-port N` (the controller's leg:
 cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its own:
 - ToR j (`python -m switch --role tor`) on the host ports of rack j (hosts spread as evenly
   as possible, in port order: `rack_sizes`) keeping their lab port numbers, uplink port
@@ -12,9 +12,12 @@ cabled to the spine) and `--link-loss PCT`, and runs, each as a process of its o
 - the spine (`--role spine`) on those peers and the spine ports; with `--spine-target bmv2`
   spine.p4 on BMv2 (`python -m labswitches.bmv2_lab --role spine`) instead;
   with either on BMv2 the fabric publishes its BMv2 pace (BMV2_FABRIC_ACK_TIMEOUT);
-- the fabric's controller (`--role fabric`) on the job's controller address, programming
-  the switches through their control APIs on 127.0.0.1 (the lab's token for all; TLS only
-  on the job's address: the switch namespace's loopback carries the rest).
+- the fabric's controller (`--role fabric`) on the job's controller address, with the
+  job's token file and hosts policy, programming the switches through their control APIs
+  on 127.0.0.1 (TLS only on the job's address: the switch namespace's loopback carries the
+  rest). The ToRs and the spine take one principal only, "fabric", whose secret this
+  process draws per start (`fabric.token` in --workdir, mode 0600): they never see the
+  tenants' secrets, and a tenant's secret does not open them.
 `--link-loss` % of the frames sent on every ToR–spine link is lost, both directions: a
 software switch drops them itself (`--tx-loss`: this machine's kernel, where the switches
 run, has no netem; the hosts' links are inside the lab VM, whose kernel has); a BMv2 switch
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -43,6 +47,7 @@ import time
 from pathlib import Path
 
 from switch.daemon import _mac_arg, _port_arg
+from switch.control.private import check_directory, write_private
 from labswitches.bmv2_lab import BMV2_MAX_IN_FLIGHT
 
 UPLINK = 100
@@ -154,7 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ack-timeout", type=int, default=FABRIC_ACK_TIMEOUT, metavar="EXP",
                     help="the fabric's pace: rings use a QP local ACK timeout of at least "
                          f"4.096 us x 2^EXP (default {FABRIC_ACK_TIMEOUT}: 268 ms)")
-    ap.add_argument("--token-file", type=Path)
+    ap.add_argument("--token-file", type=Path, required=True,
+                    help="the fabric's controller's (the jobs' principals)")
+    ap.add_argument("--hosts-policy", type=Path,
+                    help="the fabric's controller's (with two principals or more)")
     ap.add_argument("--spine-target", choices=("soft", "bmv2"), default="soft",
                     help="the spine: the software role, or spine.p4 on BMv2 (python -m "
                          "labswitches.bmv2_lab --role spine)")
@@ -182,15 +190,17 @@ class Fabric:
         self.cables: list[str] = []
         self.lossy: list[str] = []      # veth ends dropping --link-loss % (BMv2 senders)
         self.argvs: dict[str, tuple[list[str], str, float]] = {}   # how each was started
+        # the one principal the ToRs and the spine take: the fabric's controller
+        self.switch_token = args.workdir / "fabric.token"
+        write_private(self.switch_token, f"fabric {secrets.token_hex(16)}\n".encode())
 
     def spawn(self, name: str, argv: list[str], module: str = "switch",
               timeout: float = START_TIMEOUT) -> None:
         self.argvs[name] = (argv, module, timeout)
         ready = self.args.workdir / f"fabric-{name}.ready"
         ready.unlink(missing_ok=True)
-        token = ["--token-file", str(self.args.token_file)] if self.args.token_file else []
         self.children[name] = subprocess.Popen(
-            [sys.executable, "-m", module, *argv, *token, "--ready-file", str(ready),
+            [sys.executable, "-m", module, *argv, "--ready-file", str(ready),
              "--stats-file", str(self.args.workdir / f"fabric-{name}.json")])
         end = time.monotonic() + timeout
         while not ready.exists():
@@ -228,7 +238,8 @@ class Fabric:
                              f"--port={UPLINK}={tor_if}",
                              *[f"--mac={m}={p}" for m, p in tor_macs.items()],
                              f"--mac={SPINE_MAC}={UPLINK}",
-                             "--controller", f"127.0.0.1:{TOR_CONTROL_PORT + j}"])
+                             "--controller", f"127.0.0.1:{TOR_CONTROL_PORT + j}",
+                             "--token-file", str(self.switch_token)])
         for j, argv in enumerate(tor_args):
             if a.tor_target == "bmv2":
                 # tor.p4 on BMv2 (its first start compiles it: minutes); it cannot lose
@@ -243,7 +254,7 @@ class Fabric:
                  *[f"--tor={j}={j + 1},{tor_mac(j)},{tor_ip(j)}" for j in range(len(racks))],
                  *[f"--port={p}={i}" for p, i in sorted(spine_ports.items())],
                  *[f"--mac={m}={p}" for m, p in spine_macs.items()],
-                 "--controller", SPINE_CONTROL]
+                 "--controller", SPINE_CONTROL, "--token-file", str(self.switch_token)]
         pace = ["--ack-timeout", str(a.ack_timeout)]
         if "bmv2" in (a.spine_target, a.tor_target):
             # The fabric publishes its BMv2 pace (BMV2_FABRIC_ACK_TIMEOUT above).
@@ -262,7 +273,10 @@ class Fabric:
         for dev in self.lossy:
             lossy_egress(dev, a.link_loss)
         tls = [f"--tls-cert={a.tls_cert}", f"--tls-key={a.tls_key}"] if a.tls_cert else []
+        policy = [f"--hosts-policy={a.hosts_policy}"] if a.hosts_policy else []
         self.spawn("fabric", ["--role", "fabric", "--controller", a.controller, *tls, *pace,
+                              f"--token-file={a.token_file}", *policy,
+                              f"--fabric-token-file={self.switch_token}",
                               "--spine-controller", SPINE_CONTROL,
                               *[f"--tor-controller={j}=127.0.0.1:{TOR_CONTROL_PORT + j}"
                                 for j in range(len(racks))]])
@@ -334,14 +348,20 @@ class Fabric:
             print("fabric_lab: frames lost on the BMv2 ends' veths: "
                   + ", ".join(f"{d} {n}" for d, n in lost.items()), file=sys.stderr, flush=True)
         if self.args.stats_file:
-            self.args.stats_file.write_text(json.dumps({"switches": stats, "lost": lost},
-                                                       indent=1))
+            write_private(self.args.stats_file,
+                          json.dumps({"switches": stats, "lost": lost}, indent=1).encode())
         for tor_if in self.cables:
             subprocess.run(["ip", "link", "del", tor_if], capture_output=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        for directory in {args.workdir, *([args.stats_file.parent] if args.stats_file else [])}:
+            check_directory(directory)
+    except ValueError as e:
+        print(f"fabric_lab: {e}", file=sys.stderr, flush=True)
+        return 2
     fabric = Fabric(args)
     stopping = False
 

@@ -6,9 +6,13 @@ Credentials (control.proto header): the secret of the first entry of the token f
 (`token_file`, else the file `$NR_CONTROLLER_TOKEN` names; neither: no credentials) goes with
 every call as `authorization: Bearer SECRET`; with a CA file (`ca_file`, else
 `$NR_CONTROLLER_CA`) the channel is TLS and verifies the switch's certificate, else clear.
+Invariant: a client never speaks clear text to an address other hosts reach (`local_address`
+false) unless told so in so many words (`insecure=True` or `$NR_CONTROLLER_INSECURE=1`): it
+raises `ControllerError` first, before any byte is sent.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -19,18 +23,24 @@ import grpc
 from nr_contract.spec import RingSpec
 from nr_contract import control_pb2 as pb
 from nr_contract import control_pb2_grpc
-from nr_contract.tokens import CA_ENV, TOKEN_ENV, read_token_file
+from nr_contract.tokens import CA_ENV, INSECURE_ENV, TOKEN_ENV, read_token_file
 
 logger = logging.getLogger(__name__)
 _warned_plaintext: set[str] = set()     # addresses warned about once per process
 
 
 def local_address(addr: str) -> bool:
-    """A unix socket or a loopback address: traffic that never leaves the machine."""
-    if addr.startswith("unix:"):
+    """A unix socket, `localhost` or a loopback IP address (127.0.0.0/8, ::1): traffic that
+    never leaves the machine. A name is looked up nowhere: `127.x.example` is not local."""
+    if addr.startswith(("unix:", "unix-abstract:")):
         return True
-    host = addr.rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")
+    host = addr.rsplit(":", 1)[0] if not addr.startswith("[") else addr[1:].split("]", 1)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 DEFAULT_ADDR = "10.77.0.254:50051"
 
@@ -107,7 +117,10 @@ class ControllerClient:
 
     def __init__(self, addr: str = DEFAULT_ADDR, timeout: float = 10.0, *,
                  program_timeout: Optional[float] = None,
-                 token_file: Optional[str | Path] = None, ca_file: Optional[str | Path] = None):
+                 token_file: Optional[str | Path] = None, ca_file: Optional[str | Path] = None,
+                 insecure: Optional[bool] = None):
+        """`insecure`: may speak clear text to a non-local address (None: as
+        `$NR_CONTROLLER_INSECURE` says, '1' for yes)."""
         self.addr = addr
         self.timeout = timeout
         self.program_timeout = max(timeout, program_timeout or timeout)
@@ -122,11 +135,20 @@ class ControllerClient:
             creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
             self._channel = grpc.secure_channel(addr, creds)
         else:
-            if self._metadata and not local_address(addr) and addr not in _warned_plaintext:
-                _warned_plaintext.add(addr)
-                logger.warning("controller %s: the token's secret goes in the clear (no CA "
-                               "file: give ca_file or $%s to speak TLS); anyone who can "
-                               "capture this traffic can replay it", addr, CA_ENV)
+            if insecure is None:
+                insecure = os.environ.get(INSECURE_ENV) == "1"
+            if not local_address(addr):
+                if not insecure:
+                    raise ControllerError(
+                        "UNAVAILABLE", f"controller at {addr}: no CA file to speak TLS with "
+                        f"(give ca_file or ${CA_ENV}); clear text to an address other hosts "
+                        f"reach only with insecure=True or {INSECURE_ENV}=1")
+                if addr not in _warned_plaintext:
+                    _warned_plaintext.add(addr)
+                    logger.warning("controller %s: INSECURE, clear text (%s=1): anyone who "
+                                   "can capture this traffic can read %s", addr, INSECURE_ENV,
+                                   "and replay the token's secret" if self._metadata
+                                   else "the rings' keys")
             self._channel = grpc.insecure_channel(addr)
         self._stub = control_pb2_grpc.ControllerStub(self._channel)
 

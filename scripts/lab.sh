@@ -124,7 +124,7 @@ mkdir -p "$LABDIR"
 mkdir -p "${LOCK%/*}"
 exec 9>"$LOCK"
 flock -w 3600 9 || die "another lab run holds $LOCK"
-rm -f "$LABDIR"/fabric-* "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token,tenant*.token,ca.pem,controller.pem,controller.key}
+rm -f "$LABDIR"/fabric-* "$LABDIR"/{rc,switch.ready,switch-stats.json,switch.log,switch.pid,switch.kind,switch.request,switch.reply,cmd.sh,env,controller.token,tenant*.token,hosts.policy,fabric.token,ca.pem,controller.pem,controller.key}
 # This run's controller secrets: the lab's own principal ("lab", the first entry: what the
 # hosts' clients send) and TENANTS more, each also in a file of its own that a job can use
 # as its token ($NR_LAB_TENANT_TOKENS: `netreduce bench --tenants` runs jobs as them).
@@ -137,6 +137,13 @@ tenant_tokens=""
    secret "tenant$t" | tee "$LABDIR/tenant$t.token" >> "$LABDIR/controller.token"
  done)
 for ((t = 0; t < TENANTS; t++)); do tenant_tokens+="${tenant_tokens:+:}$LABDIR/tenant$t.token"; done
+# The lab's hosts policy (a controller with several principals needs one, docs/security.md):
+# the lab is one operator's, so each of its principals may use every lab host; an address
+# still belongs to one principal's registered ring at a time. A shared switch gives each
+# principal its own hosts instead.
+{ echo "# principal  hosts (written by scripts/lab.sh)"
+  for who in lab $(seq -f 'tenant%g' 0 $((TENANTS - 1))); do echo "$who 10.77.0.0/24"; done
+} > "$LABDIR/hosts.policy"
 # ... which travels only over TLS: the controller's certificate from a CA made for this run
 "$ROOT/scripts/lab_tls.sh" "$LABDIR" "$CTL_IP" 127.0.0.1 || die "scripts/lab_tls.sh: cannot make the lab's TLS certificate (openssl)"
 
@@ -226,6 +233,7 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   setsid ip netns exec "$SWNS" env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
     "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
     --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
+    --hosts-policy "$LABDIR/hosts.policy" \
     --tls-cert "$LABDIR/controller.pem" --tls-key "$LABDIR/controller.key" \
     --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
     >>"$LABDIR/switch.log" 2>&1 &

@@ -6,7 +6,13 @@ counters and control API, which takes rings only from the fabric's controller);
 `--role fabric` is that controller alone, with no ports: the job's one address, programming
 the ToRs and the spine through their control APIs (`switch.control.fabric_rpc`).
 Runs until SIGTERM/SIGINT, then prints the per-port counters. SIGUSR1 prints them (and
-writes --stats-file) without stopping.
+writes --stats-file, mode 0600) without stopping.
+
+Secure by default (docs/security.md): a controller asks every caller for a secret of its
+token file (without --token-file it makes one, `switch.control.credentials`) and, on an
+address other hosts reach, serves TLS (without --tls-cert it makes a self-signed
+certificate); with two principals or more it needs --hosts-policy. Only --insecure, said in
+so many words, serves without credentials or in clear text to the network.
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ import threading
 from pathlib import Path
 from typing import Any, Collection
 
-from nr_contract.client import ControllerError
+from nr_contract.client import ControllerError, local_address
+from switch.control import credentials
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
 from switch.control.service import (DEFAULT_CALLS_PER_SECOND, DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS,
@@ -31,6 +38,7 @@ from switch.dataplane.pipeline import AggregationPipeline
 from switch.dataplane.ports import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, DataPlane
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
+from switch.control.private import check_directory
 from switch.report import report
 
 ROLES = ("switch", "tor", "spine", "fabric")
@@ -110,21 +118,33 @@ def build_parser() -> argparse.ArgumentParser:
     ctl = ap.add_argument_group("controller (with --controller)")
     ctl.add_argument("--token-file", type=Path, metavar="FILE",
                      help="lines 'PRINCIPAL SECRET': every call but Ping must carry one of "
-                          "these secrets (default: no credentials asked)")
+                          "these secrets (default: the controller makes one in "
+                          "--credentials-dir and says where)")
+    ctl.add_argument("--credentials-dir", type=Path, metavar="DIR",
+                     default=credentials.default_directory(),
+                     help="where the controller keeps the token file and TLS certificate it "
+                          "makes when none are given (mode 0700; default %(default)s)")
+    ctl.add_argument("--insecure", action="store_true",
+                     help="ask no credentials and serve clear text on any address: anyone who "
+                          "reaches the controller reads every ring's R_Key and removes any "
+                          "ring (a private test machine only)")
     ctl.add_argument("--admin", action="append", default=[], metavar="PRINCIPAL",
                      help="a principal of the token file that sees every ring in Counters "
                           "(repeatable); any other principal sees only the rings it "
                           "registered, and the ports' and switch's totals")
     ctl.add_argument("--hosts-policy", type=Path, metavar="FILE",
                      help="lines 'PRINCIPAL NET [NET ...]': the host addresses (or CIDR "
-                          "prefixes) each principal's rings may use (default: any; an address "
-                          "in one principal's registered ring is never another's)")
+                          "prefixes) each principal's rings may use; needed when the token "
+                          "file has two principals or more (an address in one principal's "
+                          "registered ring is never another's)")
     ctl.add_argument("--calls-per-second", type=float, default=DEFAULT_CALLS_PER_SECOND,
                      metavar="R", help="calls each principal may make per second, in bursts "
                      f"of 2R; more are RESOURCE_EXHAUSTED (0: no limit; default "
                      f"{DEFAULT_CALLS_PER_SECOND:g})")
     ctl.add_argument("--tls-cert", type=Path, metavar="PEM",
-                     help="serve TLS with this certificate (with --tls-key)")
+                     help="serve TLS with this certificate (with --tls-key; default on an "
+                          "address other hosts reach: a self-signed one made in "
+                          "--credentials-dir)")
     ctl.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
     ctl.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS, metavar="MS",
                      help="a registration's lease when the client asks for none; a ring not "
@@ -158,29 +178,44 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fabric: ToR J's control API (repeat per ToR)")
     fab.add_argument("--spine-controller", metavar="HOST:PORT",
                      help="fabric: the spine's control API")
+    fab.add_argument("--fabric-token-file", type=Path, metavar="FILE",
+                     help="fabric: the token file whose first secret the fabric's controller "
+                          "sends the ToRs and the spine (theirs: that principal alone; "
+                          "default: --token-file's first)")
     ap.add_argument("--tx-loss", action="append", type=_loss_arg, default=[],
                     metavar="PORT=PCT",
                     help="lose PCT %% of the frames sent on PORT (tests: netem's loss where "
                          "the kernel has no netem, e.g. a fabric's inter-switch links)")
     ap.add_argument("--stats-file", type=Path,
-                    help="write the counters as JSON here on SIGUSR1 and on exit")
+                    help="write the counters as JSON here on SIGUSR1 and on exit (mode 0600: "
+                         "they hold every ring's R_Key; its directory must be ours alone, or "
+                         "sticky)")
     ap.add_argument("--ready-file", type=Path,
                     help="created once every port is open and the controller listens")
     return ap
 
 
 def controller_options(args: argparse.Namespace) -> dict[str, Any]:
-    """serve()'s keyword arguments from the command line; ValueError says what is wrong."""
+    """serve()'s keyword arguments from the command line, the credentials made where none
+    are given (module doc); ValueError says what is wrong."""
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
-    if args.admin and args.token_file is None:
-        raise ValueError("--admin names a principal of --token-file: give the token file")
+    token_file = args.token_file
+    if args.insecure:
+        if token_file is None and args.admin:
+            raise ValueError("--admin names a principal of --token-file: give the token file")
+    else:
+        if token_file is None:
+            token_file = credentials.token_file(args.credentials_dir)
+        if tls is None and not local_address(args.controller):
+            tls = TlsFiles(*credentials.tls_files(args.credentials_dir, args.controller))
     return {"config": ControllerConfig.with_token_file(
-                args.token_file, hosts_policy=args.hosts_policy, admins=frozenset(args.admin), max_rings=args.max_rings,
-                max_slot_memory=args.max_slot_memory, default_lease_ms=args.lease_ms,
-                max_in_flight=args.max_in_flight, ack_timeout=args.ack_timeout,
-                calls_per_second=args.calls_per_second),
+                token_file, hosts_policy=args.hosts_policy, admins=frozenset(args.admin),
+                max_rings=args.max_rings, max_slot_memory=args.max_slot_memory,
+                default_lease_ms=args.lease_ms, max_in_flight=args.max_in_flight,
+                ack_timeout=args.ack_timeout, calls_per_second=args.calls_per_second,
+                insecure=args.insecure),
             "tls": tls}
 
 
@@ -231,7 +266,9 @@ def run_fabric(args: argparse.Namespace, options: dict[str, Any]) -> int:
         print("switch: --role fabric needs --controller, --spine-controller and a "
               "--tor-controller per ToR", file=sys.stderr)
         return 2
-    token = str(args.token_file) if args.token_file else None
+    token = args.fabric_token_file or args.token_file or (
+        None if args.insecure else credentials.token_file(args.credentials_dir))
+    token = str(token) if token else None
     try:
         tors = [TorClient(j, addr, token) for j, addr in args.tor_controller]
         spine = SpineClient(args.spine_controller, token)
@@ -260,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="switch: %(levelname)s %(name)s: %(message)s")
     try:
         options = controller_options(args) if args.controller else {}
-    except ValueError as e:
+        if args.stats_file:
+            check_directory(args.stats_file.parent)
+    except (ValueError, OSError) as e:      # TokenFileError, PrivateFileError among them
         print(f"switch: {e}", file=sys.stderr)
         return 2
     if args.role == "fabric":
@@ -293,13 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         dp.pipeline = pipeline
         try:
             server, _ = serve(target, args.controller, **options)
-        except OSError as e:
+        except (OSError, ValueError) as e:
             print(f"switch: controller: {e}", file=sys.stderr)
+            dp.close()
             return 1
-        if args.token_file is None:
-            logging.getLogger(__name__).warning(
-                "controller on %s without --token-file: anyone who reaches it can register "
-                "and unregister rings", args.controller)
 
     def counters() -> dict:
         out = {"ports": dp.port_counters(), "mac_table": dp.mac_table_view(),

@@ -19,7 +19,7 @@ from switch.p4 import program as p4program
 from labswitches import bmv2_lab
 from switch.control.bmv2 import Bmv2Target, McGroup, ShellSession, TableEntry, plan_ring
 from switch.control.bmv2_registers import ThriftRegisters
-from switch.control.service import serve
+from switch.control.service import ControllerConfig, serve
 from nr_contract.client import ControllerClient
 from switch.control.target import SoftwareTarget
 from switch.dataplane.ports import format_port_table
@@ -100,7 +100,12 @@ def test_plan_ring_translates_the_spec() -> None:
          ("dest_qp", spec.connections[1].dst_qpn), ("psn0", 20)))
     # rank r's result leaves by its responder's port; the continuation copy rides along
     assert plan.group == McGroup(C.ring_group_base + 2, ((2, 0), (3, 1), (1, 2), (2, C.cont_rid)))
-    assert plan.install_order == (plan.ring, *plan.replicas, *plan.conns)
+    # rank 2's responder (10.77.0.1, port 1) answers rank 2's QP: only from port 1 (rule 2r)
+    assert plan.responses[2] == TableEntry(
+        "NrIngress.response_table", (("src_ip", "10.77.0.1"), ("dst_ip", "10.77.0.3"),
+                                     ("dest_qp", spec.connections[2].src_qpn)),
+        "NrIngress.set_response", (("ring", 2), ("rank", 2), ("port", 1)))
+    assert plan.install_order == (plan.ring, *plan.replicas, *plan.conns, *plan.responses)
 
 
 def test_target_installs_the_flood_group_and_static_macs(target: Bmv2Target,
@@ -125,13 +130,15 @@ def test_register_and_unregister_in_order(target: Bmv2Target, session: FakeSessi
                    "ports": {"10.77.0.1": 1, "10.77.0.2": 2, "10.77.0.3": 3}}
     assert session.log == [("insert", f"group {C.ring_group_base}"),
                            ("insert", "NrIngress.ring_table")] \
-        + [("insert", "NrEgress.replica_table")] * 3 + [("insert", "NrIngress.conn_table")] * 3
+        + [("insert", "NrEgress.replica_table")] * 3 + [("insert", "NrIngress.conn_table")] * 3 \
+        + [("insert", "NrIngress.response_table")] * 3
     assert target.register_ring(make_ring(3), 256) == got          # the same again: no-op
     with pytest.raises(ValueError, match="already registered differently"):
         target.register_ring(make_ring(3), 128)
     session.log.clear()
     target.unregister_ring("ring")
-    assert session.log == [("delete", "NrIngress.conn_table")] * 3 \
+    assert session.log == [("delete", "NrIngress.response_table")] * 3 \
+        + [("delete", "NrIngress.conn_table")] * 3 \
         + [("delete", "NrEgress.replica_table")] * 3 \
         + [("delete", "NrIngress.ring_table"), ("delete", f"group {C.ring_group_base}")]
     assert len(session.entries) == 5 and set(session.groups) == {C.flood_group}
@@ -247,7 +254,7 @@ def test_reth_comes_from_the_register_reader(session: FakeSession) -> None:
 
 
 def test_the_controller_serves_a_bmv2_target(target: Bmv2Target, session: FakeSession) -> None:
-    server, port = serve(target, "127.0.0.1:0")
+    server, port = serve(target, "127.0.0.1:0", config=ControllerConfig(insecure=True))
     try:
         with ControllerClient(f"127.0.0.1:{port}", timeout=5) as client:
             limits = client.ping()["limits"]
@@ -380,6 +387,8 @@ def test_bmv2_lab_stops_the_switch_it_started(tmp_path: Path, monkeypatch: pytes
         f"#!{sys.executable}\nimport os, socket, sys, time\n"
         "host, port = sys.argv[sys.argv.index('--grpc-server-addr') + 1].split(':')\n"
         "s = socket.socket(); s.bind((host, int(port))); s.listen()\n"
+        "thrift = int(sys.argv[sys.argv.index('--thrift-port') + 1])\n"
+        "t = socket.socket(); t.bind(('', thrift)); t.listen()\n"      # every address: as BMv2
         f"open('{tmp_path}/args', 'w').write(' '.join(sys.argv[1:]))\n"
         "time.sleep(60)\n")
     (tmp_path / "simple_switch_grpc").chmod(0o755)

@@ -2,7 +2,9 @@
 limits, Counters, TLS, switch.ctl (the typed API of nr_contract/control.proto)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
 import re
@@ -27,6 +29,7 @@ from switch.control.target import SoftwareTarget, resolve_ports
 from switch.dataplane.pipeline import AggregationPipeline
 
 ROOT = Path(__file__).resolve().parents[1]
+EVERYWHERE = ipaddress.ip_network("0.0.0.0/0")
 
 PORT_COUNTERS = {1: {"ifname": "p1", "rx_packets": 3, "tx_packets": 4}}
 ALICE = "alice-secret-0123456789"
@@ -35,16 +38,28 @@ BOB = "bob-secret-0123456789abc"
 Start = Callable[..., tuple[str, AggregationPipeline]]
 
 
+def config_of(**config) -> ControllerConfig:
+    """ControllerConfig(**config), insecure when it names no tokens, and with a hosts policy
+    letting every principal use every address when it names several and no policy."""
+    if "tokens" not in config:
+        config.setdefault("insecure", True)
+    elif len(set(config["tokens"].values())) > 1:
+        config.setdefault("hosts_policy", {who: (EVERYWHERE,)
+                                           for who in config["tokens"].values()})
+    return ControllerConfig(**config)
+
+
 @pytest.fixture
 def start() -> Iterator[Start]:
-    """start(hosts=3, **ControllerConfig fields) -> (address, pipeline) of a controller."""
+    """start(hosts=3, **ControllerConfig fields) -> (address, pipeline) of a controller
+    (config_of: insecure without tokens)."""
     servers = []
 
     def run(hosts: int = 3, tls: TlsFiles | None = None, **config) -> tuple[str, AggregationPipeline]:
         pipeline = AggregationPipeline()
         target = SoftwareTarget(pipeline, mac_ports(hosts).get, lambda: PORT_COUNTERS,
                                 lambda: {"pipeline_errors": 0})
-        server, port = serve(target, "127.0.0.1:0", config=ControllerConfig(**config), tls=tls)
+        server, port = serve(target, "127.0.0.1:0", config=config_of(**config), tls=tls)
         servers.append(server)
         return f"127.0.0.1:{port}", pipeline
     yield run
@@ -284,20 +299,27 @@ def test_calls_without_credentials_change_nothing(start: Start, tokens: dict[str
         assert got["switch"]["refused_unauthenticated"] == 8
 
 
-def test_only_the_owner_renews_or_unregisters(start: Start, tokens: dict[str, Path]) -> None:
+def test_another_principals_ring_is_answered_as_an_absent_one(start: Start,
+                                                               tokens: dict[str, Path]) -> None:
+    """Only the owner renews, unregisters or reads a ring; to anyone else it is NOT_FOUND
+    worded as a ring that does not exist (issue 39: PERMISSION_DENIED told bob that alice
+    had a ring of that id, and named her); registering its id is refused without a name."""
     addr, pipeline = start(tokens={ALICE: "alice", BOB: "bob"})
     with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
             ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
         alice.register_ring(make_ring(2))
-        for call in (lambda: bob.unregister_ring("ring"), lambda: bob.renew_lease("ring"),
-                     lambda: bob.register_ring(make_ring(2))):
-            assert refused(call) == ("PERMISSION_DENIED",
-                                     "ring ring belongs to principal 'alice', not 'bob'")
+        for rid in ("ring", "nosuch"):
+            for call in (lambda: bob.unregister_ring(rid), lambda: bob.renew_lease(rid),
+                         lambda: bob.counters(rid)):
+                assert refused(call) == ("NOT_FOUND", f"ring {rid} is not registered")
+        assert refused(lambda: bob.register_ring(make_ring(2))) == (
+            "FAILED_PRECONDITION", "ring ring: this ring id is taken: choose another")
         assert list(pipeline.counters()) == ["ring"]
         assert alice.counters()["leases"]["ring"]["owner"] == "alice"
         assert alice.renew_lease("ring") == {"ring_id": "ring", "lease_ms": 15000}
         assert alice.unregister_ring("ring") == {"ring_id": "ring"}
-        assert bob.counters()["switch"]["refused_permission"] == 3
+        switch = bob.counters()["switch"]
+        assert (switch["refused_not_found"], switch["refused_permission"]) == (6, 0)
 
 
 def test_counters_show_a_ring_only_to_its_owner_and_the_admins(
@@ -321,8 +343,8 @@ def test_counters_show_a_ring_only_to_its_owner_and_the_admins(
         seen = bob.counters()
         assert (seen["rings"], seen["leases"]) == ({}, {})
         assert seen["switch"]["rings_registered"] == 1 and seen["ports"]
-        assert refused(lambda: bob.counters("ring")) == (
-            "PERMISSION_DENIED", "ring ring belongs to principal 'alice', not 'bob'")
+        assert refused(lambda: bob.counters("ring")) == ("NOT_FOUND",
+                                                         "ring ring is not registered")
         every = admin.counters()
         assert every["leases"]["ring"]["owner"] == "alice"
         assert every["rings"]["ring"]["connections"][0]["reth"]["va"] == 0xDEAD0000
@@ -433,7 +455,7 @@ def test_counters_stay_under_the_message_limit_at_max_rings() -> None:
     hosts = 32
     service = ControllerService(
         SoftwareTarget(AggregationPipeline(), mac_ports(hosts).get),
-        ControllerConfig(max_rings=1024, max_slot_memory=0))
+        ControllerConfig(max_rings=1024, max_slot_memory=0, insecure=True))
     owner = "o" * 64
     t0 = time.monotonic()
     for i in range(1024):
@@ -458,7 +480,30 @@ def test_counters_stay_under_the_message_limit_at_max_rings() -> None:
 def test_serve_on_a_foreign_address_is_an_os_error() -> None:
     target = SoftwareTarget(AggregationPipeline(), mac_ports(1).get)
     with pytest.raises(OSError, match="cannot listen on 192.0.2.1:50051"):
-        serve(target, "192.0.2.1:50051")
+        serve(target, "192.0.2.1:50051", config=ControllerConfig(insecure=True))
+
+
+@pytest.mark.parametrize("addr", ["192.0.2.1:50051", "127.attacker.example:50051",
+                                  "[::]:50051", "0.0.0.0:50051"])
+def test_a_controller_serves_clear_text_to_the_network_only_if_insecure(
+        tokens: dict[str, Path], addr: str) -> None:
+    target = SoftwareTarget(AggregationPipeline(), mac_ports(1).get)
+    config = ControllerConfig.with_token_file(tokens["alice"])
+    with pytest.raises(ValueError, match=f"controller on {re.escape(addr)}: clear text on an "
+                                         "address other hosts reach: give a TLS certificate"):
+        serve(target, addr, config=config)
+
+
+def test_a_controller_asks_credentials_unless_insecure(tokens: dict[str, Path]) -> None:
+    """No token file: refused unless insecure (issue 39: every caller was `anonymous`, read
+    every ring's R_Key and removed any ring); two principals: a hosts policy is needed."""
+    with pytest.raises(ValueError, match="no credentials: give the controller a token file"):
+        ControllerConfig()
+    assert ControllerConfig(insecure=True).tokens is None
+    with pytest.raises(ValueError, match="2 principals but no hosts policy"):
+        ControllerConfig.with_token_file(tokens["switch"])
+    with pytest.raises(ValueError, match="principal.s. carol not in the token file"):
+        ControllerConfig(tokens={ALICE: "alice"}, hosts_policy={"carol": (EVERYWHERE,)})
 
 
 def test_config_limits_are_checked() -> None:
@@ -585,27 +630,69 @@ def test_token_file_entries(tmp_path: Path) -> None:
         read_token_file(tmp_path / "missing")
 
 
-def test_a_token_in_the_clear_to_a_remote_controller_is_warned_about_once(
-        tokens: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("addr,local", [
+    ("127.0.0.1:1", True), ("127.9.9.9:1", True), ("localhost:1", True), ("[::1]:1", True),
+    ("unix:/tmp/nr.sock", True), ("192.0.2.7:50051", False), ("[2001:db8::1]:1", False),
+    ("127.attacker.example:50051", False), ("localhost.example:1", False)])
+def test_local_addresses_are_loopback_ips_localhost_and_unix_sockets(addr: str,
+                                                                     local: bool) -> None:
+    from nr_contract.client import local_address
+    assert local_address(addr) is local
+
+
+def test_a_client_refuses_clear_text_to_a_remote_controller_unless_told(
+        tokens: dict[str, Path], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: a client without a CA file sent its secret in the clear to any address
+    (only a warning), to `127.attacker.example` without even that."""
     import nr_contract.client as client_module
     client_module._warned_plaintext.clear()
+    monkeypatch.delenv("NR_CONTROLLER_INSECURE", raising=False)
+    for addr in ("127.0.0.1:1", "unix:/tmp/nr.sock"):
+        ControllerClient(addr, token_file=tokens["alice"]).close()
+    for addr in ("192.0.2.7:50051", "127.attacker.example:50051"):
+        with pytest.raises(ControllerError, match=f"controller at {re.escape(addr)}: no CA "
+                                                  "file to speak TLS with"):
+            ControllerClient(addr, token_file=tokens["alice"])
     with caplog.at_level(logging.WARNING, logger="nr_contract.client"):
-        for addr in ("127.0.0.1:1", "unix:/tmp/nr.sock", "192.0.2.7:50051", "192.0.2.7:50051"):
-            ControllerClient(addr, token_file=tokens["alice"]).close()
-        ControllerClient("192.0.2.8:50051").close()          # no token: nothing to leak
+        ControllerClient("192.0.2.7:50051", token_file=tokens["alice"], insecure=True).close()
+        monkeypatch.setenv("NR_CONTROLLER_INSECURE", "1")
+        ControllerClient("192.0.2.7:50051", token_file=tokens["alice"]).close()
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and warned[0].startswith(
-        "controller 192.0.2.7:50051: the token's secret goes in the clear"), warned
+        "controller 192.0.2.7:50051: INSECURE, clear text"), warned
 
 
 class SlowTarget(SoftwareTarget):
-    """A software target whose registrations take `delay` s: a fabric whose ToR is slow."""
+    """A software target whose registrations take `register_delay` s (a fabric whose ToR is
+    slow) and whose Counters take `counters_delay` s (a BMv2 switch's under load: registers
+    over Thrift; or a fabric's: every ToR and the spine asked in turn)."""
 
-    delay = 0.0
+    register_delay = 0.0
+    counters_delay = 0.0
 
     def register_ring(self, spec, slots):  # type: ignore[no-untyped-def]
-        time.sleep(self.delay)
+        time.sleep(self.register_delay)
         return super().register_ring(spec, slots)
+
+    def counters(self):  # type: ignore[no-untyped-def]
+        time.sleep(self.counters_delay)
+        return super().counters()
+
+
+@contextlib.contextmanager
+def alice_and_bob(target: SoftwareTarget, tokens: dict[str, Path]
+                  ) -> Iterator[tuple[ControllerClient, ControllerClient]]:
+    """Clients of principals alice and bob of a controller over `target` (4 hosts each)."""
+    server, port = serve(target, "127.0.0.1:0",
+                         config=config_of(tokens={ALICE: "alice", BOB: "bob"}))
+    addr = f"127.0.0.1:{port}"
+    try:
+        with ControllerClient(addr, timeout=10, token_file=tokens["alice"]) as alice, \
+                ControllerClient(addr, timeout=10, token_file=tokens["bob"]) as bob:
+            yield alice, bob
+    finally:
+        server.stop()
 
 
 def test_a_slow_target_stalls_no_other_tenants_renewals(tokens: dict[str, Path]) -> None:
@@ -613,37 +700,65 @@ def test_a_slow_target_stalls_no_other_tenants_renewals(tokens: dict[str, Path])
     (lease 300 ms) at once and its lease never lapses; the same ring's second registration
     meanwhile is ABORTED (busy), not queued behind the first."""
     target = SlowTarget(AggregationPipeline(), mac_ports(4).get)
-    server, port = serve(target, "127.0.0.1:0",
-                         config=ControllerConfig(tokens={ALICE: "alice", BOB: "bob"}))
-    addr = f"127.0.0.1:{port}"
-    try:
-        with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \
-                ControllerClient(addr, timeout=5, token_file=tokens["bob"]) as bob:
-            bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
-                              lease_ms=300)
-            target.delay = 1.5
-            slow = threading.Thread(target=alice.register_ring, args=(make_ring(2),))
-            slow.start()
-            time.sleep(0.2)
-            assert refused(lambda: alice.register_ring(make_ring(2)))[0] == "ABORTED"
-            worst = 0.0
-            while slow.is_alive():
-                t0 = time.monotonic()
-                bob.renew_lease("bobs")
-                worst = max(worst, time.monotonic() - t0)
-                time.sleep(0.1)
-            assert worst < 0.5, worst
-            got = bob.counters()
-            assert "bobs" in got["rings"] and got["switch"]["leases_expired"] == 0
-            assert list(alice.counters()["rings"]) == ["ring"]
-    finally:
-        server.stop()
+    with alice_and_bob(target, tokens) as (alice, bob):
+        bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
+                          lease_ms=300)
+        target.register_delay = 1.5
+        slow = threading.Thread(target=alice.register_ring, args=(make_ring(2),))
+        slow.start()
+        time.sleep(0.2)
+        assert refused(lambda: alice.register_ring(make_ring(2)))[0] == "ABORTED"
+        worst = 0.0
+        while slow.is_alive():
+            t0 = time.monotonic()
+            bob.renew_lease("bobs")
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.1)
+        assert worst < 0.5, worst
+        got = bob.counters()
+        assert "bobs" in got["rings"] and got["switch"]["leases_expired"] == 0
+        assert list(alice.counters()["rings"]) == ["ring"]
+
+
+def test_one_tenants_slow_calls_delay_neither_anothers_registration_nor_a_lease_expiry(
+        tokens: dict[str, Path]) -> None:
+    """Issue 39: one lock held across every call to the target let alice's Counters polling
+    slow bob's RegisterRing 60x and a 300 ms lease lapse after 5 s. The bound now: while
+    alice keeps two Counters calls of 2 s each at the target (her share: a third is refused
+    at once), bob's RegisterRing takes under 0.5 s and his 300 ms lease is off the data
+    plane within 0.3 + 0.5 s of its registration."""
+    target = SlowTarget(AggregationPipeline(), mac_ports(4).get)
+    with alice_and_bob(target, tokens) as (alice, bob):
+        alice.register_ring(make_ring(2))
+        target.counters_delay = 2.0
+        polls = [threading.Thread(target=alice.counters) for _ in range(2)]
+        for t in polls:
+            t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        code, message = refused(alice.counters)
+        assert (code, time.monotonic() - t0 < 0.5) == ("RESOURCE_EXHAUSTED", True)
+        assert message == ("principal 'alice': 2 calls at the target already (the "
+                           "controller's limit per principal): wait for one to end")
+        t0 = time.monotonic()
+        bob.register_ring(make_ring(2, ring_id="bobs", hosts=[2, 3], qpn_base=300),
+                          lease_ms=300)
+        registered = time.monotonic() - t0
+        while "bobs" in target.pipeline.counters() and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        freed = time.monotonic() - t0
+        for t in polls:
+            t.join()
+        assert registered < 0.5 and freed < 0.8, (registered, freed)
+        assert list(target.pipeline.counters()) == ["ring"]
+        print(f"bob registered in {registered * 1000:.0f} ms, his 300 ms lease freed "
+              f"{freed * 1000:.0f} ms after he asked, alice's 2 s Counters at the target")
 
 
 def test_each_principal_has_its_own_rate_limit(tokens: dict[str, Path]) -> None:
     server, port = serve(SoftwareTarget(AggregationPipeline(), mac_ports(3).get), "127.0.0.1:0",
-                         config=ControllerConfig(tokens={ALICE: "alice", BOB: "bob"},
-                                                 calls_per_second=5))
+                         config=config_of(tokens={ALICE: "alice", BOB: "bob"},
+                                          calls_per_second=5))
     addr = f"127.0.0.1:{port}"
     try:
         with ControllerClient(addr, timeout=5, token_file=tokens["alice"]) as alice, \

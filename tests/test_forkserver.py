@@ -303,3 +303,41 @@ def test_ranks_forked_from_a_server_that_imported_torch_run_gloo(tmp_path: Path)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=10)
+
+
+FOREIGN_SERVER = """\
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+os.setuid(65534)                  # listens as nobody: SO_PEERCRED names the listener's uid
+s.listen(1)
+print("listening", flush=True)
+conn, _ = s.accept()
+conn.settimeout(3)
+got = b""
+try:
+    while chunk := conn.recv(65536):
+        got += chunk
+except OSError:
+    pass
+print("received", len(got), b"hunter2-job-secret" in got, flush=True)
+"""
+
+
+def test_a_client_asks_only_a_fork_server_of_its_own_user(tmp_path: Path) -> None:
+    """Issue 39: a client sent its request, the rank's environment and the job's secret
+    with it, to whatever listened at the socket path; another user's process there got them."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a server of another uid)")
+    sock = tmp_path / "local.sock"
+    server = subprocess.Popen([PY, "-c", FOREIGN_SERVER, str(sock)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+        with pytest.raises(PermissionError, match="runs as uid 65534, not as this user"):
+            F.WarmProcess(str(sock), [PY, "-c", "pass"], {"NR_JOB_SECRET": "hunter2-job-secret"},
+                          connect_timeout=5)
+        assert server.stdout.readline().split() == ["received", "0", "False"]
+    finally:
+        server.kill()
+        server.wait()

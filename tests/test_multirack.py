@@ -18,7 +18,7 @@ from scapy.packet import Raw
 from fabricsim import SPINE, UPLINK, Faults, Sim, tor_endpoint
 from roce_layers import WRITE_ONLY, make_ring, wrapping_sum, write_frame
 from switch.dataplane import interswitch
-from switch.control.service import serve
+from switch.control.service import ControllerConfig, serve
 from nr_contract.client import ControllerClient, ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.dataplane.interswitch import Corrupt, Kind, ring_tag
@@ -316,7 +316,7 @@ def test_a_refusal_by_the_spine_rolls_back_every_tor() -> None:
 
 def test_fabric_controller_over_grpc() -> None:
     target, tors, _ = fabric([[0, 1], [2]])
-    server, port = serve(target, "127.0.0.1:0")
+    server, port = serve(target, "127.0.0.1:0", config=ControllerConfig(insecure=True))
     try:
         with ControllerClient(f"127.0.0.1:{port}") as client:
             assert client.ping()["target"] == "fabric"

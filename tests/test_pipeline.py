@@ -180,9 +180,23 @@ def test_traffic_the_switch_was_not_told_about_is_forwarded() -> None:
         write_frame(other_qp, 0, WRITE_ONLY, payload(0, 256)),
         write_frame(stranger, 0, WRITE_ONLY, payload(0, 256)),
     ]
-    for f in frames:
-        assert rig.send(f, lab_port(0)) == (False, [])
+    ports = [lab_port(1)] + [lab_port(0)] * 4      # the ACK from its responder's port
+    for f, port in zip(frames, ports):
+        assert rig.send(f, port) == (False, [])
     assert rig.conn_counters(0) == dict.fromkeys(CONN_COUNTERS, 0)
+
+
+def test_a_response_from_another_port_than_the_responders_is_dropped() -> None:
+    rig = Rig(make_ring(3))
+    c = rig.spec.connections[0]
+    ack = raw(Ether(src=c.dst_mac, dst=c.src_mac) / IP(src=c.dst_ip, dst=c.src_ip)
+              / UDP(sport=0xC001, dport=4791, chksum=0) / BTH(opcode=0x11, dqpn=c.src_qpn, psn=5)
+              / AETH(syndrome=0x1F, msn=1))
+    assert rig.send(ack, lab_port(1)) == (False, [])       # rank 1 is rank 0's responder
+    assert rig.send(ack, lab_port(0)) == (True, [])
+    assert rig.send(ack, lab_port(2)) == (True, [])
+    assert rig.conn_counters(0)["drop_wrong_port"] == 2
+    assert rig.conn_counters(0)["packets"] == 2
 
 
 def test_packet_from_the_wrong_port_is_dropped() -> None:

@@ -24,6 +24,10 @@ Invariants:
 - Only the server's own user may use it: the socket is created mode 0600 and every
   connection's peer credentials (SO_PEERCRED) are checked; a request is at most
   `MAX_REQUEST` bytes and must arrive within `REQUEST_TIMEOUT` s, else it is refused.
+  Likewise a client (`WarmProcess`) speaks only to a server of its own user: before it sends
+  anything (a request carries the rank's environment, the job's secret with it) it checks
+  the listening process's uid (SO_PEERCRED) and refuses another's (`PermissionError`: the
+  launcher then starts the rank cold).
 - A request may name the network namespace its command must run in (/run/netns/NAME). A
   server in another one refuses it; a server started with `--enter-netns` (one server
   for every host of a launch: a costly preload, e.g. torch, paid once instead of once per
@@ -373,6 +377,10 @@ class WarmProcess:
         devnull = os.open(os.devnull, os.O_RDONLY)
         try:
             self._conn.connect(socket_path)
+            _, uid, _ = _peer_credentials(self._conn)
+            if uid != os.geteuid():
+                raise PermissionError(f"the fork server at {socket_path} runs as uid {uid}, "
+                                      f"not as this user ({os.geteuid()}): not asked")
             data = json.dumps({"argv": list(argv), "env": dict(env),
                                "cwd": cwd or os.getcwd(), "netns": netns}).encode()
             self._conn.sendmsg([_HEADER.pack(len(data))],

@@ -3,7 +3,9 @@
 A ring registration becomes, in install order: the ring's multicast group (one replica
 per rank r on the port of its responder, rid r, plus the continuation replica), its
 ring_table entry (epoch, N - 1, full bitmap), one replica_table entry per rank (egress
-rewrite) and one conn_table entry per connection; unregistering removes them in reverse.
+rewrite), one conn_table entry per connection and one response_table entry per connection
+(its responder's answers pass only from the responder's port, rule 2r); unregistering
+removes them in reverse.
 `plan_ring` computes all of it as plain data (unit-tested without BMv2); a `Session`
 writes it. `ShellSession` is the real one, over p4runtime-shell (the optional extra
 `bmv2`, imported only when a session is opened).
@@ -53,12 +55,13 @@ class RingPlan:
     ring: TableEntry
     replicas: tuple[TableEntry, ...]
     conns: tuple[TableEntry, ...]
+    responses: tuple[TableEntry, ...]
 
     @property
     def install_order(self) -> tuple[TableEntry, ...]:
-        """Ring, then replicas, then connections: a packet matches a connection only
-        once everything it needs is in place."""
-        return (self.ring, *self.replicas, *self.conns)
+        """Ring, then replicas, then connections and their responses: a packet matches a
+        connection only once everything it needs is in place."""
+        return (self.ring, *self.replicas, *self.conns, *self.responses)
 
 
 def check_bmv2_ring(spec: RingSpec, slots: int, c: Contract) -> None:
@@ -94,10 +97,16 @@ def plan_ring(spec: RingSpec, ports: dict[str, int], slots: int, index: int, epo
                    (("ring", index), ("rank", x.rank), ("psn0", x.psn0),
                     ("in_port", ports[x.src_ip]), ("out_port", ports[x.dst_ip])))
         for x in conns)
+    responses = tuple(
+        TableEntry("NrIngress.response_table",
+                   (("src_ip", x.dst_ip), ("dst_ip", x.src_ip), ("dest_qp", x.src_qpn)),
+                   "NrIngress.set_response",
+                   (("ring", index), ("rank", x.rank), ("port", ports[x.dst_ip])))
+        for x in conns)
     group = McGroup(c.ring_group_base + index,
                     tuple((ports[x.dst_ip], x.rank) for x in conns)
                     + ((ports[conns[0].dst_ip], c.cont_rid),))
-    return RingPlan(group, ring, replicas, conn_entries)
+    return RingPlan(group, ring, replicas, conn_entries, responses)
 
 
 def l2_entry(mac: str, port: int, ingress: str = "NrIngress") -> TableEntry:
@@ -310,12 +319,19 @@ class Bmv2Target(Bmv2Device, Target):
         return result
 
     def _check_free_connections(self, spec: RingSpec) -> None:
+        """ValueError unless every conn_table and response_table key of `spec` is free."""
+        answers = {(x.dst_ip, x.src_ip, x.src_qpn) for x in spec.connections}
+        if len(answers) != spec.world_size:
+            raise ValueError(f"ring {spec.ring_id}: two connections from one host and QPN "
+                             "to the same responder")
         mine = {(x.src_ip, x.dst_ip, x.dst_qpn) for x in spec.connections}
         for ring in self._rings.values():
             for x in ring.spec.connections:
-                if (x.src_ip, x.dst_ip, x.dst_qpn) in mine:
-                    raise ValueError(f"connection {x.src_ip} -> {x.dst_ip} DestQP {x.dst_qpn} "
-                                     f"is already registered by ring {ring.spec.ring_id}")
+                if (x.src_ip, x.dst_ip, x.dst_qpn) in mine \
+                        or (x.dst_ip, x.src_ip, x.src_qpn) in answers:
+                    raise ValueError(f"connection {x.src_ip} -> {x.dst_ip} (QPN {x.src_qpn} -> "
+                                     f"DestQP {x.dst_qpn}) is already registered by ring "
+                                     f"{ring.spec.ring_id}")
 
     def unregister_ring(self, ring_id: str) -> None:
         self._unregister(self._rings, ring_id, "")

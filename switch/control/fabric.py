@@ -168,7 +168,10 @@ def tier_counters(switches: dict[str, dict[str, Any]]) -> dict[str, int]:
 
 
 class FabricTarget(Target):
-    """The controller's Target for a ToR/spine fabric (see the module doc)."""
+    """The controller's Target for a ToR/spine fabric (see the module doc).
+
+    Takes concurrent calls for different rings (the controller's contract, `Target`):
+    `_lock` guards the map of rings and is never held across a call to a switch."""
 
     name = "fabric"
 
@@ -182,6 +185,7 @@ class FabricTarget(Target):
         self._reports: dict[str, str] = {}      # ring id -> which switch lost it, and why
         self.unregister_failures = 0            # switches that did not confirm a removal
         self._reports_lock = threading.Lock()
+        self._lock = threading.Lock()
         for switch in [*tors, spine]:
             switch.on_lost(lambda rid, why, name=switch.name: self._report_lost(rid, name, why))
 
@@ -195,7 +199,8 @@ class FabricTarget(Target):
         too (the controller drops their leases: the job learns it at its next renewal)."""
         with self._reports_lock:
             reports, self._reports = self._reports, {}
-        lost = {rid: why for rid, why in reports.items() if rid in self._rings}
+        with self._lock:
+            lost = {rid: why for rid, why in reports.items() if rid in self._rings}
         for rid, why in lost.items():
             log.warning("ring %s: %s: removing it from the whole fabric", rid, why)
             self.unregister_ring(rid)
@@ -220,7 +225,8 @@ class FabricTarget(Target):
 
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
         placement = self.place(spec)
-        old = self._rings.get(spec.ring_id)
+        with self._lock:
+            old = self._rings.get(spec.ring_id)
         if old is not None:
             if old != (spec, slots, placement):
                 raise ValueError(f"ring {spec.ring_id} is already registered differently")
@@ -241,7 +247,8 @@ class FabricTarget(Target):
                 self._roll_back(spec.ring_id, done)
                 raise
             done.append(switch)
-        self._rings[spec.ring_id] = (spec, slots, placement)
+        with self._lock:
+            self._rings[spec.ring_id] = (spec, slots, placement)
         return self._reply(spec, slots, placement)
 
     @staticmethod
@@ -259,9 +266,11 @@ class FabricTarget(Target):
                 log.exception("ring %s: rollback on %s failed", ring_id, switch.name)
 
     def unregister_ring(self, ring_id: str) -> None:
-        if ring_id not in self._rings:
+        with self._lock:
+            ring = self._rings.pop(ring_id, None)
+        if ring is None:
             raise KeyError(f"ring {ring_id} is not registered")
-        _, _, placement = self._rings.pop(ring_id)
+        _, _, placement = ring
         switches: list[TorControl | SpineControl] = [self.tors[t] for t in placement.tor_ids]
         if len(placement.tor_ids) > 1:
             switches.append(self.spine)
@@ -286,13 +295,17 @@ class FabricTarget(Target):
         API's string map to the hosts). Ports are numbered 1.. over the
         fabric, switch by switch; each says which switch and port it is in `ifname`
         ('tor0:3'; a ToR's uplink is 'tor0:uplink': the ToR-spine links are the uplinks)."""
+        with self._lock:
+            registered = dict(self._rings)
         per_switch = {s.name: s.counters() for s in [*self.tors.values(), self.spine]}
         rings = {}
-        for rid, (spec, slots, placement) in self._rings.items():
-            tors = [per_switch[self.tors[t].name]["rings"][rid] for t in placement.tor_ids]
+        for rid, (spec, slots, placement) in registered.items():
             names = [self.tors[t].name for t in placement.tor_ids]
             if len(names) > 1:
                 names.append(self.spine.name)
+            if any(rid not in per_switch[n]["rings"] for n in names):
+                continue                 # being unregistered meanwhile
+            tors = [per_switch[n]["rings"][rid] for n in names[:len(placement.tor_ids)]]
             switches = {n: per_switch[n]["rings"][rid] for n in names}
             rings[rid] = {"world_size": spec.world_size, "slots": slots,
                           "next_emit": min(t["next_emit"] for t in tors),

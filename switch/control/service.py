@@ -7,11 +7,16 @@ gRPC status naming the field or limit (see the proto's header); anything unexpec
 INTERNAL, logged once per method and exception type. Invariants: no request reaches a
 Target unvalidated; a refused call changes nothing; every registered ring has exactly one
 lease, owned by the principal that registered it, and a lapsed lease unregisters its ring
-(`leases_expired`); the rings and their aggregator memory stay within `ControllerConfig`.
-The controller never touches packets.
+(`leases_expired`); the rings and their aggregator memory stay within `ControllerConfig`;
+a ring another principal owns is answered exactly as a ring that does not exist (NOT_FOUND,
+the same message), and an unauthenticated Ping says nothing of the rings in use; no lock
+of the controller is held across a call to the target, and one principal has at most
+`ControllerConfig.target_calls` calls at the target at once, so its slow calls neither hold
+another principal's nor the lease reaper's. The controller never touches packets.
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import logging
@@ -21,7 +26,7 @@ import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import grpc
 
@@ -30,6 +35,7 @@ from switch.control import validate
 from nr_contract.client import DEFAULT_ADDR, local_address
 from nr_contract.tokens import HostsPolicy, read_hosts_policy, read_token_file
 from nr_contract.spec import DEFAULT_SLOTS, MAX_ACK_TIMEOUT, RXE_MAX_INFLIGHT, RingSpec
+from switch.control.quotas import RateLimit, TargetTurns
 from switch.control.target import FabricSwitchTarget, Target, slot_memory
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Controller"].full_name
@@ -44,18 +50,28 @@ MAX_REMEMBERED_LOSSES = 1024      # lost rings whose reason a renewal's NOT_FOUN
 FAILED_LOGINS = 10                 # wrong secrets from one peer address within ...
 FAILED_LOGIN_WINDOW = 60.0         # ... this many seconds: its calls are refused for as long
 DEFAULT_CALLS_PER_SECOND = 50.0    # per principal (bursts of twice that)
-ANONYMOUS = "anonymous"            # the principal of every call when no token file is given
+DEFAULT_TARGET_CALLS = 2           # per principal: its calls at the target at once
+DEFAULT_WORKERS = 16               # gRPC worker threads (> DEFAULT_TARGET_CALLS x tenants)
+FREE_WORKERS = 4                   # threads that unregister lapsed rings, each on its own
+ANONYMOUS = "anonymous"            # the principal of every call of an insecure controller
+TARGET_METHODS = frozenset({"RegisterRing", "UnregisterRing", "Counters"})
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """What the switch's command line configures about its controller."""
+    """What the switch's command line configures about its controller.
 
-    tokens: Optional[dict[str, str]] = None      # secret -> principal; None: no credentials
+    Invariant (secure by default): without `insecure`, a config has credentials (`tokens`)
+    and, when they name two principals or more, a hosts policy that binds each principal to
+    its hosts (nobody's hosts are first come, first served); `insecure` is the one way to
+    a controller that asks for no credentials (every caller is ANONYMOUS)."""
+
+    tokens: Optional[dict[str, str]] = None      # secret -> principal; None: only if insecure
     # principals that see every ring in Counters; any other sees its own rings only
     admins: frozenset[str] = frozenset()
-    # principal -> the host addresses its rings may use (None: any address)
+    # principal -> the host addresses its rings may use (None: one principal, any address)
     hosts_policy: Optional[HostsPolicy] = None
+    insecure: bool = False        # no credentials asked, clear text anywhere: said in so many words
     max_rings: int = DEFAULT_MAX_RINGS
     max_slot_memory: int = DEFAULT_MAX_SLOT_MEMORY   # bytes; 0: no limit
     default_lease_ms: int = DEFAULT_LEASE_MS
@@ -63,8 +79,11 @@ class ControllerConfig:
     max_in_flight: int = 0        # the target's pace (TargetLimits); 0: no requirement
     ack_timeout: int = 0
     calls_per_second: float = DEFAULT_CALLS_PER_SECOND    # per principal; 0: no limit
+    target_calls: int = DEFAULT_TARGET_CALLS     # per principal, at the target at once
 
     def __post_init__(self) -> None:
+        if self.target_calls < 1:
+            raise ValueError(f"target_calls {self.target_calls} is not at least 1")
         if not 0 <= self.calls_per_second <= 1e6:
             raise ValueError(f"calls_per_second {self.calls_per_second} is not in 0..1e6")
         if not 1 <= self.max_rings <= MAX_RINGS_CEILING:
@@ -84,6 +103,23 @@ class ControllerConfig:
         if not validate.MIN_LEASE_MS <= self.default_lease_ms <= validate.MAX_LEASE_MS:
             raise ValueError(f"default lease {self.default_lease_ms} ms is not in "
                              f"{validate.MIN_LEASE_MS}..{validate.MAX_LEASE_MS}")
+        self._check_credentials()
+
+    def _check_credentials(self) -> None:
+        """The invariant of the class doc; ValueError says what is missing."""
+        if self.tokens is None and not self.insecure:
+            raise ValueError("no credentials: give the controller a token file (or run it "
+                             "insecure, in so many words)")
+        principals = set((self.tokens or {}).values())
+        if len(principals) > 1 and self.hosts_policy is None and not self.insecure:
+            raise ValueError(f"{len(principals)} principals but no hosts policy: each "
+                             "principal's hosts must be named (--hosts-policy FILE, lines "
+                             "'PRINCIPAL NET [NET ...]'), else any of them could take "
+                             "another's hosts first")
+        strangers = set(self.hosts_policy or {}) - principals
+        if self.tokens is not None and strangers:
+            raise ValueError(f"hosts policy: principal(s) {', '.join(sorted(strangers))} not "
+                             "in the token file")
 
     @classmethod
     def with_token_file(cls, token_file: Optional[str | Path],
@@ -131,37 +167,18 @@ class Lease:
     hosts: frozenset[str] = frozenset()    # the ranks' addresses: held by `owner` alone
 
 
-class RateLimit:
-    """A token bucket per principal: `rate` calls per second, bursts of 2 x rate
-    (0: no limit). Invariant: a principal's calls beyond it are refused, others' are not."""
-
-    def __init__(self, rate: float, clock: Callable[[], float]):
-        self.rate = rate
-        self.clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}    # principal -> (tokens, when)
-
-    def take(self, principal: str) -> bool:
-        if not self.rate:
-            return True
-        now = self.clock()
-        tokens, when = self._buckets.get(principal, (2 * self.rate, now))
-        tokens = min(2 * self.rate, tokens + (now - when) * self.rate)
-        ok = tokens >= 1
-        self._buckets[principal] = (tokens - 1 if ok else tokens, now)
-        return ok
-
-
 class ControllerService:
     """The RPC handlers over a Target (see the module doc).
 
-    Two locks, never one inside the other's wait: `_lock` guards the leases and counts and
-    is never held across a call to the target (a fabric's target calls other switches, up
-    to their timeouts: a slow switch must not stall other tenants' renewals); `_target_lock`
-    serialises the calls to the target (targets need not be thread-safe). A ring being
-    registered or unregistered holds a busy lease meanwhile (`Lease.busy`).
+    One lock, `_lock`: it guards the leases and counts and is never held across a call to
+    the target (a fabric's target calls other switches, up to their timeouts; a BMv2 one
+    reads counters for seconds under load). Targets take concurrent calls for different
+    rings (`Target`); a ring being registered or unregistered holds a busy lease meanwhile
+    (`Lease.busy`), so no two calls for one ring reach the target at once. The lease reaper
+    marks lapsed rings at once and unregisters each on a thread of its own (`_freeing`).
     """
 
-    def __init__(self, target: Target, config: ControllerConfig = ControllerConfig(),
+    def __init__(self, target: Target, config: ControllerConfig,
                  clock: Callable[[], float] = time.monotonic):
         self.target = target
         self.config = config
@@ -169,8 +186,11 @@ class ControllerService:
         self.leases: dict[str, Lease] = {}
         self.counts = dict.fromkeys(OWN_COUNTERS, 0)
         self._lock = threading.Lock()
-        self._target_lock = threading.Lock()
-        self._lost_why: dict[str, str] = {}     # ring id -> why the target lost it (recent)
+        # ring id -> (its owner, why the target lost it), recent losses only
+        self._lost_why: dict[str, tuple[str, str]] = {}
+        self._turns = TargetTurns(config.target_calls)
+        self._freeing = futures.ThreadPoolExecutor(FREE_WORKERS, "lease-free")
+        self._frees: list[futures.Future[None]] = []     # lapsed rings' removals under way
         self._rate = RateLimit(config.calls_per_second, clock)
         self._failed_logins: dict[str, list[float]] = {}   # peer address -> recent failures
         self._logged: set[tuple[str, str]] = set()
@@ -179,6 +199,7 @@ class ControllerService:
 
     # -- limits, credentials, ownership -------------------------------------------------
     def limits(self) -> dict[str, Any]:
+        """The TargetLimits fields (free_rings: rings of every principal counted)."""
         mine = self.target.limits()
         max_rings = min(self.config.max_rings, mine.get("max_rings", self.config.max_rings))
         return {"path_mtus": list(mine["path_mtus"]), "max_slots": mine["max_slots"],
@@ -190,7 +211,8 @@ class ControllerService:
                 "ack_timeout": self.config.ack_timeout}
 
     def authenticate(self, context: grpc.ServicerContext) -> str:
-        """The caller's principal; UNAUTHENTICATED unless it sent a secret of the file."""
+        """The caller's principal; UNAUTHENTICATED unless it sent a secret of the file (or
+        the controller is insecure: ANONYMOUS)."""
         tokens = self.config.tokens
         if tokens is None:
             return ANONYMOUS
@@ -212,7 +234,8 @@ class ControllerService:
     def _login(self, context: grpc.ServicerContext) -> str:
         """`authenticate`, throttled: a peer address that sent FAILED_LOGINS wrong secrets
         within FAILED_LOGIN_WINDOW s is refused (RESOURCE_EXHAUSTED) until the oldest ages
-        out, so guessing a secret costs a minute per ten guesses and address."""
+        out, so guessing a secret costs a minute per ten guesses and address (Ping's
+        answer too: it says more to a valid secret, `_maybe_login`)."""
         peer = context.peer().rsplit(":", 1)[0] if context.peer() else "?"
         now = self.clock()
         with self._lock:
@@ -232,23 +255,40 @@ class ControllerService:
                         del self._failed_logins[next(iter(self._failed_logins))]
             raise
 
+    def _maybe_login(self, context: grpc.ServicerContext) -> Optional[str]:
+        """The principal of a call that may come without credentials (Ping): None when it
+        sent none, a wrong one (counted as `_login` counts it) or comes from a throttled
+        address."""
+        if self.config.tokens is None:
+            return ANONYMOUS
+        if not any(k == "authorization" for k, _ in context.invocation_metadata()):
+            return None
+        try:
+            return self._login(context)
+        except Refusal:
+            return None
+
     def _owned(self, ring_id: str, principal: str) -> Lease:
+        """The lease of `ring_id` if `principal` owns it; NOT_FOUND otherwise, worded alike
+        whether the ring is absent or another principal's (nobody learns of others' rings:
+        their ids name jobs). Caller holds `_lock`."""
         lease = self.leases.get(ring_id)
-        if lease is None:
-            lost = self._lost_why.get(ring_id)
+        if lease is None or lease.owner != principal:
+            owner, lost = self._lost_why.get(ring_id, ("", ""))
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {ring_id} is not registered"
-                          + (f" (the switch lost it: {lost})" if lost else ""))
-        if lease.owner != principal:
-            raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
-                          f"ring {ring_id} belongs to principal {lease.owner!r}, not "
-                          f"{principal!r}")
+                          + (f" (the switch lost it: {lost})" if lost and lease is None
+                             and owner == principal else ""))
         return lease
 
     # -- the calls ------------------------------------------------------------------------
     def ping(self, req: pb.PingRequest, principal: Optional[str]) -> pb.PingReply:
+        """Open to anyone; `free_rings` (what other tenants hold) only to a principal."""
         with self._lock:
-            return pb.PingReply(target=self.target.name, limits=pb.TargetLimits(**self.limits()),
-                                auth_required=self.config.tokens is not None)
+            limits = self.limits()
+        if principal is None:
+            limits["free_rings"] = 0
+        return pb.PingReply(target=self.target.name, limits=pb.TargetLimits(**limits),
+                            auth_required=self.config.tokens is not None)
 
     def register_ring(self, req: pb.RegisterRingRequest, principal: str
                       ) -> pb.RegisterRingReply:
@@ -258,8 +298,11 @@ class ControllerService:
                                         self.config.default_lease_ms)
             spec = reg.spec
             old = self.leases.get(spec.ring_id)
+            if old is not None and old.owner != principal:
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"ring {spec.ring_id}: this ring id is taken: choose another")
             if old is not None:
-                self._idle(self._owned(spec.ring_id, principal), spec.ring_id)
+                self._idle(old, spec.ring_id)
             else:
                 self._check_room(spec, reg.slots, limits)
             hosts = self._check_hosts(spec, principal)
@@ -269,17 +312,15 @@ class ControllerService:
             else:
                 self.leases[spec.ring_id] = Lease(principal, reg.lease_ms, math.inf, memory,
                                                   busy=True, hosts=hosts)
-        asked = time.monotonic()         # wall time, for the log: how long a registration takes
+        began = time.monotonic()         # wall time, for the log: how long a registration takes
         try:
-            with self._target_lock:
-                began = time.monotonic()
-                if isinstance(self.target, FabricSwitchTarget) and reg.racks:
-                    placed = self.target.register_in_fabric(spec, reg.slots, reg.racks)
-                elif reg.racks:
-                    raise ValueError(f"racks: given, but this switch ({self.target.name}) is "
-                                     "not a ToR or spine of a two-tier fabric")
-                else:
-                    placed = self.target.register_ring(spec, reg.slots)
+            if isinstance(self.target, FabricSwitchTarget) and reg.racks:
+                placed = self.target.register_in_fabric(spec, reg.slots, reg.racks)
+            elif reg.racks:
+                raise ValueError(f"racks: given, but this switch ({self.target.name}) is "
+                                 "not a ToR or spine of a two-tier fabric")
+            else:
+                placed = self.target.register_ring(spec, reg.slots)
         except BaseException as e:
             with self._lock:
                 if old is not None:
@@ -294,9 +335,9 @@ class ControllerService:
             self.leases[spec.ring_id] = Lease(principal, reg.lease_ms,
                                               self.clock() + reg.lease_ms / 1000, memory,
                                               hosts=hosts)
-        log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms (%.1f s waiting "
-                 "for the target, %.1f s programming it)", spec.ring_id, principal,
-                 spec.world_size, reg.slots, reg.lease_ms, began - asked, time.monotonic() - began)
+        log.info("ring %s registered by %s: %d ranks, %d slots, lease %d ms (%.1f s "
+                 "programming the target)", spec.ring_id, principal, spec.world_size,
+                 reg.slots, reg.lease_ms, time.monotonic() - began)
         return pb.RegisterRingReply(ring_id=placed["ring_id"], slots=placed["slots"],
                                     ports=placed["ports"], lease_ms=reg.lease_ms)
 
@@ -359,8 +400,7 @@ class ControllerService:
     def _free(self, ring_id: str) -> None:
         """Remove the ring from the target, then its (busy) lease; not under `_lock`."""
         try:
-            with self._target_lock:
-                self.target.unregister_ring(ring_id)
+            self.target.unregister_ring(ring_id)
         except KeyError:
             log.error("ring %s had a lease but was not in the %s target", ring_id,
                       self.target.name)
@@ -380,8 +420,7 @@ class ControllerService:
                 raise Refusal(grpc.StatusCode.NOT_FOUND, f"ring {rid} is not registered")
             if rid is not None and not sees_all:
                 self._owned(rid, principal)
-        with self._target_lock:
-            got = self.target.counters()
+        got = self.target.counters()
         with self._lock:
             now = self.clock()
             leases = {r: lease for r, lease in self.leases.items() if not lease.busy}
@@ -421,20 +460,9 @@ class ControllerService:
 
     # -- leases -----------------------------------------------------------------------------
     def expire_leases(self) -> list[str]:
-        """Drop the leases of the rings the target lost; unregister every ring whose lease
-        lapsed; returns the lapsed ids."""
-        with self._target_lock:
-            lost = self.target.take_lost()
-        with self._lock:
-            for rid, why in lost.items():
-                lease = self.leases.get(rid)
-                if lease is not None and not lease.busy:
-                    del self.leases[rid]
-                    self.counts["rings_lost"] += 1
-                    self._lost_why[rid] = why
-                    while len(self._lost_why) > MAX_REMEMBERED_LOSSES:
-                        del self._lost_why[next(iter(self._lost_why))]
-                    log.warning("ring %s of %s: the target lost it: %s", rid, lease.owner, why)
+        """Mark every ring whose lease lapsed (busy, counted) and have it unregistered on a
+        thread of `_freeing` (one slow removal delays no other); then drop the leases of the
+        rings the target lost. Returns the lapsed ids (`wait_freed` waits for their removal)."""
         with self._lock:
             now = self.clock()
             lapsed = [(rid, lease) for rid, lease in self.leases.items()
@@ -442,11 +470,32 @@ class ControllerService:
             for rid, lease in lapsed:
                 lease.busy = True
                 self.counts["leases_expired"] += 1
-        for rid, lease in lapsed:
-            self._free(rid)
-            log.warning("ring %s of %s: lease lapsed (not renewed within %d ms): "
-                        "unregistered", rid, lease.owner, lease.lease_ms)
+        frees = [self._freeing.submit(self._lapse, rid, lease) for rid, lease in lapsed]
+        with self._lock:
+            self._frees = [f for f in self._frees if not f.done()] + frees
+        lost = self.target.take_lost()
+        with self._lock:
+            for rid, why in lost.items():
+                lease = self.leases.get(rid)
+                if lease is not None and not lease.busy:
+                    del self.leases[rid]
+                    self.counts["rings_lost"] += 1
+                    self._lost_why[rid] = (lease.owner, why)
+                    while len(self._lost_why) > MAX_REMEMBERED_LOSSES:
+                        del self._lost_why[next(iter(self._lost_why))]
+                    log.warning("ring %s of %s: the target lost it: %s", rid, lease.owner, why)
         return [rid for rid, _ in lapsed]
+
+    def _lapse(self, ring_id: str, lease: Lease) -> None:
+        self._free(ring_id)
+        log.warning("ring %s of %s: lease lapsed (not renewed within %d ms): unregistered",
+                    ring_id, lease.owner, lease.lease_ms)
+
+    def wait_freed(self) -> None:
+        """Until every ring the reaper found lapsed so far is off the target."""
+        with self._lock:
+            frees = list(self._frees)
+        futures.wait(frees)
 
     def start_reaper(self, tick: float = REAPER_TICK) -> None:
         def run() -> None:
@@ -462,6 +511,7 @@ class ControllerService:
         self._stop.set()
         if self._reaper is not None:
             self._reaper.join()
+        self._freeing.shutdown(wait=True)
 
     # -- gRPC plumbing ----------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -482,18 +532,23 @@ class ControllerService:
         INVALID_ARGUMENT like any other malformed value. context.abort raises, so a call
         either returns the reply or ends with the status.
         """
+        at_target = name in TARGET_METHODS
+
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                principal = self._login(context) if needs_credentials else None
-                if principal is not None:
-                    with self._lock:
-                        within = self._rate.take(principal)
-                    if not within:
-                        raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                      f"principal {principal!r}: over "
-                                      f"{self.config.calls_per_second:g} calls per second "
-                                      "(the controller's rate limit per principal)")
-                return fn(validate.parse(request_type, request), principal).SerializeToString()
+                principal = (self._login(context) if needs_credentials
+                             else self._maybe_login(context))
+                if principal is not None and needs_credentials \
+                        and not self._rate.take(principal):
+                    raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"principal {principal!r}: over "
+                                  f"{self.config.calls_per_second:g} calls per second "
+                                  "(the controller's rate limit per principal)")
+                msg = validate.parse(request_type, request)
+                if not at_target:
+                    return fn(msg, principal).SerializeToString()
+                with self._target_turn(principal):
+                    return fn(msg, principal).SerializeToString()
             except (Refusal, validate.InvalidArgument) as e:
                 refusal = e if isinstance(e, Refusal) else Refusal(
                     grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -510,6 +565,18 @@ class ControllerService:
     def _count(self, counter: str) -> None:
         with self._lock:
             self.counts[counter] += 1
+
+    @contextlib.contextmanager
+    def _target_turn(self, principal: str) -> Iterator[None]:
+        """One of `principal`'s places at the target (`TargetTurns`), or RESOURCE_EXHAUSTED."""
+        if not self._turns.take(principal):
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"principal {principal!r}: {self._turns.cap} calls at the target "
+                          "already (the controller's limit per principal): wait for one to end")
+        try:
+            yield
+        finally:
+            self._turns.give_back(principal)
 
 
 @dataclass(frozen=True)
@@ -530,19 +597,23 @@ class ControllerServer:
         self.server.stop(grace).wait()
 
 
-def serve(target: Target, addr: str = DEFAULT_ADDR, max_workers: int = 4, *,
-          config: ControllerConfig = ControllerConfig(), tls: Optional[TlsFiles] = None
+def serve(target: Target, addr: str = DEFAULT_ADDR, max_workers: int = DEFAULT_WORKERS, *,
+          config: ControllerConfig, tls: Optional[TlsFiles] = None
           ) -> tuple[ControllerServer, int]:
     """Start the controller on `addr` ('host:0' picks a port) with its lease reaper;
-    returns (the running controller, port)."""
+    returns (the running controller, port). ValueError: clear text on an address other
+    hosts reach (not loopback, not a unix socket) without `config.insecure`."""
+    if tls is None and not local_address(addr):
+        if not config.insecure:
+            raise ValueError(f"controller on {addr}: clear text on an address other hosts "
+                             "reach: give a TLS certificate and key (or run it insecure, in "
+                             "so many words)")
+        log.warning("controller on %s: INSECURE: clear text, token secrets (if any) "
+                    "replayable by anyone who can capture the control traffic", addr)
     service = ControllerService(target, config)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
     server.add_generic_rpc_handlers((service.handler(),))
-    if tls is None and config.tokens and not local_address(addr):
-        log.warning("controller on %s: token secrets are accepted in the clear (no "
-                    "--tls-cert): anyone who can capture the control traffic can replay them",
-                    addr)
     try:
         if tls is None:
             port = server.add_insecure_port(addr)

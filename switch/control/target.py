@@ -3,8 +3,11 @@
 A Target is one switch data plane: it installs and removes rings, reports counters and knows
 its static port map. Invariant: a Target is only ever called by `service.ControllerService`,
 with a ring `nr_contract.spec.check_ring` accepts and the controller's own limits allow; a
-`ValueError` from it refuses the call and changes nothing. A new target subclasses `Target`
-(BMv2: `switch.control.bmv2`; the fabric's roles: `switch.control.fabric`).
+`ValueError` from it refuses the call and changes nothing. Calls come concurrently (never two
+for one ring at once): a target keeps its own state consistent, and a lock of its own is held
+only across what it cannot do in parallel (one P4Runtime session of a BMv2 switch). A new
+target subclasses `Target` (BMv2: `switch.control.bmv2`; the fabric's roles:
+`switch.control.fabric`).
 """
 from __future__ import annotations
 

@@ -7,8 +7,10 @@ PSN mod N), and each completed slot goes out, in PSN order, as every rank's own 
 with the payload replaced by the sum, UDP checksum 0 and the ICRC recomputed.
 Invariants kept: only a packet with a valid IPv4 checksum and ICRC that is not a
 fragment is added or served; a rank's contribution to a slot is added once; a slot is
-re-used only after it was emitted; results leave in order of relative PSN; traffic that
-matches no registered connection is never touched (process returns False).
+re-used only after it was emitted; results leave in order of relative PSN; a response
+(ACK/NAK, ...) to a registered connection's requester passes only from its responder's port
+(rule 2r); traffic that matches no registered connection is never touched (process returns
+False).
 """
 from __future__ import annotations
 
@@ -201,15 +203,16 @@ class ConnEntry:
     `recuts`; `recut` is its lane's in the pool (rule 7a).
     """
 
-    __slots__ = ("ring_id", "rank", "src_ip", "dst_ip", "dst_qpn", "psn0", "in_port",
-                 "out_port", "pool", "counts", "reth", "recut")
+    __slots__ = ("ring_id", "rank", "src_ip", "dst_ip", "src_qpn", "dst_qpn", "psn0",
+                 "in_port", "out_port", "pool", "counts", "reth", "recut")
 
-    def __init__(self, ring_id: str, rank: int, src_ip: str, dst_ip: str, dst_qpn: int,
-                 psn0: int, in_port: int, out_port: int, pool: AggregatorPool):
+    def __init__(self, ring_id: str, rank: int, src_ip: str, dst_ip: str, src_qpn: int,
+                 dst_qpn: int, psn0: int, in_port: int, out_port: int, pool: AggregatorPool):
         self.ring_id = ring_id
         self.rank = rank
         self.src_ip = src_ip
         self.dst_ip = dst_ip
+        self.src_qpn = src_qpn
         self.dst_qpn = dst_qpn
         self.psn0 = psn0
         self.in_port = in_port
@@ -228,34 +231,52 @@ class ConnEntry:
                 "counters": {name: counts[name] for name in CONN_COUNTERS}}
 
 
-class ConnectionTable:
-    """⟨SrcIP, DstIP, DestQP⟩ (as `packets.conn_key`) → ConnEntry.
+def response_key(e: ConnEntry) -> int:
+    """The key (`packets.conn_key`) of the frames the responder of `e` sends its requester
+    (ACK/NAK, ...): ⟨responder's IP, requester's IP, requester's QPN⟩."""
+    return conn_key(e.dst_ip, e.src_ip, e.src_qpn)
 
-    Copy-on-write: `entries` is replaced, never mutated, so a reader on another thread
+
+class ConnectionTable:
+    """⟨SrcIP, DstIP, DestQP⟩ (as `packets.conn_key`) → ConnEntry: `entries` by the
+    requester's packets' key, `responses` by the key of its responder's answers
+    (`response_key`).
+
+    Copy-on-write: both dicts are replaced, never mutated, so a reader on another thread
     sees all of a ring's connections or none.
     """
 
     def __init__(self) -> None:
         self.entries: dict[int, ConnEntry] = {}
+        self.responses: dict[int, ConnEntry] = {}
 
     def add(self, new: dict[int, ConnEntry]) -> None:
-        taken = [e for k, e in self.entries.items() if k in new]
+        answers: dict[int, ConnEntry] = {}
+        for e in new.values():
+            if answers.setdefault(response_key(e), e) is not e:
+                raise ValueError(f"ring {e.ring_id}: two connections from {e.src_ip} QPN "
+                                 f"{e.src_qpn} to {e.dst_ip}")
+        taken = [e for k, e in self.entries.items() if k in new] \
+            + [e for k, e in self.responses.items() if k in answers]
         if taken:
             e = taken[0]
-            raise ValueError(f"connection {e.src_ip} -> {e.dst_ip} DestQP {e.dst_qpn} is "
-                             f"already registered by ring {e.ring_id}")
+            raise ValueError(f"connection {e.src_ip} -> {e.dst_ip} (QPN {e.src_qpn} -> "
+                             f"DestQP {e.dst_qpn}) is already registered by ring {e.ring_id}")
         self.entries = {**self.entries, **new}
+        self.responses = {**self.responses, **answers}
 
     def remove(self, keys: Sequence[int]) -> None:
         gone = set(keys)
+        answers = {response_key(self.entries[k]) for k in gone if k in self.entries}
         self.entries = {k: e for k, e in self.entries.items() if k not in gone}
+        self.responses = {k: e for k, e in self.responses.items() if k not in answers}
 
 
 def connection_entries(spec: RingSpec, conns: Sequence[Connection], ports: dict[str, int],
                        pool: AggregatorPool) -> dict[int, ConnEntry]:
     """Table entries (by `conn_key`) for `conns` of `spec`, aggregated into `pool`."""
     return {conn_key(c.src_ip, c.dst_ip, c.dst_qpn):
-            ConnEntry(spec.ring_id, c.rank, c.src_ip, c.dst_ip, c.dst_qpn, c.psn0,
+            ConnEntry(spec.ring_id, c.rank, c.src_ip, c.dst_ip, c.src_qpn, c.dst_qpn, c.psn0,
                       ports[c.src_ip], ports[c.dst_ip], pool)
             for c in conns}
 
@@ -347,7 +368,11 @@ class AggregationPipeline:
         key, udp_len, opcode, pad, psn, frag = fields
         conn = self.table.entries.get(key)
         if conn is None:
-            return False
+            answered = self.table.responses.get(key)
+            if answered is None or in_port == answered.out_port:
+                return False            # rule 1, or a response from the responder (rule 2r)
+            answered.counts["drop_wrong_port"] += 1
+            return True
         pool = conn.pool
         if in_port != conn.in_port:
             outcome = "drop_wrong_port"

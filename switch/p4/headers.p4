@@ -55,6 +55,7 @@ const bit<24> PSN_HALF    = 24w0x800000;  // serial arithmetic: a distance below
 const bit<2> MODE_L2       = 0;  // forward by destination MAC
 const bit<2> MODE_RING     = 1;  // a packet of a registered connection
 const bit<2> MODE_CONTINUE = 2;  // a recirculated continuation: emit the ring's next slot
+const bit<2> MODE_DROP     = 3;  // a registered connection's response from another port than its responder's
 
 header ethernet_t {
     bit<48> dst;

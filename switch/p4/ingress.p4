@@ -3,13 +3,18 @@
  *
  * Tables (programmed by switch/control/bmv2.py):
  *   conn_table   <src_ip, dst_ip, dest_qp> -> set_conn(ring, rank, psn0, in_port, out_port)
+ *   response_table <src_ip, dst_ip, dest_qp> -> set_response(ring, rank, port): the key of
+ *                the answers (ACK/NAK, ...) a connection's responder sends its requester
+ *                (responder's IP, requester's IP, requester's QPN), and the responder's port
  *   ring_table   <ring>                     -> set_ring(epoch, slot_mask, full)
  *   l2           <dst_mac>                  -> l2_forward(port); miss: flood
  * Invariants: a frame never leaves by the port it came in on (L2); a packet of a
  * registered connection is never forwarded by L2 (it contributes, is served, carries an
  * emission or is dropped; the controller installs a ring's ring_table entry before its
- * connections and removes it after them); a continuation (recirculated) is never counted
- * as received.
+ * connections and removes it after them); a response to a registered connection's
+ * requester leaves only if it came in on its responder's port (rule 2r, else it is dropped
+ * and counted drop_wrong_port on the connection); a continuation (recirculated) is never
+ * counted as received.
  */
 #ifndef NR_INGRESS_P4
 #define NR_INGRESS_P4
@@ -38,6 +43,33 @@ control NrIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadat
         actions = { set_conn; @defaultonly NoAction; }
         default_action = NoAction();
         size = NR_CONNS;
+    }
+
+    action set_response(bit<8> ring, bit<8> rank, bit<9> port) {
+        meta.ring = ring;
+        meta.rank = rank;
+        meta.out_port = port;
+    }
+
+    table response_table {
+        key = {
+            hdr.ipv4.src: exact @name("src_ip");
+            hdr.ipv4.dst: exact @name("dst_ip");
+            hdr.bth.dqpn: exact @name("dest_qp");
+        }
+        actions = { set_response; @defaultonly NoAction; }
+        default_action = NoAction();
+        size = NR_CONNS;
+    }
+
+    /* Rule 2r: a response from another port than its connection's responder's. */
+    action drop_response() {
+        meta.conn = (bit<32>)meta.ring * NR_MAX_RANKS + (bit<32>)meta.rank;
+        conn_ctr.count(meta.conn * NR_CTRS + NR_CTR_PACKETS);
+        conn_ctr.count(meta.conn * NR_CTRS + NR_CTR_DROP_WRONG_PORT);
+        ring_ctr.count((bit<32>)meta.ring * NR_CTRS + NR_CTR_DROP_WRONG_PORT);
+        meta.mode = MODE_DROP;
+        mark_to_drop(sm);
     }
 
     action set_ring(bit<16> epoch, bit<24> slot_mask, bit<32> full) {
@@ -80,11 +112,15 @@ control NrIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadat
             if (hdr.bth.isValid()) {
                 if (conn_table.apply().hit) {
                     meta.mode = MODE_RING;
+                } else if (response_table.apply().hit) {
+                    if (sm.ingress_port != meta.out_port) {
+                        drop_response();
+                    }
                 }
             }
         }
 
-        if (meta.mode != MODE_L2) {
+        if (meta.mode == MODE_RING || meta.mode == MODE_CONTINUE) {
             if (ring_table.apply().hit) {
                 if (meta.mode == MODE_RING) {
                     aggregate.apply(hdr, meta, sm);

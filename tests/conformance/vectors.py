@@ -134,6 +134,27 @@ class Scenario:
                                note or f"rank {rank} empty at j={j}: forwarded"
                                        + (", re-cuts its stream" if recut else "")))
 
+    def response(self, rank: int, in_port: int, syndrome: int = 0x1F, *,
+                 outcome: Optional[str] = None) -> None:
+        """An ACK (syndrome 0x1F) or NAK (0x60..) to rank's requester QP, sent from its
+        responder's host address into `in_port`: from the responder's own port it passes by
+        L2 untouched, from any other it is dropped (rule 2r, `drop_wrong_port`)."""
+        spec = self.rings[next(iter(self.rings))]
+        c = spec.connections[rank]
+        frame = raw(Ether(src=c.dst_mac, dst=c.src_mac)
+                    / IP(src=c.dst_ip, dst=c.src_ip, id=0x700 + len(self.steps))
+                    / UDP(sport=0xC001, dport=4791, chksum=0)
+                    / BTH(opcode=0x11, dqpn=c.src_qpn, psn=c.psn0 + 1)
+                    / AETH(syndrome=syndrome, msn=1))
+        kind = "ACK" if syndrome == 0x1F else f"NAK {syndrome:#x}"
+        if in_port == port_of_ip(c.dst_ip):
+            self.forward(frame, in_port, f"{kind} of rank {rank}'s connection from its "
+                                         "responder's port")
+            return
+        self._count(spec, rank, outcome or "drop_wrong_port", 0x11, 0)
+        self.steps.append(Step(in_port, frame, (), f"{kind} of rank {rank}'s connection from "
+                                                   f"port {in_port}, not its responder's: dropped"))
+
     def forward(self, frame: bytes, in_port: int, note: str) -> None:
         """A frame no ring owns: L2 sends it unchanged to its MAC's port, or floods it."""
         dst = Ether(frame).dst
@@ -310,6 +331,25 @@ def forwarding_untouched() -> Vector:
     return s.vector()
 
 
+def ring3_responses_from_the_responder_only() -> Vector:
+    spec = make_ring(3, msg_size=MTU)
+    s = Scenario("ring3_responses_from_the_responder_only",
+                 "ACKs and NAKs to a registered connection's requester pass untouched from "
+                 "its responder's port only; the same frames from another rank's port or an "
+                 "unregistered host's are dropped and counted (drop_wrong_port, rule 2r); "
+                 "the ring still sums", [(spec, 256)], hosts=4)
+    s.write(0, 0)
+    s.response(0, lab_port(1))                        # h1 answers h0's WRITE
+    s.response(0, lab_port(2))                        # forged by rank 2's host
+    s.response(0, lab_port(3), 0x60)                  # a NAK forged by a host of no ring
+    s.response(0, lab_port(1), 0x60)                  # the responder's own NAK
+    s.write(1, 0)
+    s.response(2, lab_port(1))                        # rank 2's responder is h0, not h1
+    s.response(2, lab_port(0))
+    s.write(2, 0, emits=[0])
+    return s.vector()
+
+
 def two_rings_same_hosts() -> Vector:
     a = make_ring(4, ring_id="a", msg_size=MTU)
     b = make_ring(2, ring_id="b", msg_size=MTU, hosts=[1, 0], qpn_base=0x60)
@@ -449,7 +489,8 @@ def ring3_recut_streams() -> Vector:
 
 SCENARIOS = (ring2_write_only_imm, ring3_first_middle_last, ring4_out_of_order_completion,
              ring3_duplicates_and_retransmissions, ring2_overrun_and_stale, ring2_psn_wrap,
-             ring3_bad_packets, forwarding_untouched, two_rings_same_hosts, ring2_bad_lengths,
+             ring3_bad_packets, forwarding_untouched, ring3_responses_from_the_responder_only,
+             two_rings_same_hosts, ring2_bad_lengths,
              ring3_short_last_packet, ring2_verify_before_adding, ring2_udp_checksum_zero,
              ring2_every_opcode_short_payloads, ring3_recut_streams)
 

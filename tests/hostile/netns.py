@@ -5,7 +5,9 @@ capture raw frames; the controller on a unix socket (reachable from any namespac
 Names: namespaces nrxswW (switch) and nrxhW (hosts), W the pytest-xdist worker's number
 (empty outside xdist: parallel workers' rigs never share a namespace); switch port I is
 nrxsI, its host end nrxhI (inside them). Host H (lab numbering: MAC 02:4e:52:00:00:0H+1,
-IP 10.77.0.H+1) is on port H+1.
+IP 10.77.0.H+1) is on port H+1. With `control_link`, a veth nrxsc (switch side, CONTROL_IP) -
+nrxhc (hosts side, CONTROL_PEER) is the control network: the controller may listen on an
+address the hosts reach over it, as in the lab.
 Invariants: everything the rig creates is removed on close (the namespaces take their veths
 with them); the switch process is ended by its own pid; nothing leaves the namespaces (no
 addresses, IPv6 off, so the kernel sends nothing of its own).
@@ -38,6 +40,9 @@ CLONE_NEWNET = 0x40000000
 UNDER_CI = os.environ.get("CI") == "true"
 ALICE = "alice-hostile-secret-0001"
 BOB = "bob-hostile-secret-000002"
+HOSTS_NET = "10.77.0.0/24"         # the lab addresses of the rig's hosts (alice's)
+BOBS_NET = "10.77.1.0/24"          # bob's hosts: on no port of the rig
+CONTROL_IP, CONTROL_PEER = "10.99.0.254", "10.99.0.1"   # the control link's two ends
 
 
 def require_netns() -> None:
@@ -142,8 +147,12 @@ class SwitchRig:
     """The namespaces, the veths and one switch process (see the module doc)."""
 
     def __init__(self, tmp: Path, ports: int = 4, static_hosts: Sequence[int] = (0, 1, 2),
-                 extra_args: Sequence[str] = (), module: str = "switch"):
+                 extra_args: Sequence[str] = (), module: str = "switch",
+                 controller_args: Optional[Sequence[str]] = None, control_link: bool = False):
+        """`controller_args`: instead of the rig's token file, hosts policy and unix socket
+        (`--controller ADDR ...`, the switch's defaults otherwise)."""
         require_netns()
+        self.control_link = control_link
         self.tmp = tmp
         self.ports = ports
         self.socket_path = tmp / "ctl.sock"
@@ -156,6 +165,11 @@ class SwitchRig:
         self.bob_tokens.write_text(f"bob {BOB}\n")
         for f in (self.token_file, self.alice_tokens, self.bob_tokens):
             f.chmod(0o600)
+        self.hosts_policy = tmp / "hosts.policy"     # alice: the rig's hosts; bob: none of them
+        self.hosts_policy.write_text(f"alice {HOSTS_NET}\nbob {BOBS_NET}\n")
+        self.controller_args = (["--controller", self.addr, "--token-file", str(self.token_file),
+                                 "--hosts-policy", str(self.hosts_policy)]
+                                if controller_args is None else list(controller_args))
         self.log_path = tmp / "switch.log"
         self.proc: Optional[subprocess.Popen] = None
         self.hosts: dict[int, HostPort] = {}
@@ -182,6 +196,14 @@ class SwitchRig:
                 f"nrxh{p}", "netns", HOSTS_NS)
             run_ip("-n", SWITCH_NS, "link", "set", f"nrxs{p}", "up")
             run_ip("-n", HOSTS_NS, "link", "set", f"nrxh{p}", "up")
+        if self.control_link:
+            run_ip("link", "add", "nrxsc", "netns", SWITCH_NS, "type", "veth", "peer", "name",
+                   "nrxhc", "netns", HOSTS_NS)
+            for ns, dev, ip in ((SWITCH_NS, "nrxsc", CONTROL_IP),
+                                (HOSTS_NS, "nrxhc", CONTROL_PEER)):
+                run_ip("-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+                run_ip("-n", ns, "link", "set", dev, "up")
+                run_ip("-n", ns, "link", "set", "lo", "up")
 
     def _start(self, static_hosts: Sequence[int], extra_args: Sequence[str], module: str) -> None:
         ready = self.tmp / "switch.ready"
@@ -192,8 +214,8 @@ class SwitchRig:
             cmd += ["--mac", f"{lab_mac(h)}={h + 1}"]
         # the fuzzers call far faster than any job: the rate limit is tested on its own
         # (tests/test_controller.py), so it is off here
-        cmd += ["--controller", self.addr, "--token-file", str(self.token_file),
-                "--calls-per-second", "0", "--ready-file", str(ready), *extra_args]
+        cmd += [*self.controller_args, "--calls-per-second", "0", "--ready-file", str(ready),
+                *extra_args]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

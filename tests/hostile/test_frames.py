@@ -1,5 +1,6 @@
 """Hostile frames against the real switch process: a bounded property-based fuzz, spoofed
-source MACs, a flood of new MACs, and a fault in the aggregation code (issue 12)."""
+source MACs, forged ACKs, a flood of new MACs, and a fault in the aggregation code (issues 12
+and 39)."""
 from __future__ import annotations
 
 import random
@@ -13,6 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scapy.compat import raw
+from scapy.contrib.roce import AETH, BTH
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
 from roce_layers import WRITE_ONLY, lab_ip, lab_mac, make_ring, wrapping_sum, write_frame
 from nr_contract.spec import RingSpec
@@ -193,6 +198,32 @@ def test_a_spoofed_source_mac_does_not_move_a_rings_port(rig: SwitchRig,
     assert switch_counters(alice)["mac_learn_refused"] == before + 2
     aggregate(rig, spec, 0, seed=2)                             # c still gets its sums
     alice.unregister_ring("spoofed")
+
+
+def test_an_ack_passes_only_from_the_responders_port(rig: SwitchRig,
+                                                    alice: ControllerClient) -> None:
+    """Issue 39: an ACK or NAK of a registered connection reached its requester from any
+    port (the port check covered its WRITEs only), so any host could acknowledge data the
+    responder never got, or NAK the requester into resending. Now it passes only from the
+    responder's port; from another rank's or a stranger's it is dropped and counted."""
+    spec = make_ring(3, ring_id="acked", qpn_base=0xB00)
+    alice.register_ring(spec)
+    c = spec.connections[0]                        # host 0 -> host 1 (port 2)
+
+    def answer(syndrome: int) -> bytes:
+        return raw(Ether(src=c.dst_mac, dst=c.src_mac) / IP(src=c.dst_ip, dst=c.src_ip)
+                   / UDP(sport=0xC001, dport=4791, chksum=0)
+                   / BTH(opcode=0x11, dqpn=c.src_qpn, psn=c.psn0 + 7)
+                   / AETH(syndrome=syndrome, msn=3))
+    got = {}
+    for frame, port in ((answer(0x1F), 3), (answer(0x60), 4), (answer(0x1F), 2)):
+        rig.drain()
+        rig.hosts[port].send(frame)
+        got[port] = len(rig.hosts[1].receive(1, 1.5, lambda f: f == frame))
+    assert got == {3: 0, 4: 0, 2: 1}, got
+    conn = alice.counters("acked")["rings"]["acked"]["connections"][0]["counters"]
+    assert (conn["drop_wrong_port"], conn["packets"]) == (2, 2)
+    alice.unregister_ring("acked")
 
 
 def test_a_ring_needs_every_mac_in_the_static_map(rig: SwitchRig,

@@ -124,14 +124,50 @@ def test_calls_without_credentials_change_nothing(rig: SwitchRig, alice: Control
         - before["switch"]["refused_unauthenticated"] == 9
 
 
-def test_another_principal_cannot_unregister(rig: SwitchRig, alice: ControllerClient) -> None:
+def test_another_principals_ring_looks_absent(rig: SwitchRig, alice: ControllerClient) -> None:
+    """Issue 39: PERMISSION_DENIED (naming alice) told bob which ring ids were alice's; now
+    unregistering, renewing or reading her ring gets him exactly what a ring that does not
+    exist gets."""
+    alice.register_ring(make_ring(2, ring_id="alices"))
+    with ControllerClient(rig.addr, timeout=10, token_file=rig.bob_tokens) as bob:
+        answers = {}
+        for rid in ("alices", "nobodys"):
+            for name, call in (("unregister", bob.unregister_ring), ("renew", bob.renew_lease),
+                               ("counters", bob.counters)):
+                with pytest.raises(ControllerError) as e:
+                    call(rid)
+                answers[name, rid] = (e.value.code, e.value.message.replace(rid, "ID"))
+        assert set(answers.values()) == {("NOT_FOUND", "ring ID is not registered")}, answers
+    assert list(alice.counters()["rings"]) == ["alices"]
+
+
+def test_an_unauthenticated_ping_tells_nothing_of_the_rings_in_use(
+        rig: SwitchRig, alice: ControllerClient, channel: grpc.Channel) -> None:
+    """Issue 39: the open Ping's free_rings told anyone how many rings the tenants held;
+    now it is 0 without a valid secret, whatever is registered, and the count only to a
+    principal (a wrong secret counts as a failed login: Ping is no oracle for guessing)."""
+    def ping(secret: str | None) -> pb.PingReply:
+        metadata = (("authorization", f"Bearer {secret}"),) if secret else ()
+        return pb.PingReply.FromString(channel.unary_unary(SERVICE + "Ping")(
+            b"", timeout=10, metadata=metadata))
+
+    before = [ping(None).limits.free_rings, ping("wrong-secret-0123456789").limits.free_rings]
     alice.register_ring(make_ring(2))
+    after = [ping(None).limits.free_rings, ping("wrong-secret-0123456789").limits.free_rings]
+    assert before == after == [0, 0]
+    assert ping(ALICE).limits.free_rings == alice.ping()["limits"]["free_rings"] == MAX_RINGS - 1
+
+
+def test_a_principal_registers_only_over_its_own_hosts(rig: SwitchRig,
+                                                       alice: ControllerClient) -> None:
+    """The hosts policy: bob (10.77.1.0/24) cannot take alice's hosts, not even first."""
     with ControllerClient(rig.addr, timeout=10, token_file=rig.bob_tokens) as bob:
         with pytest.raises(ControllerError) as e:
-            bob.unregister_ring("ring")
-        assert (e.value.code, e.value.message) == (
-            "PERMISSION_DENIED", "ring ring belongs to principal 'alice', not 'bob'")
-    assert list(alice.counters()["rings"]) == ["ring"]
+            bob.register_ring(make_ring(2, ring_id="bobs"))
+    assert (e.value.code, e.value.message) == (
+        "PERMISSION_DENIED", "ring bobs: rank 0's address 10.77.0.1 is not a host of principal "
+                             "'bob' (hosts policy)")
+    assert alice.counters()["rings"] == {}
 
 
 def test_ring_and_memory_limits_hold(alice: ControllerClient) -> None:
