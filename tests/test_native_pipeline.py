@@ -8,6 +8,7 @@ a missing clang skips those two saying so, or fails them under CI=true (p4tools.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.bench_native import Blob
 from conformance.native_harness import NativeHarness, build
 from conformance.software_harness import SoftwareHarness
 from conformance.vectors import all_vectors
@@ -117,6 +119,36 @@ def test_table_is_bounded_and_unregister_forgets() -> None:
         assert list(pipe.counters()) == ["b"]
     finally:
         pipe.close()
+
+
+def test_compute_only_through_libnrio() -> None:
+    """libnrio.so built against the pipeline (io.mk): its nrio_compute runs a 4-rank ring's
+    MTU 4096 WRITEs, rank-interleaved in PSN order, through a NativePipeline: every slot
+    completes, each result goes to all 4 ranks (4 outputs per 4 contributions)."""
+    from switch.native import nrio
+    try:
+        build("io")
+    except RuntimeError as e:
+        unavailable(f"libnrio.so does not build (libxdp-dev libbpf-dev?): {e}")
+    spec = make_ring(4, mtu=4096, psn0=(0xFFFFF0, 1, 2, 3))
+    ports = resolve_ports(spec, mac_ports(4).get)
+    data = np.arange(1024, dtype=np.int32)
+    todo = [(ports[c.src_ip], write_frame(c, k, WRITE_MIDDLE, data + c.rank))
+            for k in range(64) for c in spec.connections]
+    pipe = NativePipeline()
+    try:
+        pipe.register_ring(spec, ports, required_slots(spec))
+        lib = nrio.load(nrio.LIBRARY)
+        lib.nrio_compute.restype = ctypes.c_int64
+        blob = Blob(todo)
+        outs = ctypes.c_uint64()
+        ns = lib.nrio_compute(ctypes.c_void_p(pipe.address), *blob.args(), blob.n,
+                              ctypes.byref(outs))
+        counters = pipe.counters()["ring"]["counters"]
+    finally:
+        pipe.close()
+    assert ns > 0 and outs.value == len(todo)
+    assert (counters["aggregated"], counters["completed"]) == (len(todo), 64)
 
 
 # ---- differential: the native pipeline against the Python one ----------------------------

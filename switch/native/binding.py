@@ -13,7 +13,7 @@ import ctypes
 import socket
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from nr_contract.spec import (CONN_COUNTERS, DEFAULT_SLOTS, MAX_RANKS, OUTCOMES,
                               RING_COUNTERS, RingSpec, check_ring)
@@ -75,6 +75,7 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.nrdp_unregister_ring.argtypes = [vp, i32]
     lib.nrdp_ring_stats.argtypes = [vp, i32, ctypes.POINTER(RingStats)]
     lib.nrdp_conn_stats.argtypes = [vp, i32, u32, ctypes.POINTER(ConnStats)]
+    lib.nrdp_set_l2.argtypes = [vp, vp]
     lib.nrdp_counter_name.restype = cp
     lib.nrdp_counter_name.argtypes = [u32]
     sizes = (ctypes.c_size_t * 5)()
@@ -105,6 +106,19 @@ class NativePipeline:
         self._out = OutBatch()
         self._rings: dict[str, tuple[int, RingSpec, dict[str, int], int]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def address(self) -> int:
+        """The C pipe (a `struct nrdp_pipe *`): what nrio's start(pipes) takes."""
+        if not self._pipe:
+            raise ValueError("pipeline closed")
+        return int(self._pipe)
+
+    def set_l2(self, macs: Mapping[str, int], ports: Sequence[int]) -> None:
+        """The L2 table (l2.h) the I/O layer forwards NOT_MINE frames by: `macs` (MAC ->
+        port), others flooded to `ports`. Before the pipe's worker starts."""
+        from switch.native.nrio import stub_pipe     # l2.h's struct, field for field
+        self._lib.nrdp_set_l2(self._pipe, ctypes.addressof(stub_pipe(macs, ports)))
 
     def close(self) -> None:
         if self._pipe:

@@ -98,6 +98,11 @@ static int nrio_send(struct worker *w, struct port *from, uint32_t number, const
 static void process_frame(struct worker *w, struct port *p, struct rx_frame *f)
 {
     int n = nrdp_process(w->pipe, p->number, f->data, f->len, &w->out);
+    if (n == NRDP_NOT_MINE) {         /* not an aggregated connection's: L2 (l2.h) */
+        w->out.n = nrdp_l2_forward(nrdp_l2_of(w->pipe), p->number, f->data, f->len,
+                                   w->out.out, sizeof w->out.out / sizeof w->out.out[0]);
+        n = (int)w->out.n;
+    }
     for (int i = 0; i < n; i++) {
         const struct nrdp_out *o = &w->out.out[i];
         /* the input itself goes as received to its last port, copies to the others */

@@ -156,7 +156,8 @@ class NativeIO:
 
 
 class StubPipe(ctypes.Structure):
-    """pipeline_stub.h's `struct nrdp_pipe`: the static MAC table of the L2-only stub."""
+    """pipeline_stub.h's `struct nrdp_pipe`, l2.h's `struct nrdp_l2`: the static MAC table
+    of the L2-only stub, and of a native pipeline's L2 forwarding (NativePipeline.set_l2)."""
     _fields_ = [("nmacs", ctypes.c_uint32), ("mac", (ctypes.c_uint8 * 6) * 256),
                 ("port", ctypes.c_uint32 * 256), ("nports", ctypes.c_uint32),
                 ("ports", ctypes.c_uint32 * 64)]

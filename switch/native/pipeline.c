@@ -62,6 +62,7 @@ struct nrdp_pipe {
     struct ring *rings;
     struct conn *conns;
     struct entry *req, *resp;          /* by the requester's key, by its responder's */
+    struct nrdp_l2 l2;                 /* for the I/O layer only (nrdp_l2_of) */
     uint8_t scratch[PAYLOAD_OFF + NRDP_MAX_MTU + NRDP_ICRC_LEN];
 };
 
@@ -387,6 +388,18 @@ void nrdp_destroy(struct nrdp_pipe *pipe)
     free(pipe->req);
     free(pipe->resp);
     free(pipe);
+}
+
+void nrdp_set_l2(struct nrdp_pipe *pipe, const struct nrdp_l2 *l2)
+{
+    pthread_mutex_lock(&pipe->lock);
+    pipe->l2 = *l2;
+    pthread_mutex_unlock(&pipe->lock);
+}
+
+const struct nrdp_l2 *nrdp_l2_of(struct nrdp_pipe *pipe)
+{
+    return &pipe->l2;
 }
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)

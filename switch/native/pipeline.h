@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "l2.h"
+
 #define NRDP_MAX_RANKS 32
 #define NRDP_MAX_SLOTS 1024
 #define NRDP_MAX_MTU 4096
@@ -33,11 +35,6 @@ enum nrdp_counter {
 };
 
 struct nrdp_pipe;
-
-struct nrdp_out {
-    uint32_t port, len;
-    const uint8_t *data;
-};
 
 struct nrdp_out_batch {
     uint32_t n;
@@ -89,6 +86,10 @@ int nrdp_ring_stats(struct nrdp_pipe *pipe, int handle, struct nrdp_ring_stats *
 int nrdp_conn_stats(struct nrdp_pipe *pipe, int handle, uint32_t rank,
                     struct nrdp_conn_stats *out);
 const char *nrdp_counter_name(uint32_t index);
+/* The L2 table the I/O layer forwards NOT_MINE frames by (main.c): set it before the
+ * pipe's worker starts; nrdp_l2_of reads it without the lock. */
+void nrdp_set_l2(struct nrdp_pipe *pipe, const struct nrdp_l2 *l2);
+const struct nrdp_l2 *nrdp_l2_of(struct nrdp_pipe *pipe);
 /* For bindings: sizes[0..4) = sizeof nrdp_out_batch, nrdp_conn_desc, nrdp_ring_desc,
  * nrdp_ring_stats; sizes[4] = sizeof nrdp_conn_stats. */
 void nrdp_abi_sizes(size_t sizes[5]);
