@@ -32,8 +32,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from benchmarks.bench_pipeline import frames
-from nr_contract.spec import Connection, RingSpec
+from nr_contract.spec import DEFAULT_SLOTS, Connection, RingSpec
+from switch.control.target import resolve_ports
 from switch.native import nrio
+from switch.native.binding import NativePipeline
 
 PREFIX = "nrxbn"
 SETTLE = 0.3                      # s after the last frame sent: the queue phase is over
@@ -228,19 +230,33 @@ class Run:
                 f"{self.per_wall_s / 1e3:8.1f} k/s wall  [{self.io}]")
 
 
-def pipelines(mode: str, load: Workload, workers: int) -> tuple[list[object], Optional[str]]:
-    """Worker w's pipeline (ring w registered in aggregate mode) and the library they
-    need, or ([], why) when this build cannot run `mode`."""
-    if mode == "aggregate":
-        return [], "aggregate needs the pipeline (pipeline.h); only the L2 stub is built"
+def pipelines(mode: str, load: Workload, workers: int
+              ) -> tuple[list[int], Path, list[object], Optional[str]]:
+    """Worker w's pipeline (its address), the library it runs in, the objects that own
+    the pipelines (keep them alive), or why this build cannot run `mode`. Forward: the L2
+    stub; aggregate: a NativePipeline (libnrdp) per worker holding the rings whose ports
+    are the worker's (run_native's split), NOT_MINE frames forwarded by its L2 table."""
     ports = [load.port(g, r) for g in range(load.rings) for r in range(load.ranks)]
-    return [nrio.stub_pipe(load.macs(), ports) for _ in range(workers)], None
+    library = nrio.LIBRARY if mode == "aggregate" else nrio.STUB_LIBRARY
+    if not library.exists():
+        return [], library, [], f"{library.name} is not built (switch/native/io.mk)"
+    if mode != "aggregate":
+        stubs = [nrio.stub_pipe(load.macs(), ports) for _ in range(workers)]
+        return [ctypes.addressof(s) for s in stubs], library, list(stubs), None
+    per_worker = load.ranks * load.rings // workers
+    pipes = [NativePipeline() for _ in range(workers)]
+    for g, spec in enumerate(load.specs()):
+        pipe = pipes[(load.port(g, 0) - 1) // per_worker]
+        pipe.register_ring(spec, resolve_ports(spec, load.macs().get), DEFAULT_SLOTS)
+    for pipe in pipes:
+        pipe.set_l2(load.macs(), ports)
+    return [p.address for p in pipes], library, list(pipes), None
 
 
 def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[str, str]],
                todo: Sequence[tuple[int, bytes]]) -> Optional[Run]:
     """One run of the native target: ring g's ports on worker g mod workers."""
-    pipes, why = pipelines(mode, load, workers)
+    pipes, library, owners, why = pipelines(mode, load, workers)
     if why:
         print(f"native {mode}: skipped: {why}", flush=True)
         return None
@@ -252,7 +268,7 @@ def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[s
     ring = 1 << (2 * load.packets * pieces - 1).bit_length()
     io = nrio.NativeIO({p: sw for p, (sw, _) in links.items()}, workers=workers,
                        worker_of=worker_of, ring_size=ring, cpu_base=base, idle_poll_us=0,
-                       library=nrio.STUB_LIBRARY)
+                       library=library)
     try:
         kernel = Kernel(links, cpu_of_port)
         os.sched_setaffinity(0, {0})
@@ -261,13 +277,14 @@ def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[s
                  for w in range(workers)}
         for w, n in share.items():
             io.expect(w, n)
-        io.start([ctypes.addressof(p) for p in pipes])
+        io.start(pipes)
         done = io.wait_frames(len(todo), 60.0)
         time.sleep(0.05)
         io.stop()
         stats, counters = io.worker_stats(), io.port_counters()
     finally:
         io.close()
+        del owners                  # the pipelines lived until the workers stopped
     if not done or any(s["ownership_errors"] for s in stats):
         raise RuntimeError(f"native {mode}: {sum(s['frames'] for s in stats)} of {len(todo)} "
                            f"frames handled; workers {stats}; ports {counters}")
@@ -284,15 +301,16 @@ def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[s
 def compute_only(mode: str, load: Workload, todo: Sequence[tuple[int, bytes]]
                  ) -> Optional[tuple[float, int]]:
     """The pipeline's work on the frames in memory, one thread: (CPU s, outputs)."""
-    pipes, why = pipelines(mode, load, 1)
+    pipes, library, owners, why = pipelines(mode, load, 1)
     if why:
         return None
-    lib = nrio.load(nrio.STUB_LIBRARY)
+    lib = nrio.load(library)
     lib.nrio_compute.restype = ctypes.c_int64
     blob = Blob(todo)
     outs = ctypes.c_uint64()
-    ns = lib.nrio_compute(ctypes.c_void_p(ctypes.addressof(pipes[0])), *blob.args(), blob.n,
+    ns = lib.nrio_compute(ctypes.c_void_p(pipes[0]), *blob.args(), blob.n,
                           ctypes.byref(outs))
+    del owners                      # the pipeline lived until here
     return ns / 1e9, outs.value
 
 
