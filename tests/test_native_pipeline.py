@@ -117,6 +117,10 @@ def test_table_is_bounded_and_unregister_forgets() -> None:
         assert pipe.process(frame, ports[a.connections[0].src_ip]) is None
         pipe.register_ring(b, ports, 16)
         assert list(pipe.counters()) == ["b"]
+        with pytest.raises(ValueError, match="not 32-bit"):
+            pipe.register_ring(a, {**ports, a.connections[0].src_ip: 1 << 32}, 16)
+        with pytest.raises(ValueError, match="already registered by ring b"):
+            pipe.register_ring(make_ring(4, ring_id="c", qpn_base=0x100), ports, 16)
     finally:
         pipe.close()
 

@@ -133,6 +133,9 @@ class NativePipeline:
         missing = sorted({c.src_ip for c in spec.connections} - ports.keys())
         if missing:
             raise ValueError(f"ring {spec.ring_id}: no switch port for {', '.join(missing)}")
+        bad = {ip: p for ip, p in ports.items() if not 0 <= p < 1 << 32}
+        if bad:
+            raise ValueError(f"ring {spec.ring_id}: switch ports not 32-bit: {bad}")
         rid = spec.ring_id.encode()
         if len(rid) >= RING_ID_LEN:
             raise ValueError(f"ring id {spec.ring_id!r} is longer than {RING_ID_LEN - 1} bytes")
