@@ -118,7 +118,8 @@ class NativePipeline:
         """The L2 table (l2.h) the I/O layer forwards NOT_MINE frames by: `macs` (MAC ->
         port), others flooded to `ports`. Before the pipe's worker starts."""
         from switch.native.nrio import stub_pipe     # l2.h's struct, field for field
-        self._lib.nrdp_set_l2(self._pipe, ctypes.addressof(stub_pipe(macs, ports)))
+        table = stub_pipe(macs, ports)
+        self._lib.nrdp_set_l2(self._pipe, ctypes.byref(table))
 
     def close(self) -> None:
         if self._pipe:
