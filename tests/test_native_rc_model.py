@@ -64,11 +64,16 @@ def differential(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_rc_properties_with_the_native_pipeline_beside(differential: None) -> None:
     """25 of the property test's scenarios (its own generator, derandomized): every frame
-    agrees; well over 10 000 frames compared in all (39 779 here)."""
+    agrees, in every scenario (thousands of frames in all)."""
     inner = test_rc_properties.test_every_run_sums_exactly_or_fails_as_documented
-    run = settings(max_examples=25, deadline=None, derandomize=True,
-                   suppress_health_check=[HealthCheck.too_slow])(
-        given(test_rc_properties.scenarios())(inner.hypothesis.inner_test))
-    DifferentialPipeline.frames = 0
-    run()
-    assert DifferentialPipeline.frames > 10_000
+    seen: list[int] = []
+
+    def scenario(s: dict) -> None:
+        DifferentialPipeline.frames = 0
+        inner.hypothesis.inner_test(s)
+        seen.append(DifferentialPipeline.frames)
+
+    settings(max_examples=25, deadline=None, derandomize=True,
+             suppress_health_check=[HealthCheck.too_slow])(
+        given(test_rc_properties.scenarios())(scenario))()
+    assert len(seen) >= 20 and min(seen) > 0 and sum(seen) > 2_000, seen
