@@ -1,23 +1,27 @@
-"""The software switch's own ceiling: `switch.dataplane.ports.DataPlane` on real sockets,
-with nothing else competing for its core.
+"""The switch's data plane on real sockets, natively on veth: the Python target and the
+native one (switch/native: AF_XDP, C) side by side on the same frames, with nothing else
+competing for their cores.
 
-    python -m benchmarks.bench_dataplane [--ranks 4] [--packets 2048] [--payload 4096] \
-        [--repeat 3] [--recv recv_into|recvmmsg|both] [--profile] [--json FILE]  (root)
+    python -m benchmarks.bench_dataplane [--targets python,native] [--modes forward,aggregate]
+        [--workers 1,2] [--mtus 4096,1024] [--ranks 4,8] [--packets 1024] [--repeat 3]
+        [--recv recv_into|recvmmsg|both] [--callgrind] [--profile] [--json FILE]   (root)
 
-In a network namespace of its own (`nrdpbench`, made and removed here; veth pairs
-`nrbsN`/`nrbhN` as benchmarks.bench_targets makes them), the driver first queues every frame
-of `benchmarks.bench_pipeline.frames` (each rank's RDMA WRITE packet k, k-major) into the
-switch's receive queues (the switch sockets get SO_RCVBUFFORCE room for all of them), then
-the data plane runs in this process and drains them: **forward** (no ring registered:
-every frame L2-forwarded to its receiver's port) and **aggregate** (the ring registered
-with 256 slots: every slot's contributions become one result per rank). Reported per mode:
-frames handled per second of wall time and per CPU-second of this process (the ceiling of
-one core; getrusage: user + system, and the system part: the sockets' kernel work), and
-the frames sent. Nothing reads the results (the peers' queues take them or the kernel
-drops them on the driver side): only the switch's side is measured. `--recv both` runs the
-data plane as it is (one recv_into per frame) and, alternately, a variant receiving with
-recvmmsg(2) in batches (`BatchingPlane`, here only): the before/after of batching.
-`--profile` adds one run per mode under cProfile.
+In a network namespace of its own (`nrxbn0`, made and removed here; veth pairs
+`nrxbn<P>s`/`nrxbn<P>h`, benchmarks.bench_native), for every path MTU and ring size, the
+driver first queues every frame of `benchmarks.bench_pipeline.frames` (each rank's RDMA
+WRITE packet k, k-major) at the switch's ports, then the switch drains them: **forward**
+(no ring registered: every frame L2-forwarded to its receiver's port) and **aggregate**
+(the ring registered with 256 slots: every slot's contributions become one result per
+rank). The native target runs with 1 and 2 workers: with W workers, W rings of the same
+size on ports of their own, ring g on worker g (sharding by ring), so the CPU per
+contribution of 1 and 2 workers compares like with like. Reported per run: contributions
+per CPU-second of the switch (its threads' CPU plus its kernel receive share, measured as
+bench_native's docstring says) and per wall second of the drain. The same run measures the
+compute-only bound (the native pipeline over the frames in memory, no I/O), one core's
+memcpy bandwidth, and with --callgrind the compute-only loop's instructions per frame.
+`--recv both` runs the Python data plane as it is (one recv_into per frame) and,
+alternately, a variant receiving with recvmmsg(2) in batches (`BatchingPlane`, here only).
+`--profile` adds one Python run per mode under cProfile.
 """
 from __future__ import annotations
 
@@ -29,52 +33,25 @@ import io
 import json
 import os
 import pstats
-import resource
 import select
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from benchmarks import bench_native as bn
+from benchmarks.bench_native import Run, Workload
 from switch.dataplane.pipeline import AggregationPipeline
-from switch.dataplane.ports import BATCH, DataPlane, open_port
-from benchmarks.bench_pipeline import frames, lab_ring
-from benchmarks.bench_targets import _ip, veth_pairs
+from switch.dataplane.ports import BATCH, DataPlane
 
-NETNS = "nrdpbench"
+NETNS = "nrxbn0"
 SO_RCVBUFFORCE = 33
 MODES = ("forward", "aggregate")
-
-
-@dataclass(frozen=True)
-class Result:
-    mode: str
-    frames_in: int
-    frames_out: int
-    wall_s: float
-    cpu_s: float
-    sys_s: float          # of cpu_s, in the kernel (syscalls, the sockets' work)
-    recv: str = "recv_into"
-
-    @property
-    def per_s(self) -> float:
-        return self.frames_in / self.wall_s
-
-    @property
-    def per_cpu_s(self) -> float:
-        return self.frames_in / self.cpu_s
-
-    def line(self) -> str:
-        return (f"{self.recv:9s} {self.mode:9s} {self.frames_in} frames in, "
-                f"{self.frames_out} out: "
-                f"{self.per_s / 1e3:7.1f} k/s wall, {self.per_cpu_s / 1e3:7.1f} k/s per "
-                f"CPU-second ({self.cpu_s / self.frames_in * 1e6:5.2f} us CPU per frame, "
-                f"{self.sys_s / self.frames_in * 1e6:5.2f} of it in the kernel)")
 
 
 class CountingPlane(DataPlane):
@@ -145,107 +122,181 @@ class BatchingPlane(CountingPlane):
             ep.close()
 
 
-def once(mode: str, ranks: int, packets: int, payload: int,
-         links: dict[int, tuple[str, str]], profile: Optional[cProfile.Profile] = None,
-         plane_class: type[CountingPlane] = CountingPlane) -> Result:
-    spec = lab_ring(ranks, 4096)
-    todo = frames(spec, packets, payload)
+def run_python(mode: str, load: Workload, links: dict[int, tuple[str, str]],
+               todo: Sequence[tuple[int, bytes]], plane_class: type[CountingPlane] = CountingPlane,
+               profile: Optional[cProfile.Profile] = None) -> Run:
+    """One run of the Python target (one ring, this thread on the switch's CPU)."""
+    spec = load.specs()[0]
     pipeline = AggregationPipeline()
     if mode == "aggregate":
         pipeline.register_ring(spec, {c.src_ip: c.rank + 1 for c in spec.connections}, 256)
     plane = plane_class({n: sw for n, (sw, _) in links.items()},
-                          {c.src_mac: c.rank + 1 for c in spec.connections}, pipeline)
-    drivers = {n: open_port(n, drv) for n, (_, drv) in links.items()}
+                        {c.src_mac: c.rank + 1 for c in spec.connections}, pipeline)
+    cpu = 1 % bn.cpus()
     try:
         for p in plane.ports.values():
             p.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 256 << 20)
-        for port, frame in todo:
-            drivers[port].sock.send(frame)
+        kernel = bn.Kernel(links, {p: cpu for p in links})
+        os.sched_setaffinity(0, {0})
+        rx_ns = bn.queue(todo, links, kernel)
+        os.sched_setaffinity(0, {cpu})
         plane.expect = len(todo)
-        time.sleep(0.2)                      # every frame queued at the switch side
-        before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if profile is not None:
             profile.enable()
         plane.run()
         if profile is not None:
             profile.disable()
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
-        wall = plane.done_at - t0
+        cpu_s = time.thread_time() - c0
         out = sum(p.counters.tx_packets for p in plane.ports.values())
         drops = sum(int(c["rx_dropped"]) for c in plane.port_counters().values())
         if plane.handled != len(todo) or drops:
             raise RuntimeError(f"{mode}: handled {plane.handled} of {len(todo)} frames, "
                                f"{drops} dropped by the kernel")
-        return Result(mode, len(todo), out, wall, user + system, system,
-                      "recvmmsg" if isinstance(plane, BatchingPlane) else "recv_into")
+        kind = "recvmmsg" if isinstance(plane, BatchingPlane) else "recv_into"
+        return Run("python", mode, 1, load.ranks, load.mtu, len(todo), out,
+                   plane.done_at - t0, cpu_s, rx_ns / 1e9, f"af_packet {kind}")
     finally:
         plane.close()
-        for d in drivers.values():
-            d.sock.close()
+        os.sched_setaffinity(0, set(range(bn.cpus())))
+
+
+def best(runs: list[Run]) -> Run:
+    for r in runs:
+        print(r.line(), flush=True)
+    return min(runs, key=lambda r: r.cpu_per_frame_us)
+
+
+def measure(args: argparse.Namespace, mtu: int, ranks: int,
+            links: dict[int, tuple[str, str]]) -> tuple[list[Run], dict[str, Any]]:
+    """Every target, mode and worker count at one (MTU, ranks): the best run of each, and
+    the compute-only bound and callgrind counts."""
+    results: list[Run] = []
+    extra: dict[str, Any] = {"mtu": mtu, "ranks": ranks}
+    targets, modes = args.targets.split(","), args.modes.split(",")
+    planes = {"recv_into": CountingPlane, "recvmmsg": BatchingPlane}
+    kinds = list(planes) if args.recv == "both" else [args.recv]
+    for mode in modes:
+        if "python" in targets:
+            load = Workload(ranks, mtu, args.packets, 1)
+            todo = load.frames()
+            sub = {p: links[p] for p in range(1, ranks + 1)}
+            for kind in kinds:
+                results.append(best([run_python(mode, load, sub, todo, planes[kind])
+                                     for _ in range(args.repeat)]))
+            if args.profile:
+                prof = cProfile.Profile()
+                run_python(mode, load, sub, todo, profile=prof)
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+                print(f"cProfile, {mode} (one run; the profiler's own cost inflates it):\n"
+                      + text.getvalue(), flush=True)
+        if "native" not in targets:
+            continue
+        for workers in map(int, args.workers.split(",")):
+            load = Workload(ranks, mtu, args.packets, workers)
+            todo = load.frames()
+            sub = {p: links[p] for p in range(1, ranks * workers + 1)}
+            runs = [r for r in (bn.run_native(mode, load, workers, sub, todo)
+                                for _ in range(args.repeat)) if r is not None]
+            if runs:
+                results.append(best(runs))
+        load = Workload(ranks, mtu, args.packets, 1)
+        todo = load.frames()
+        bound = min((bn.compute_only(mode, load, todo) or (0.0, 0) for _ in range(args.repeat)),
+                    key=lambda b: b[0])
+        if bound[0]:
+            extra[f"compute_us_{mode}"] = bound[0] / len(todo) * 1e6
+            print(f"compute-only {mode:9s} n{ranks} mtu{mtu}: {bound[0] / len(todo) * 1e6:.3f} "
+                  f"us per frame ({bound[1]} outputs)", flush=True)
+        if args.callgrind:
+            ir = bn.callgrind_per_frame(mode, ranks, mtu, min(args.packets, 256))
+            if ir:
+                extra[f"callgrind_ir_{mode}"] = ir
+                print(f"callgrind    {mode:9s} n{ranks} mtu{mtu}: {ir:.0f} instructions per "
+                      "frame (compute-only loop)", flush=True)
+    return results, extra
+
+
+def summary(results: list[Run], extras: list[dict[str, Any]]) -> None:
+    """The issue's ratios: native vs Python per CPU-second, the pipeline vs the compute-only
+    bound, 2 workers vs 1 (CPU per contribution)."""
+    key = {(r.target, r.mode, r.workers, r.ranks, r.mtu): r for r in results}
+    for x in extras:
+        for mode in MODES:
+            py = key.get(("python", mode, 1, x["ranks"], x["mtu"]))
+            n1 = key.get(("native", mode, 1, x["ranks"], x["mtu"]))
+            n2 = key.get(("native", mode, 2, x["ranks"], x["mtu"]))
+            bound = x.get(f"compute_us_{mode}")
+            parts = []
+            if py and n1:
+                parts.append(f"native/python per CPU-s {n1.per_cpu_s / py.per_cpu_s:.1f}x")
+            if n1 and bound:
+                parts.append(f"native CPU / compute-only {n1.cpu_per_frame_us / bound:.2f}x")
+            if n1 and n2:
+                parts.append(f"2 workers' CPU per frame {n2.cpu_per_frame_us / n1.cpu_per_frame_us - 1:+.0%}"
+                             " of 1 worker's")
+            if parts:
+                print(f"  {mode:9s} n{x['ranks']} mtu{x['mtu']}: " + "; ".join(parts))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_dataplane",
                                  description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--packets", type=int, default=2048, help="packets per rank")
-    ap.add_argument("--payload", type=int, default=4096, help="payload bytes per packet")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per mode (best CPU kept)")
+    ap.add_argument("--targets", default="python,native")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--workers", default="1,2", help="native worker counts")
+    ap.add_argument("--mtus", default="4096,1024", help="path MTUs (payload bytes per packet)")
+    ap.add_argument("--ranks", default="4,8", help="ring sizes")
+    ap.add_argument("--packets", type=int, default=1024, help="packets per rank")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per case (best CPU kept)")
     ap.add_argument("--recv", default="recv_into", choices=("recv_into", "recvmmsg", "both"),
-                    help="the data plane's receive: DataPlane's one recv_into per frame, "
-                         "or recvmmsg batches of up to BATCH frames (BatchingPlane); both: "
-                         "each mode's runs alternate between them")
+                    help="the Python data plane's receive: DataPlane's one recv_into per "
+                         "frame, or recvmmsg batches of up to BATCH frames (BatchingPlane)")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="also count the compute-only loop's instructions under callgrind")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile", action="store_true",
-                    help="one more run per mode under cProfile: the top functions")
+                    help="one more Python run per mode under cProfile: the top functions")
     ap.add_argument("--in-netns", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("needs root (a network namespace and veth pairs)")
     if not args.in_netns:
         subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
-        _ip("netns", "add", NETNS)
+        subprocess.run(["ip", "netns", "add", NETNS], check=True)
         try:
-            _ip("-n", NETNS, "link", "set", "lo", "up")
-            cmd = ["ip", "netns", "exec", NETNS, sys.executable, "-m", "benchmarks.bench_dataplane",
-                   "--in-netns", *(argv if argv is not None else sys.argv[1:])]
+            subprocess.run(["ip", "-n", NETNS, "link", "set", "lo", "up"], check=True)
+            cmd = ["ip", "netns", "exec", NETNS, sys.executable, "-m",
+                   "benchmarks.bench_dataplane", "--in-netns",
+                   *(argv if argv is not None else sys.argv[1:])]
             return subprocess.run(cmd).returncode
         finally:
             subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
-    links = veth_pairs(args.ranks)
-    results = []
-    try:
-        planes = {"recv_into": CountingPlane, "recvmmsg": BatchingPlane}
-        kinds = list(planes) if args.recv == "both" else [args.recv]
-        for mode in args.modes.split(","):
-            runs: dict[str, list[Result]] = {kind: [] for kind in kinds}
-            for _ in range(args.repeat):
-                for kind in kinds:              # interleaved: a busy spell hits both
-                    r = once(mode, args.ranks, args.packets, args.payload, links,
-                             plane_class=planes[kind])
-                    runs[kind].append(r)
-                    print(r.line(), flush=True)
-            for kind in kinds:
-                results.append(min(runs[kind], key=lambda r: r.cpu_s))
-            if args.profile:
-                prof = cProfile.Profile()
-                once(mode, args.ranks, args.packets, args.payload, links, prof)
-                text = io.StringIO()
-                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
-                print(f"cProfile, {mode} (one run; the profiler's own cost inflates it):\n"
-                      + text.getvalue(), flush=True)
-    finally:
-        for sw, _ in links.values():
-            subprocess.run(["ip", "link", "del", sw], capture_output=True)
-    print("best of each mode (by CPU):")
+    results: list[Run] = []
+    extras: list[dict[str, Any]] = []
+    gbps = bn.memcpy_gbps() if "native" in args.targets else 0.0
+    if gbps:
+        print(f"memcpy, one core: {gbps:.1f} GB/s", flush=True)
+    ranks = [int(n) for n in args.ranks.split(",")]
+    nports = max(ranks) * max(int(w) for w in args.workers.split(","))
+    for mtu in map(int, args.mtus.split(",")):
+        links = bn.veth_ports(nports, 1500 if mtu <= 1024 else 9000)
+        try:
+            for n in ranks:
+                got, extra = measure(args, mtu, n, links)
+                results += got
+                extras.append(extra)
+        finally:
+            bn.remove_ports(links)
+    print("best of each case (by CPU per contribution):")
     for r in results:
         print("  " + r.line())
+    summary(results, extras)
     if args.json:
         args.json.write_text(json.dumps(
-            {"ranks": args.ranks, "packets_per_rank": args.packets, "payload": args.payload,
-             "results": [{**asdict(r), "per_s": r.per_s, "per_cpu_s": r.per_cpu_s}
+            {"packets_per_rank": args.packets, "memcpy_gbps": gbps, "bounds": extras,
+             "results": [{**asdict(r), "per_cpu_s": r.per_cpu_s, "per_wall_s": r.per_wall_s}
                          for r in results]}, indent=1) + "\n")
     return 0
 

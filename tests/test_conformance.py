@@ -1,6 +1,7 @@
 """Every switch target against the conformance vectors (tests/conformance), byte for byte.
 
-Targets: 'software' always; 'bmv2' needs simple_switch_grpc and p4c on PATH, root and
+Targets: 'software' always; 'native' (libnrdp, built here by `make -C switch/native`: needs
+a C compiler and libisal-dev); 'bmv2' needs simple_switch_grpc and p4c on PATH, root and
 p4runtime-shell: without them it is skipped saying which is missing, or fails under
 CI=true (tests/p4tools.py).
 """
@@ -26,9 +27,18 @@ def bmv2_harness() -> Harness:
     return create_harness()
 
 
-@pytest.fixture(scope="module", params=["software", "bmv2"])
+def native_harness() -> Harness:
+    from conformance.native_harness import NativeHarness, build
+    build()
+    return NativeHarness()
+
+
+HARNESSES = {"software": SoftwareHarness, "native": native_harness, "bmv2": bmv2_harness}
+
+
+@pytest.fixture(scope="module", params=list(HARNESSES))
 def target(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    harness = SoftwareHarness() if request.param == "software" else bmv2_harness()
+    harness = HARNESSES[request.param]()
     try:
         yield harness
     finally:

@@ -33,11 +33,16 @@ class SoftwareHarness:
             out.append((port, b"".join(parts)))
 
         if not self.target.pipeline.process(memoryview(buf), in_port, emit):
-            dst = ":".join(f"{b:02x}" for b in frame[:6])
-            ports = [self.macs[dst]] if dst in self.macs else \
-                [p for p in self.ports if p != in_port]
-            out += [(p, bytes(buf)) for p in ports]
+            out += self.l2_forward(in_port, bytes(buf))
         return out
+
+    def l2_forward(self, in_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        """Where the dataplane sends a frame the pipeline hands back: its destination MAC's
+        port, or every other port when that is unknown or a group address."""
+        dst = ":".join(f"{b:02x}" for b in frame[:6])
+        ports = [self.macs[dst]] if dst in self.macs else \
+            [p for p in self.ports if p != in_port]
+        return [(p, frame) for p in ports]
 
     def send_burst(self, frames: Frames,
                    expect: Optional[int] = None) -> list[tuple[int, bytes]]:
@@ -46,7 +51,11 @@ class SoftwareHarness:
     def counters(self) -> dict[str, Any]:
         return {rid: {"counters": ring["counters"],
                       "connections": [c["counters"] for c in ring["connections"]]}
-                for rid, ring in self.target.counters()["rings"].items()}
+                for rid, ring in self.rings().items()}
+
+    def rings(self) -> dict[str, Any]:
+        """The pipeline's counters() JSON: per ring its counters and connections'."""
+        return self.target.counters()["rings"]
 
     def close(self) -> None:
         self.setup({"ports": [], "macs": {}, "rings": []})
