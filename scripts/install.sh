@@ -11,6 +11,7 @@
 #   4. a Python venv in .venv with this project installed (with p4runtime-shell, the `bmv2`
 #      extra, when BMv2 is installed; with the `torch` extra, pinned to the CPU build of
 #      scripts/constraints-torch.txt) and Debian's pyverbs importable
+#   5. the native data plane, built in place (make -C switch/native all io)
 # Usage: scripts/install.sh [--no-kernel] [--no-venv] [--no-p4] [--p4 PREFIX|DIR|ARCHIVE]
 set -euo pipefail
 
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --no-p4) want_p4=0 ;;
     --p4) [ $# -ge 2 ] || { echo "install.sh: --p4 needs a prefix, directory or archive" >&2; exit 2; }
           P4_FROM=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -178,4 +179,7 @@ if [ $want_venv = 1 ]; then
   "$VENV/bin/python" -c "$check" || { echo "install.sh: venv is incomplete" >&2; exit 1; }
   step "venv: ready ($VENV/bin/python)"
 fi
+# --- the native data plane (switch/native: libnrdp.so, the pipeline; libnrio.so, AF_XDP I/O) --
+step "native data plane: make -C switch/native all io"
+make -s -C "$ROOT/switch/native" all io
 step "done"
