@@ -50,7 +50,7 @@ from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
 from flowctl.stream import FlowError, StallError
-from netreduce.algorithms import Algorithm, CallContext
+from netreduce.algorithms import CallContext
 from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
 from netreduce.away import Backoff, Rejoiner, SwitchAway, settle_plan
@@ -61,8 +61,8 @@ from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, LeaseKeeper, SwitchStatus,
                                     SwitchRegistrationError, fit_inc_ring, register_inc_ring,
                                     switch_address, unregister)
-from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route,
-                               candidates, route)
+from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, candidates, check_request,
+                               route)
 from netreduce.tensors import as_ndarray, torch_store_in_use
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.device import source_ipv4_towards
@@ -165,7 +165,6 @@ class Communicator:
         self._away_at = (0, 0.0)              # the call settled and when, for the log
         self._last_switch: _SwitchCall | None = None   # wire words that may be needed
         self._began: CallMeta | None = None   # this rank's record of the last call it began
-        self._inc_busy = False                # a transfer on "inc" is under way
         self._generation = 0                  # "inc" rings built again
         self._backoff = Backoff()
         self._rejoiner: Rejoiner | None = None
@@ -326,13 +325,13 @@ class Communicator:
         values = as_ndarray(array, "array")
         dtype = check_dtype(values.dtype)
         ufunc = check_op(op, dtype)
-        algorithms = candidates(algo, dtype, op, self.switch)
+        check_request(algo, dtype, op, self.switch)
         target = values if out is None else as_ndarray(out, "out")
         if target.shape != values.shape or target.dtype != dtype:
             raise ValueError(f"allreduce: out must be a {dtype} array of shape {values.shape}")
         if not target.flags.writeable:
             raise ValueError("allreduce: the result array is read-only")
-        return _Call(values, target, array if out is None else out, op, ufunc, algo, algorithms)
+        return _Call(values, target, array if out is None else out, op, ufunc, algo)
 
     def _run(self, call: "_Call") -> Any:
         """Run one prepared call (one at a time: the synchronous caller after draining the
@@ -374,10 +373,11 @@ class Communicator:
         self.last_algo, self.last_fallback = taken.algorithm.name, taken.fallback
 
     def _attempt(self, call: "_Call", seq: int) -> Route:
-        """Call `seq` once: metadata exchange (through the switch while it aggregates, else
-        around the host ring), agreement, rejoining the switch when rank 0's record asks
-        for it, route, run. Raises `SwitchAway` / `SwitchNotAggregating` when the switch
-        stopped aggregating during it (the caller settles)."""
+        """Call `seq` once: route it before the exchange (`candidates`), metadata exchange
+        (through the switch while it aggregates, else around the host ring), agreement,
+        rejoining the switch when rank 0's record asks for it, route, run. Raises
+        `SwitchAway` / `SwitchNotAggregating` when the switch stopped aggregating during it
+        (the caller settles)."""
         array, target, dtype = call.array, call.target, call.array.dtype
         self._rendezvous.check_peers()
         algorithms = candidates(call.algo, dtype, call.op, self.switch, self._away)
@@ -450,7 +450,6 @@ class Communicator:
         that rank moved its "inc" QPs to ERROR right after publishing it."""
         if not uses_inc:
             return step()
-        self._inc_busy = True
         try:
             return step()
         except FlowError as exc:
@@ -460,8 +459,6 @@ class Communicator:
             if isinstance(exc, StallError):
                 raise StallError(f"{exc}; {self._switch_view()}") from exc
             raise
-        finally:
-            self._inc_busy = False
 
     def _switch_view(self) -> str:
         """What the switch counted for this ring, for a stall on "inc": its next_emit and the
@@ -857,7 +854,6 @@ class _Call:
     op: str
     ufunc: np.ufunc
     algo: str                                   # as asked: "auto", "switch" or "ring"
-    candidates: tuple[Algorithm, ...]           # what it may run (netreduce.routing)
 
     def what(self, seq: int | None) -> str:
         """How messages name the call (`seq`: its number once it started)."""

@@ -1,11 +1,14 @@
 """Where each allreduce call runs: the one place a call's route is decided, and the counts.
 
-Two steps, both functions of what every rank holds alike, so every rank takes the same
-route and the message sequences on the QPs never diverge (netreduce/algorithms/switch.py):
-- `candidates(algo, dtype, op, switch)`, before any exchange: the algorithms the call may
-  run. It raises for explicit requests the call cannot satisfy (algo="switch" without a
-  registered ring, or with a dtype/op the switch does not add). The workspace is sized
-  for all of them, and the first one's `local_range` goes into the call's metadata.
+`check_request(algo, dtype, op, switch)` checks a call's request where it is made (an
+asynchronous call's too, before it is queued): it raises for explicit requests the call
+cannot satisfy (an unknown algo, algo="switch" without a registered ring, or with a
+dtype/op the switch does not add). Then each attempt of the call is routed in two steps,
+both functions of what every rank holds alike, so every rank takes the same route and the
+message sequences on the QPs never diverge (netreduce/algorithms/switch.py):
+- `candidates(algo, dtype, op, switch, away)`, before any exchange: the algorithms the
+  call may run. The workspace is sized for all of them, and the first one's
+  `local_range` goes into the call's metadata.
 - `route(algo, call, switch)`, after the metadata exchange and its agreement check: the
   algorithm that runs, from the requested `algo`, the agreed call (dtype, op, every rank's
   range) and whether the switch takes calls -- never from anything one rank alone knows.
@@ -70,25 +73,33 @@ class Route:
     fallback: str | None = None
 
 
-def candidates(algo: str, dtype: np.dtype, op: str, switch: SwitchStatus,
-               away: str | None = None) -> tuple[Algorithm, ...]:
-    """The algorithms a call of `dtype` and `op` with `algo` may run, preferred first;
-    TypeError / ValueError (before any exchange) for an unknown name or an explicit
-    algorithm that cannot take the call; `SwitchUnavailable` for algo="switch" while the
-    switch is away (`away`: why, None while it aggregates)."""
-    on = switch.registered and away is None
+def check_request(algo: str, dtype: np.dtype, op: str, switch: SwitchStatus) -> None:
+    """TypeError / ValueError, before any exchange, for an unknown `algo` or an explicit
+    algorithm that cannot take a call of `dtype` and `op` (algo="switch" also needs the
+    "inc" ring registered with a switch: `switch`)."""
     if algo == AUTO:
-        return (SWITCH, RING) if on and SWITCH.supports(dtype, op) else (RING,)
+        return
     algorithm = resolve(algo)
-    if algorithm is SWITCH and switch.registered and away is not None:
-        raise SwitchUnavailable(
-            f"allreduce: algo='switch': the switch at {switch.controller} is away ({away}); "
-            f"calls run over the host ring until the ring is registered with it again "
-            f"(algo='auto' does that on its own; comm.stats() counts it); nothing moved")
     if algorithm is SWITCH and not switch.registered:
         raise ValueError(f"allreduce: algo='switch' needs the communicator's 'inc' ring "
                          f"registered with a switch, and it is not: {switch.note}")
     algorithm.check_call(dtype, op)
+
+
+def candidates(algo: str, dtype: np.dtype, op: str, switch: SwitchStatus,
+               away: str | None = None) -> tuple[Algorithm, ...]:
+    """The algorithms a call of `dtype` and `op` with `algo` (a request `check_request`
+    passed) may run, preferred first; `SwitchUnavailable` for algo="switch" while the
+    switch is away (`away`: why, None while it aggregates)."""
+    if algo == AUTO:
+        on = switch.registered and away is None
+        return (SWITCH, RING) if on and SWITCH.supports(dtype, op) else (RING,)
+    algorithm = resolve(algo)
+    if algorithm is SWITCH and away is not None:
+        raise SwitchUnavailable(
+            f"allreduce: algo='switch': the switch at {switch.controller} is away ({away}); "
+            f"calls run over the host ring until the ring is registered with it again "
+            f"(algo='auto' does that on its own; comm.stats() counts it); nothing moved")
     return (algorithm,)
 
 

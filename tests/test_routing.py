@@ -14,8 +14,8 @@ from netreduce.algorithms import CallContext
 from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import SWITCH, AllreduceOverflow, NotQuantizable
 from netreduce.registration import SwitchStatus
-from netreduce.routing import (DTYPE, FALLBACKS, NON_FINITE, OP, CallStats, Route, candidates,
-                               route)
+from netreduce.routing import (DTYPE, FALLBACKS, NON_FINITE, OP, CallStats, Route,
+                               SwitchUnavailable, candidates, check_request, route)
 
 REGISTERED = SwitchStatus(controller="ctl:1", ring_id="nr-test", slots=256)
 NONE = SwitchStatus()
@@ -78,12 +78,24 @@ def test_candidates_size_the_workspace_for_every_route_the_call_may_take() -> No
     assert candidates("auto", f32, "sum", NONE) == (RING,)
     assert candidates("ring", f32, "sum", REGISTERED) == (RING,)
     assert candidates("switch", f32, "sum", REGISTERED) == (SWITCH,)
+    assert candidates("auto", f32, "sum", REGISTERED, away="restarted") == (RING,)
+    with pytest.raises(SwitchUnavailable, match="the switch at ctl:1 is away \\(restarted\\)"):
+        candidates("switch", f32, "sum", REGISTERED, away="restarted")
+
+
+def test_a_request_the_call_cannot_satisfy_is_refused_before_any_exchange() -> None:
+    f32, f64 = np.dtype("float32"), np.dtype("float64")
+    for algo, status in (("auto", NONE), ("auto", REGISTERED), ("ring", NONE),
+                         ("switch", REGISTERED)):
+        check_request(algo, f32, "sum", status)
     with pytest.raises(TypeError, match="reduces int32, float32, float16 and bfloat16 only"):
-        candidates("switch", f64, "sum", REGISTERED)
+        check_request("switch", f64, "sum", REGISTERED)
+    with pytest.raises(ValueError, match="supports op='sum' and op='avg' only, not 'max'"):
+        check_request("switch", f32, "max", REGISTERED)
     with pytest.raises(ValueError, match="needs the communicator's 'inc' ring registered"):
-        candidates("switch", f32, "sum", NONE)
+        check_request("switch", f32, "sum", NONE)
     with pytest.raises(ValueError, match="unknown algo 'tree'"):
-        candidates("tree", f32, "sum", REGISTERED)
+        check_request("tree", f32, "sum", REGISTERED)
 
 
 finite_or_not = st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False),
