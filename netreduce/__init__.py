@@ -18,7 +18,8 @@ from flowctl.plan import FlowConfig
 from flowctl.stream import FlowError
 from netreduce.algorithms.switch import AllreduceOverflow, NotQuantizable
 from netreduce.api import allreduce, finalize, get_communicator, init, log_to_stderr
-from netreduce.comm import Communicator, CommunicatorError, PeerFailure, SwitchFailure
+from netreduce.comm import Communicator
+from netreduce.errors import CommunicatorError, PeerFailure, SwitchFailure
 from netreduce.meta import AllreduceMismatch, CallRejected
 from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus

@@ -36,93 +36,44 @@ the wire words the plan needs, or a good seal disagrees with the recovered sum).
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 
-from flowctl.link import Link, LocalBuffer
 from flowctl.plan import FlowConfig
-from flowctl.stream import Stream
-from flowctl.stream import FlowError, StallError
+from flowctl.stream import FlowError, StallError, Stream
 from netreduce.algorithms import CallContext
 from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
 from netreduce.away import Backoff, Rejoiner, SwitchAway, settle_plan
+from netreduce.errors import CommunicatorError, PeerFailure, SwitchFailure
 from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange,
                             SwitchNotAggregating, check_agreement, check_dtype, check_op,
                             control_bytes)
 from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, LeaseKeeper, SwitchStatus,
-                                    SwitchRegistrationError, fit_inc_ring, register_inc_ring,
-                                    switch_address, unregister)
+                                    SwitchRegistrationError, controller_client, fit_inc_ring,
+                                    register_inc_ring, switch_address, unregister)
+from netreduce.rings import Host, RingQPsLike, connect_ring, connect_rings, inc_ring_spec
 from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, candidates, check_request,
                                route)
 from netreduce.tensors import as_ndarray, torch_store_in_use
 from netreduce.workspace import RegisteredMemory, Workspace
+from nr_contract.spec import RingSpec
 from ring_setup.device import source_ipv4_towards
-from ring_setup.endpoints import (HostEndpoint, QPEndpoint, RingEndpoint, check_agreement as
-                                  check_endpoints, neighbours, ring_spec)
+from ring_setup.endpoints import HostEndpoint, RingEndpoint, neighbours
 from ring_setup.rendezvous import PortExchange, Rendezvous, RendezvousConfig
 from ring_setup.store_protocol import DEFAULT_TIMEOUT, PeerFailed, RendezvousError
-from nr_contract.spec import RingSpec
 
 logger = logging.getLogger(__name__)
 
-RINGS = ("ring", "inc")
 _FAILED_LEAVE_TIMEOUT = 5.0
 NOTICE_GRACE = 3.0     # s a transfer error on "inc" waits for another rank's switch-away
 #                        notice (its QPs went to ERROR just after it published one)
-
-
-class CommunicatorError(RuntimeError):
-    """The communicator cannot be used (closed, or broken by an earlier transfer error)."""
-
-
-class PeerFailure(CommunicatorError):
-    """A call failed because other ranks died, went silent or aborted (`ranks`, with the
-    reasons in the message); the communicator is unusable afterwards."""
-
-    def __init__(self, message: str, ranks: list[int]) -> None:
-        super().__init__(message)
-        self.ranks = ranks
-
-
-class SwitchFailure(CommunicatorError):
-    """A loss of the switch that could not be settled (a rank lacks the wire words the
-    agreed plan needs, or a good seal disagrees with the sum recovered over the host
-    ring); the message names the switch. The communicator is unusable afterwards. A switch
-    that restarts or loses the ring is settled instead (see the module doc)."""
-
-
-class RingQPsLike(Protocol):
-    """This rank's QPs in one ring (ring_setup.verbs.host.RingQPs)."""
-
-    def local(self) -> RingEndpoint: ...
-    def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None: ...
-    def link(self, recv_sge: LocalBuffer, successor: int, predecessor: int) -> Link: ...
-    def to_error(self) -> None: ...
-    def close(self) -> None: ...
-
-
-class Host(Protocol):
-    """An opened RDMA device (ring_setup.verbs.host.RdmaHost; tests use an in-process one)."""
-
-    ip: str
-    mac: str
-
-    @property
-    def gid(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    def register(self, nbytes: int) -> RegisteredMemory: ...
-    def create_ring(self, name: str, config: FlowConfig) -> RingQPsLike: ...
-    def close(self) -> None: ...
 
 
 class Communicator:
@@ -208,8 +159,8 @@ class Communicator:
         controller: Controller | None = None
         try:
             if rdzv.rank in LEASE_RANKS and addr is not None:
-                controller = _controller_client(addr, min(10.0, timeout / 2),
-                                                min(30.0, timeout / 2), rdzv.rank)
+                controller = controller_client(addr, min(10.0, timeout / 2),
+                                               min(30.0, timeout / 2), rdzv.rank)
             host = RdmaHost(ip, device, config)
             comm = cls.connect(rendezvous, host, config, controller, pinned)
         except BaseException as exc:
@@ -232,37 +183,20 @@ class Communicator:
         """Build both QP rings with the other ranks: rank 0 fits the "inc" ring's knobs to
         `controller`'s target (`netreduce.registration.fit_inc_ring`; "ring" keeps
         `config` but for the ACK timeout: its packets cross the same switch, at the same
-        pace); create the QPs (INIT), exchange
-        endpoints through the rendezvous, connect (RTR, RTS), post receives, and wait until
-        every rank is ready so that nobody sends to a QP that is not yet in RTR. Then rank
-        0 registers the "inc" ring with `controller` (if any; on ranks `LEASE_RANKS` other
-        than 0 it only renews the lease) and every rank learns the outcome
+        pace); create the QPs, exchange endpoints through the rendezvous, connect and wait
+        until every rank is ready (`netreduce.rings.connect_rings`). Then rank 0 registers
+        the "inc" ring with `controller` (if any; on ranks `LEASE_RANKS` other than 0 it
+        only renews the lease) and every rank learns the outcome
         (`netreduce.registration.register_inc_ring`). The communicator owns `controller`
         from then on."""
         rank = rendezvous.rank
         fit = fit_inc_ring(rendezvous, config, pinned, controller)
         config = replace(config, ack_timeout=fit.config.ack_timeout)
-        configs = {"ring": config, "inc": fit.config}
         control = host.register(control_bytes(rendezvous.world_size))
-        rings = {name: host.create_ring(name, configs[name]) for name in RINGS}
-        me = HostEndpoint(rank=rank, ip=host.ip, mac=host.mac, gid=host.gid,
-                          device=host.device, mtu=config.mtu,
-                          msg_size=config.msg_size, window=config.window,
-                          control=control.remote(),
-                          rings={name: qps.local() for name, qps in rings.items()})
-        endpoints = [HostEndpoint.from_dict(d)
-                     for d in rendezvous.all_gather("endpoint", me.to_dict())]
-        check_endpoints(endpoints)
-        predecessor, successor = neighbours(endpoints, rank)
-        streams = {}
-        for name, qps in rings.items():
-            qps.connect(predecessor, successor)
-            link = qps.link(control.local(), successor.rank, predecessor.rank)
-            streams[name] = Stream(link, configs[name], f"rank {rank}, ring {name!r}",
-                                   liveness=rendezvous.check_peers)
-        rendezvous.barrier("ready")
-        switch = register_inc_ring(rendezvous, _inc_ring_spec(endpoints, fit.config,
-                                                              rendezvous.job_key),
+        endpoints, streams, rings = connect_rings(rendezvous, host,
+                                                  {"ring": config, "inc": fit.config}, control)
+        switch = register_inc_ring(rendezvous, inc_ring_spec(endpoints, fit.config,
+                                                             rendezvous.job_key),
                                    controller if rank == 0 else None, fit.choice)
         try:
             rendezvous.watch()
@@ -280,7 +214,7 @@ class Communicator:
 
     def inc_ring_spec(self) -> RingSpec:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""
-        return _inc_ring_spec(self._endpoints, self.inc_config, self._rendezvous.job_key)
+        return inc_ring_spec(self._endpoints, self.inc_config, self._rendezvous.job_key)
 
     def allreduce(self, array: Any, op: str = "sum", algo: str = "auto",
                   out: Any = None, async_op: bool = False) -> Any:
@@ -655,22 +589,19 @@ class Communicator:
                                "(they stay in ERROR until the device closes): %s",
                                self.rank, exc)
         qps = self._host.create_ring("inc", self.inc_config)
-        theirs = self._rendezvous.gather(f"inc.{gen}", _ring_endpoint_dict(qps.local()),
-                                         timeout, waiting_for=f"rebuilt 'inc' ({gen})")
-        endpoints = [replace(ep, rings={**ep.rings, "inc": _ring_endpoint(d)})
+        theirs = self._rendezvous.gather(f"inc.{gen}", qps.local().to_dict(), timeout,
+                                         waiting_for=f"rebuilt 'inc' ({gen})")
+        endpoints = [replace(ep, rings={**ep.rings, "inc": RingEndpoint.from_dict(d)})
                      for ep, d in zip(self._endpoints, theirs)]
-        predecessor, successor = neighbours(endpoints, self.rank)
-        qps.connect(predecessor, successor)
-        link = qps.link(self._control.local(), successor.rank, predecessor.rank)
-        self._streams["inc"] = Stream(link, self.inc_config, f"rank {self.rank}, ring 'inc'",
-                                      liveness=self._inc_liveness)
+        self._streams["inc"] = connect_ring(qps, "inc", self.inc_config, endpoints, self.rank,
+                                            self._control, self._inc_liveness)
         self._rings["inc"], self._endpoints, self._generation = qps, endpoints, gen
         self._rendezvous.gather(f"inc-ready.{gen}", True, timeout,
                                 waiting_for=f"connected 'inc' ({gen})")
         if self._rejoiner is not None:
             self._rejoiner.stop()
             self._rejoiner = None
-        spec = _inc_ring_spec(endpoints, self.inc_config, self._rendezvous.job_key)
+        spec = inc_ring_spec(endpoints, self.inc_config, self._rendezvous.job_key)
         try:
             status = register_inc_ring(self._rendezvous, spec,
                                        self._controller if self.rank == 0 else None,
@@ -875,38 +806,3 @@ class _SwitchCall:
 
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
-
-
-def _ring_endpoint_dict(ring: RingEndpoint) -> dict[str, Any]:
-    return {"send": vars(ring.send), "recv": vars(ring.recv)}
-
-
-def _ring_endpoint(d: dict[str, Any]) -> RingEndpoint:
-    return RingEndpoint(QPEndpoint(**d["send"]), QPEndpoint(**d["recv"]))
-
-
-def _controller_client(addr: str, timeout: float, program_timeout: float,
-                       rank: int) -> Controller | None:
-    """The switch controller's client for rank 0 (fits, registers, renews) or another of
-    `LEASE_RANKS` (renews only: None when it cannot make one, e.g. no token here)."""
-    from nr_contract.client import ControllerClient  # grpc: only where it is used
-    if rank == 0:
-        return ControllerClient(addr, timeout=timeout, program_timeout=program_timeout)
-    try:
-        return ControllerClient(addr, timeout=timeout, program_timeout=program_timeout)
-    except Exception as exc:        # noqa: BLE001 - rank 0 renews alone then
-        logger.info("netreduce: rank %d does not renew the switch lease (rank 0 does): %s",
-                    rank, exc)
-        return None
-
-
-def _inc_ring_spec(endpoints: list[HostEndpoint], config: FlowConfig,
-                   job_key: bytes) -> RingSpec:
-    """The "inc" ring's RingSpec; its id names rank 0's address and "inc" send QPN, and ends
-    in 8 hex digits derived from the job's key (`Rendezvous.job_key`): the same on every
-    rank, and no other tenant can predict it to register it first (and so have this job
-    refused)."""
-    first = endpoints[0]
-    qpn = first.rings["inc"].send.qpn
-    tag = hmac.new(job_key, f"ring-id|{first.ip}|{qpn}".encode(), hashlib.sha256).hexdigest()
-    return ring_spec(endpoints, "inc", f"nr-{first.ip}-{qpn}-{tag[:8]}", config)

@@ -98,6 +98,21 @@ def switch_address(switch: str | None) -> str | None:
     return switch or None
 
 
+def controller_client(addr: str, timeout: float, program_timeout: float,
+                      rank: int) -> Controller | None:
+    """The switch controller's client for rank 0 (fits, registers, renews) or another of
+    `LEASE_RANKS` (renews only: None when it cannot make one, e.g. no token here)."""
+    from nr_contract.client import ControllerClient  # grpc: only where it is used
+    if rank == 0:
+        return ControllerClient(addr, timeout=timeout, program_timeout=program_timeout)
+    try:
+        return ControllerClient(addr, timeout=timeout, program_timeout=program_timeout)
+    except Exception as exc:        # noqa: BLE001 - rank 0 renews alone then
+        logger.info("netreduce: rank %d does not renew the switch lease (rank 0 does): %s",
+                    rank, exc)
+        return None
+
+
 @dataclass(frozen=True)
 class RingFit:
     """The "inc" ring's flow-control knobs fitted to the switch (alike on every rank)."""

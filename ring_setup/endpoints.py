@@ -29,6 +29,13 @@ class RingEndpoint:
     send: QPEndpoint    # requester, connected to the successor's `recv`
     recv: QPEndpoint    # responder, connected to the predecessor's `send`
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RingEndpoint":
+        return cls(QPEndpoint(**d["send"]), QPEndpoint(**d["recv"]))
+
 
 @dataclass(frozen=True)
 class HostEndpoint:
@@ -50,8 +57,7 @@ class HostEndpoint:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "HostEndpoint":
-        rings = {name: RingEndpoint(QPEndpoint(**r["send"]), QPEndpoint(**r["recv"]))
-                 for name, r in d["rings"].items()}
+        rings = {name: RingEndpoint.from_dict(r) for name, r in d["rings"].items()}
         return cls(**{**d, "control": RemoteBuffer(**d["control"]), "rings": rings})
 
 

@@ -24,7 +24,8 @@ import flowctl.stream
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import LIVENESS_POLL, Stream
-from netreduce.comm import RINGS, Communicator
+from netreduce.comm import Communicator
+from netreduce.rings import RINGS
 from netreduce.meta import control_bytes
 from netreduce.registration import SwitchStatus
 from ring_setup.store_protocol import PeerFailed, RendezvousTimeout
@@ -110,7 +111,7 @@ class ModelRingQPs:
 
 @dataclass
 class ModelHost:
-    """What netreduce.comm.Host needs for `Workspace` (register), error messages and
+    """What netreduce.rings.Host needs for `Workspace` (register), error messages and
     `Communicator.close`."""
 
     device: Device

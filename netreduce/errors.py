@@ -1,0 +1,23 @@
+"""The errors that leave a communicator unusable (a `netreduce.meta.CallRejected` leaves it
+usable: the call was refused alike on every rank before anything moved)."""
+from __future__ import annotations
+
+
+class CommunicatorError(RuntimeError):
+    """The communicator cannot be used (closed, or broken by an earlier transfer error)."""
+
+
+class PeerFailure(CommunicatorError):
+    """A call failed because other ranks died, went silent or aborted (`ranks`, with the
+    reasons in the message); the communicator is unusable afterwards."""
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
+class SwitchFailure(CommunicatorError):
+    """A loss of the switch that could not be settled (a rank lacks the wire words the
+    agreed plan needs, or a good seal disagrees with the sum recovered over the host
+    ring); the message names the switch. The communicator is unusable afterwards. A switch
+    that restarts or loses the ring is settled instead (`netreduce.comm`)."""
