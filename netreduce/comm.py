@@ -349,12 +349,8 @@ class Communicator:
             taken.algorithm.run(context, array, target)
             return taken
         self._last_switch = _SwitchCall(context, call, mine)
-        if context.inline:          # its sum is formed from the records, then written
-            total = inline_sum(context.blocks, context.divisor, target.dtype)
-            self._settle_inc(True)
-            write_inline(total, target)
-        else:                       # the data's transfer settles the records' first
-            self._on_inc(True, lambda: SWITCH.run(context, array, target))
+        # a small call's sum is formed from its records (SwitchAllreduce.run)
+        self._on_inc(True, lambda: SWITCH.run(context, array, target))
         return taken
 
     def _settle_inc(self, used: bool) -> None:

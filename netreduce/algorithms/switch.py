@@ -376,10 +376,16 @@ class SwitchAllreduce:
                 f"moved. Use algo='ring'")
 
     def run(self, call: CallContext, src: np.ndarray, dst: np.ndarray) -> None:
-        """A call whose data travel after its records. A small call's (`call.inline`)
-        travelled in them: the communicator forms its result (`inline_sum`), settles
-        "inc", then writes it (`write_inline`)."""
-        assert not call.inline, "a small call's result is formed from its records"
+        """A call whose data travel after its records: send, then deliver. A small call
+        (`call.inline`) travelled in them: its sum is formed from the records
+        (`inline_sum`), then the "inc" stream is settled (the records' acknowledgement:
+        the output is written only once this rank's records are known delivered,
+        docs/reliability.md), then the sum is written (`write_inline`)."""
+        if call.inline:
+            total = inline_sum(call.blocks, call.divisor, dst.dtype)
+            call.streams["inc"].settle()
+            write_inline(total, dst)
+            return
         self.deliver(call, self.send(call, src), dst)
 
     @staticmethod
