@@ -1,33 +1,69 @@
-"""The switch went away: what the ranks agree on, and when rank 0 asks to come back.
+"""The switch went away (issue 24): the one home of the switch-away protocol.
 
-The communicator (netreduce/comm.py) runs the protocol; this module holds its pure parts
-(docs/reliability.md tells the whole story):
-- `SwitchAway`, raised inside a call on "inc" when the switch stopped aggregating (the
-  seal or the metadata came back unaggregated, or another rank published a switch-away
-  notice through the store while this rank waited on "inc").
-- `settle_plan`: from every rank's position (the first call it could not complete through
-  the switch; an idle rank: its next call), the call k* that all ranks settle and whether
-  its wire words must be summed over the host ring (some rank completed k* with a good
-  seal, so every rank sent its wire words of k* and none may compute k* twice).
-- `Backoff` and `Rejoiner`: rank 0 asks the controller again (Ping) only after a back-off
-  that doubles when the switch flaps, and flags its next call's metadata (`meta.REJOIN`)
-  once the controller answers; every rank then rebuilds and registers "inc" in that call.
+A switch that stops aggregating the registered "inc" ring (it restarted, or lost the ring:
+a lease renewal hears NOT_FOUND, a call's seal or metadata bank came back unaggregated)
+costs one call's time, never the job. docs/reliability.md ("Switch restarts") has the
+argument; `AwayProtocol` runs it on each rank, in steps:
+1. Notice: the rank that sees the loss publishes a switch-away notice of epoch e through
+   the store (`Rendezvous.notice`); a rank waiting on "inc" sees it in its liveness check
+   (`SwitchAway`), a transfer error on "inc" that comes with it is one too (`on_inc`).
+2. Settle epoch e once, under the communicator's call lock (`AwayProtocol.settle`: inside
+   the call that saw it, before the next call, or on the progress thread when idle): this
+   rank's "inc" QPs go to ERROR (no late WRITE through the lost switch lands in its
+   memory), every rank publishes its position (the first call it could not complete
+   through the switch; idle: its next call) and all agree on k* (`settle_plan`).
+3. Recover k* when some rank completed it with a good seal: every rank sums its kept wire
+   words of k* over the host ring (a small call: sends its record of k* again) and the
+   ranks at k* write that result; the good ones check that the switch gave them the same.
+4. Redo over the host ring the calls nobody completed (the communicator does: their inputs
+   are untouched, their outputs unwritten). Calls run over the ring meanwhile.
+5. Return: rank 0 Pings the controller after a back-off (`Backoff`, `Rejoiner`) and flags
+   its next call's record (`meta.REJOIN`); in that call every rank builds a fresh "inc"
+   ring and rank 0 registers it (`AwayProtocol.rejoin`).
+6. Finalize: a rank whose last call went through the switch waits until every rank is
+   closing, settling what arrives meanwhile (`AwayProtocol.wait_closing`).
+
+Invariant: every rank's position is k* or k*+1 (a rank can complete call k+1 through the
+switch only after every rank started it, i.e. completed k), and every rank keeps its
+wire words and record of its last switch call until every rank started the next one; so
+whatever the plan, the words it sums exist on every rank, and the sum is bit for bit the
+switch's. A switch call's output is written only from what the switch gave with a good
+seal (a small call: every record) or from that recovered result: no output is written
+twice, no partial sum is returned. What cannot be settled so is `SwitchFailure`.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
 
-from netreduce.registration import Controller, unregister
+import numpy as np
+
+from flowctl.plan import FlowConfig
+from flowctl.stream import FlowError, StallError, Stream
+from netreduce.algorithms import CallContext
+from netreduce.algorithms.ring import RING
+from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
+from netreduce.errors import SwitchFailure
+from netreduce.meta import INLINE, CallMeta, MetaExchange, SwitchNotAggregating, check_agreement
+from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationError,
+                                    SwitchStatus, register_inc_ring, unregister)
+from netreduce.rings import Host, RingQPsLike, connect_ring, inc_ring_spec
+from netreduce.routing import CallStats
+from netreduce.workspace import RegisteredMemory, Workspace
+from ring_setup.endpoints import HostEndpoint, RingEndpoint
+from ring_setup.rendezvous import Rendezvous
+from ring_setup.store_protocol import RendezvousError
 
 logger = logging.getLogger(__name__)
 
 REJOIN_FIRST = 5.0      # s after a fallback before rank 0 first asks the controller again
 REJOIN_MAX = 300.0      # s: the longest back-off
 REJOIN_POLL = 2.0       # s between Pings while the controller does not answer
+NOTICE_GRACE = 3.0      # s a transfer error on "inc" waits for another rank's switch-away
+#                         notice (its QPs went to ERROR just after it published one)
 STABLE = 60.0           # s back on the switch after which a new loss is not a flap
 SILENT_WARNING = 60.0   # s of an unanswered controller before rank 0 warns (once)
 
@@ -133,3 +169,363 @@ class Rejoiner:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class KeptCall:
+    """The last call routed through the switch, kept until every rank started the next
+    call: its context (workspace and wire words, the successor's workspace) and this
+    rank's record of it (a small call's data: `context.inline`)."""
+
+    context: CallContext
+    record: CallMeta
+
+
+class AwayProtocol:
+    """One rank's side of the switch (module doc): the "inc" ring (QPs, stream, endpoints),
+    its registration (`status`, alike on every rank) and lease, the switch-away epochs
+    settled, the last switch call kept, rank 0's back-off and Rejoiner. `settle`,
+    `rejoin`, `wait_closing` and the call-side methods run under the communicator's call
+    lock; the watch and lease threads only read `epoch` or publish a notice."""
+
+    def __init__(self, *, rendezvous: Rendezvous, host: Host, control: RegisteredMemory,
+                 endpoints: list[HostEndpoint], streams: dict[str, Stream],
+                 inc: RingQPsLike | None, inc_config: FlowConfig, timeout: float,
+                 status: SwitchStatus, controller: Controller | None, stats: CallStats,
+                 meta: MetaExchange, workspace: Workspace) -> None:
+        self._rendezvous, self.rank = rendezvous, rendezvous.rank
+        self._host, self._control = host, control
+        self.endpoints = endpoints            # every rank's, "inc" as last built
+        self._streams = streams               # the communicator's: "inc" replaced on rejoin
+        self._inc = inc                       # this rank's "inc" QPs
+        self._inc_config, self._timeout = inc_config, timeout
+        self.status = status                  # is "inc" registered with a switch (all alike)
+        self._controller = controller         # rank 0's controller client (or a renewer's)
+        self._stats, self._meta, self._workspace = stats, meta, workspace
+        self.epoch = 0                        # switch-away epochs settled (all alike)
+        self.reason: str | None = None        # why the switch is away (None: it is not)
+        self._away_at = (0, 0.0)              # the call settled and when, for the log
+        self._kept: KeptCall | None = None    # wire words that may be needed
+        self._began: CallMeta | None = None   # this rank's record of the last call it began
+        self._generation = 0                  # "inc" rings built again
+        self._backoff = Backoff()
+        self._rejoiner: Rejoiner | None = None
+        self._unregistered = False
+        self.closing = False                  # the communicator is closing: no new notice
+        streams["inc"].liveness = self.liveness
+        self._lease = self._keep_lease()
+
+    @property
+    def aggregating(self) -> bool:
+        """Calls may go through the switch: "inc" is registered and the switch not away."""
+        return self.status.registered and self.reason is None
+
+    @property
+    def pending(self) -> bool:
+        """Some rank published a switch-away notice this rank has not settled."""
+        return self._rendezvous.notice_epoch > self.epoch
+
+    @property
+    def keeping(self) -> bool:
+        """The last switch call's wire words are kept (its workspace must stay untouched)."""
+        return self._kept is not None
+
+    @property
+    def rejoin_due(self) -> bool:
+        """Rank 0's Rejoiner heard the controller: flag this call's record (`meta.REJOIN`)."""
+        return self._rejoiner is not None and self._rejoiner.ready.is_set()
+
+    def began(self, record: CallMeta) -> None:
+        """This rank is about to exchange `record`, its record of the call it begins."""
+        self._began = record
+
+    def forget_kept(self) -> None:
+        """The last switch call's wire words will never be needed again: every rank started
+        the next call, so every rank completed it (or a settle used them)."""
+        self._kept = None
+        self._workspace.release_retired()
+
+    def run_switch(self, context: CallContext, src: np.ndarray, dst: np.ndarray,
+                   record: CallMeta) -> None:
+        """Run an agreed call through the switch, keeping it (`record`: this rank's)."""
+        self._kept = KeptCall(context, record)
+        self.on_inc(True, lambda: SWITCH.run(context, src, dst))
+
+    def settle_inc(self, used: bool) -> None:
+        """Wait for the acknowledgements of this call's records on "inc" (`used`: they went
+        through the switch); a failure there is the switch's (`on_inc`)."""
+        if used:
+            self.on_inc(True, self._streams["inc"].settle)
+
+    def on_inc(self, uses_inc: bool, step: Callable[[], Any]) -> Any:
+        """Run `step`; when it moves data on "inc", a transport error there that comes with
+        (or within NOTICE_GRACE s before) another rank's switch-away notice is `SwitchAway`:
+        that rank moved its "inc" QPs to ERROR right after publishing it."""
+        if not uses_inc:
+            return step()
+        try:
+            return step()
+        except FlowError as exc:
+            if not isinstance(exc, SwitchNotAggregating) and self._notice_within(NOTICE_GRACE):
+                raise SwitchAway(f"a transfer on 'inc' failed after the switch went away: "
+                                 f"{exc}") from exc
+            if isinstance(exc, StallError):
+                raise StallError(f"{exc}; {self._switch_view()}") from exc
+            raise
+
+    def _switch_view(self) -> str:
+        """What the switch counted for this ring, for a stall on "inc": its next_emit and the
+        nonzero counters of the ring and of each connection. A connection whose packets the
+        switch keeps dropping names the stall's cause (a BMv2 ToR's drop_mismatch on one
+        connection did, docs/reliability.md). Rank 0 holds the controller client and asks;
+        the other ranks' errors point to its."""
+        ring_id = self.status.ring_id
+        if self.rank != 0 or self._controller is None or ring_id is None:
+            return "what the switch counted: in rank 0's error"
+        try:
+            ring = self._controller.counters(ring_id)["rings"][ring_id]
+        except Exception as e:  # noqa: BLE001 - a diagnostic of the stall, never its error
+            return f"what the switch counted for ring {ring_id}: unavailable ({e})"
+
+        def nonzero(counters: dict[str, int]) -> dict[str, int]:
+            return {k: v for k, v in sorted(counters.items()) if v}
+        conns = "; ".join(f"rank {c['rank']}'s connection {nonzero(c['counters'])}"
+                          for c in ring.get("connections", []))
+        return (f"what the switch counted for ring {ring_id}: next_emit {ring['next_emit']}, "
+                f"{nonzero(ring['counters'])}; {conns}")
+
+    def _notice_within(self, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while not self.pending:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _notice_reason(self) -> str:
+        """The reason of the first switch-away notice not settled yet."""
+        notices = self._rendezvous.notices
+        return notices.get(self.epoch + 1) or notices[max(notices)]
+
+    def liveness(self) -> None:
+        """The "inc" stream's liveness check: the peers' (PeerFailed), then whether some
+        rank published a switch-away notice this rank has not settled (SwitchAway)."""
+        self._rendezvous.check_peers()
+        epoch = self._rendezvous.notice_epoch
+        if epoch > self.epoch:
+            raise SwitchAway(self._rendezvous.notices[epoch])
+
+    def settle(self, position: int, target: np.ndarray | None = None,
+               seen: str | None = None) -> bool:
+        """Settle the next switch-away epoch (module doc) with this rank's `position` (the
+        call it could not complete through the switch, or its next call when idle) and the
+        output of its call in flight (`target`, None when idle); `seen`: what this rank
+        saw, published as the notice unless one is pending. Returns True when the call in
+        flight was completed from every rank's wire words (its output written)."""
+        epoch = self.epoch + 1
+        if self._rendezvous.notice_epoch < epoch:
+            self._rendezvous.notice(epoch, f"rank {self.rank}: {seen}")
+        reason = self._notice_reason()
+        self._stop_lease()
+        if self._inc is not None:
+            self._inc.to_error()    # no late WRITE through the lost switch lands in our memory
+        last = self._kept
+        # what the switch gave this rank with a good seal, before any rank's recovery ring
+        # can write into this workspace (its staging overlaps the receive area)
+        good = last is not None and position > last.context.seq
+        expected = SWITCH.areas(last.context)[1][:last.context.count].copy() \
+            if good and not last.context.inline else None
+        positions = [p["position"] for p in self._rendezvous.gather(
+            f"away.{epoch}", {"position": position}, self._timeout,
+            waiting_for=f"settled the switch's loss (epoch {epoch})")]
+        plan = settle_plan(positions)
+        recovered = False
+        if plan.recover and last is not None and last.context.seq == plan.call \
+                and not last.context.inline:
+            summed = self._sum_wire(last.context, expected)
+            if position == plan.call:
+                assert target is not None, "a rank at the settled call has it in flight"
+                SWITCH.deliver(last.context, summed, target)
+                recovered = True
+        elif plan.recover:
+            recovered = self._finish_inline(plan.call, position, target, reason)
+        self.forget_kept()
+        lost_ring = self.status.ring_id
+        self.epoch, self.reason = epoch, reason
+        self._away_at = (plan.call, time.monotonic())
+        self._stats.switch_event("fallbacks")
+        counts = self._stats.switch_event("recovered", int(plan.recover))
+        if self.rank == 0 and self._controller is not None:
+            delay = self._backoff.lost()
+            self._rejoiner = Rejoiner(self._controller, delay, lost_ring)
+            when = f"rank 0 asks the controller again in {delay:g} s"
+        else:
+            when = "no controller to ask again"
+        if self.rank == 0:
+            logger.warning("netreduce: the switch at %s stopped aggregating ring %s (%s): "
+                           "fallback %d at call #%d: %s; calls run over the host ring, %s "
+                           "(switch counts: %s)", self.status.controller, lost_ring, reason,
+                           counts["fallbacks"], plan.call, plan.describe(), when,
+                           _counts(counts))
+        return recovered
+
+    def _finish_inline(self, seq: int, position: int, target: np.ndarray | None,
+                       reason: str) -> bool:
+        """Settle call `seq`, a small call that travelled in its records (INLINE), which
+        the switch completed for some ranks only (it was lost while it emitted their
+        sums): every rank exchanges its record of it again around the host ring; the ranks
+        without it (`position` == `seq`) write its result from those records into
+        `target`, the others check that the switch gave them the same records. Returns
+        True when it wrote `target`. `SwitchFailure` when this rank holds neither that
+        call's wire words (`settle` sums those) nor its record of a small call."""
+        last = self._kept
+        kept = last is not None and last.context.seq == seq
+        if position > seq and not kept:
+            raise SwitchFailure(
+                f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
+                f"lost ({reason}) while some ranks lacked the records of call #{seq}, which "
+                f"this rank refused from them (a refusal keeps nothing to finish it with)")
+        mine = last.record if kept else self._began
+        if mine is None or mine.seq != seq or not mine.flags & INLINE:
+            raise SwitchFailure(
+                f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
+                f"lost ({reason}); call #{seq} must be finished from every rank's wire words "
+                f"(or records), but this rank holds "
+                f"{'none' if last is None else f'those of call #{last.context.seq}'}")
+        records = self._meta.exchange(mine, through_switch=False)
+        if position > seq:
+            assert last is not None
+            if tuple(m.blocks for m in records) != last.context.blocks:
+                raise SwitchFailure(
+                    f"netreduce: rank {self.rank}: allreduce call #{seq}: the records the "
+                    f"switch at {self.status.controller} returned differ from every rank's "
+                    f"records exchanged over the host ring: the result returned was wrong")
+            return False
+        assert target is not None, "a rank at the settled call has it in flight"
+        check_agreement(records)
+        divisor = len(records) if records[0].op == "avg" else 1
+        write_inline(inline_sum([m.blocks for m in records], divisor, target.dtype), target)
+        return True
+
+    def _sum_wire(self, switch_call: CallContext, expected: np.ndarray | None) -> np.ndarray:
+        """The wrapping int32 sum of every rank's wire words of `switch_call` (kept in its
+        workspace), over the host ring; a rank whose seal was good checks that the switch
+        gave it exactly that (`expected`; SwitchFailure otherwise)."""
+        wire, _ = SWITCH.areas(switch_call)
+        summed = np.empty(switch_call.count, dtype=wire.dtype)
+        RING.run(replace(switch_call, dtype=wire.dtype, op=np.add, divisor=1,
+                         streams=self._streams), wire[:switch_call.count], summed)
+        if expected is not None and not np.array_equal(expected, summed):
+            bad = int(np.flatnonzero(expected != summed)[0])
+            raise SwitchFailure(
+                f"netreduce: rank {self.rank}: allreduce call #{switch_call.seq}: the sum the "
+                f"switch at {self.status.controller} returned with a good seal differs from "
+                f"every rank's wire words summed over the host ring (first at element {bad}: "
+                f"{expected[bad]} vs {summed[bad]}): the result returned was wrong")
+        return summed
+
+    def rejoin(self, seq: int) -> None:
+        """Collective, inside call `seq` (rank 0's record asked for it, so alike on every
+        rank): build a fresh "inc" ring (new QPs and PSNs: the old ones are in ERROR and the
+        new switch knows none of them), connect it through the store, and let rank 0
+        register it. Registered: calls from `seq` + 1 on may take the switch again; else
+        rank 0 backs off and asks again later."""
+        gen = self._generation + 1
+        if self._inc is not None:
+            try:
+                self._inc.close()
+            except Exception as exc:    # noqa: BLE001 - in ERROR, unused: leaking it is safe
+                logger.warning("netreduce: rank %d: the old 'inc' QPs could not be destroyed "
+                               "(they stay in ERROR until the device closes): %s",
+                               self.rank, exc)
+        qps = self._host.create_ring("inc", self._inc_config)
+        theirs = self._rendezvous.gather(f"inc.{gen}", qps.local().to_dict(), self._timeout,
+                                         waiting_for=f"rebuilt 'inc' ({gen})")
+        endpoints = [replace(ep, rings={**ep.rings, "inc": RingEndpoint.from_dict(d)})
+                     for ep, d in zip(self.endpoints, theirs)]
+        self._streams["inc"] = connect_ring(qps, "inc", self._inc_config, endpoints,
+                                            self.rank, self._control, self.liveness)
+        self._inc, self.endpoints, self._generation = qps, endpoints, gen
+        self._rendezvous.gather(f"inc-ready.{gen}", True, self._timeout,
+                                waiting_for=f"connected 'inc' ({gen})")
+        if self._rejoiner is not None:
+            self._rejoiner.stop()
+            self._rejoiner = None
+        spec = inc_ring_spec(endpoints, self._inc_config, self._rendezvous.job_key)
+        try:
+            status = register_inc_ring(self._rendezvous, spec,
+                                       self._controller if self.rank == 0 else None,
+                                       self.status.choice, key=f"switch.{gen}")
+        except SwitchRegistrationError as exc:
+            status = replace(self.status, ring_id=None, note=str(exc))
+        if not status.registered:
+            if self.rank == 0 and self._controller is not None:
+                delay = self._backoff.failed()
+                self._rejoiner = Rejoiner(self._controller, delay, None)
+                logger.warning("netreduce: the switch at %s did not register ring %s again "
+                               "at call #%d: %s; calls keep running over the host ring, rank "
+                               "0 asks again in %g s", self.status.controller, spec.ring_id,
+                               seq, status.note, delay)
+            return
+        away_call, since = self._away_at
+        self.status, self.reason = status, None
+        self._backoff.returned()
+        counts = self._stats.switch_event("returns")
+        self._lease = self._keep_lease()
+        if self.rank == 0:
+            logger.warning("netreduce: back on the switch at %s: ring %s registered at call "
+                           "#%d, %.1f s and %d call(s) after it went away; calls from #%d on "
+                           "aggregate in the network again (switch counts: %s)",
+                           status.controller, status.ring_id, seq, time.monotonic() - since,
+                           seq - away_call, seq + 1, _counts(counts))
+
+    def wait_closing(self, position: int, timeout: float) -> None:
+        """Before leaving a ring registered with a switch: wait (up to `timeout` s) until
+        every rank is closing too, settling a switch-away notice that arrives meanwhile --
+        a rank without a good seal for the last call needs this rank's wire words of it
+        (`position`: this rank's next call)."""
+        while self._rendezvous.gather("closing", position, timeout, waiting_for="closed",
+                                      until=lambda: self.pending) is None:
+            self.settle(position)
+
+    def _keep_lease(self) -> LeaseKeeper | None:
+        """A lease keeper for the registered ring on this rank (ranks LEASE_RANKS with a
+        controller client), reporting a loss as a switch-away notice of the next epoch."""
+        if self._controller is None or not self.status.registered or self.status.lease_ms <= 0:
+            return None
+        epoch = self.epoch + 1
+        return LeaseKeeper(self._controller, self.status,
+                           lambda why: self._lease_lost(epoch, why),
+                           judge_silence=self.rank == 0,
+                           job_alive=self._rendezvous.peers_alive)
+
+    def _lease_lost(self, epoch: int, why: str) -> None:
+        """The keeper thread heard the switch lose the ring: tell every rank (they settle)."""
+        if epoch <= self.epoch or self.closing:
+            return
+        try:
+            self._rendezvous.notice(epoch, f"rank {self.rank}: {why}")
+        except RendezvousError as exc:
+            logger.warning("netreduce: rank %d: %s, and the store could not be told: %s",
+                           self.rank, why, exc)
+
+    def _stop_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.stop()
+            self._lease = None
+
+    def release(self) -> None:
+        """Stop renewing the lease and asking the switch back, and unregister the "inc"
+        ring (rank 0; once; not while the switch is away: it lost the ring)."""
+        self._stop_lease()
+        if self._rejoiner is not None:
+            self._rejoiner.stop()
+            self._rejoiner = None
+        if self.rank == 0 and self._controller is not None and self.status.ring_id is not None \
+                and self.reason is None and not self._unregistered:
+            self._unregistered = True
+            unregister(self._controller, self.status.ring_id)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())

@@ -1,13 +1,12 @@
 """The communicator: one rank's rings of RC QPs, their streams, and allreduce on top.
 
-A communicator holds two rings of RC QPs to the same neighbours: "ring" for host
-algorithms and "inc", dedicated to in-network aggregation: on "inc" every rank must post
-the identical message sequence. The per-call metadata exchange goes through the switch on
-"inc" when "inc" is registered (one bank-sized message per call, on every rank alike),
-else around "ring" (netreduce.meta). `inc_ring_spec()` describes "inc" for the switch
-controller; when a switch address is given, rank 0 registers it at setup and unregisters
-it at close (`netreduce.registration`), and `switch` says on every rank alike whether it
-is registered.
+A communicator holds two rings of RC QPs to the same neighbours (`netreduce.rings`): "ring"
+for host algorithms and "inc", dedicated to in-network aggregation. It coordinates a call:
+checks its arguments, exchanges the per-call metadata (through the switch on "inc" while
+it aggregates, else around "ring": `netreduce.meta`), routes the agreed call
+(`netreduce.routing`, once per attempt) and runs the algorithm (`netreduce.algorithms`).
+When a switch address is given, rank 0 registers "inc" at setup and unregisters it at close
+(`netreduce.registration`); `switch` says on every rank alike whether it is registered.
 
 Failures (liveness is separate from progress): every rank watches the others through the
 rendezvous store (`Rendezvous.watch`), and every wait of a call checks it, so a peer that
@@ -16,23 +15,12 @@ and the call; a live but slow peer is waited for up to `FlowConfig.collective_ti
 A rank whose call fails otherwise aborts through the store, so the others learn it too.
 After any of these the communicator is unusable and says so; rank 0 unregisters the ring.
 
-A switch that stops aggregating the registered ring (it restarted, or lost the ring: a
-lease renewal hears NOT_FOUND, a call's seal or metadata came back unaggregated) costs one
-call's time, never the job (docs/reliability.md has the argument): the rank that sees it
-publishes a switch-away notice of epoch e through the store; every rank settles epoch e
-once, under the call lock (`_settle`: inside its call, or on the progress thread when
-idle): it moves its "inc" QPs to ERROR, publishes its position, and all agree on the
-call k* to settle (`netreduce.away.settle_plan`). When some rank completed k* with a good
-seal, every rank sums its kept wire words of k* over the host ring and the ranks without
-a good seal write that sum (exactly what the switch would have given); the calls not
-completed run again over the host ring from their untouched inputs. No output is written
-twice, no partial sum is returned. Later calls run over the host ring ("auto"; algo=
-"switch" is `SwitchUnavailable`) until rank 0 sees the controller answer again (after a
-back-off, `netreduce.away.Rejoiner`) and flags a call's metadata: in that call every rank
-builds a fresh "inc" ring (new QPs and PSNs, so a new ring id) and rank 0 registers it;
-the next calls aggregate in the network again. Rank 0 logs each fallback and return;
-`stats()` counts them. `SwitchFailure` is left for what cannot be settled (a rank lacks
-the wire words the plan needs, or a good seal disagrees with the recovered sum).
+A switch that stops aggregating the registered ring costs one call's time, never the job:
+the switch-away protocol (`netreduce.away.AwayProtocol`, docs/reliability.md) settles it
+under this communicator's call lock -- inside the call that saw it, before the next call,
+or on the progress thread when idle -- and the call not completed anywhere runs again over
+the host ring from its untouched input; later calls run there ("auto"; algo="switch" is
+`SwitchUnavailable`) until the ring is registered again. `stats()` counts it all.
 """
 from __future__ import annotations
 
@@ -45,35 +33,32 @@ from typing import Any, Callable
 import numpy as np
 
 from flowctl.plan import FlowConfig
-from flowctl.stream import FlowError, StallError, Stream
+from flowctl.stream import Stream
 from netreduce.algorithms import CallContext
-from netreduce.algorithms.ring import RING
-from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
-from netreduce.away import Backoff, Rejoiner, SwitchAway, settle_plan
-from netreduce.errors import CommunicatorError, PeerFailure, SwitchFailure
+from netreduce.algorithms.switch import SWITCH
+from netreduce.away import AwayProtocol, SwitchAway
+from netreduce.errors import CommunicatorError, PeerFailure
 from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange,
                             SwitchNotAggregating, check_agreement, check_dtype, check_op,
                             control_bytes)
 from netreduce.progress import ProgressEngine, Work
-from netreduce.registration import (LEASE_RANKS, Controller, LeaseKeeper, SwitchStatus,
-                                    SwitchRegistrationError, controller_client, fit_inc_ring,
-                                    register_inc_ring, switch_address, unregister)
-from netreduce.rings import Host, RingQPsLike, connect_ring, connect_rings, inc_ring_spec
+from netreduce.registration import (LEASE_RANKS, Controller, SwitchStatus, controller_client,
+                                    fit_inc_ring, register_inc_ring, switch_address,
+                                    unregister)
+from netreduce.rings import Host, RingQPsLike, connect_rings, inc_ring_spec
 from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, candidates, check_request,
                                route)
 from netreduce.tensors import as_ndarray, torch_store_in_use
 from netreduce.workspace import RegisteredMemory, Workspace
 from nr_contract.spec import RingSpec
 from ring_setup.device import source_ipv4_towards
-from ring_setup.endpoints import HostEndpoint, RingEndpoint, neighbours
+from ring_setup.endpoints import HostEndpoint, neighbours
 from ring_setup.rendezvous import PortExchange, Rendezvous, RendezvousConfig
 from ring_setup.store_protocol import DEFAULT_TIMEOUT, PeerFailed, RendezvousError
 
 logger = logging.getLogger(__name__)
 
 _FAILED_LEAVE_TIMEOUT = 5.0
-NOTICE_GRACE = 3.0     # s a transfer error on "inc" waits for another rank's switch-away
-#                        notice (its QPs went to ERROR just after it published one)
 
 
 class Communicator:
@@ -90,7 +75,6 @@ class Communicator:
         self._host = host
         self.config = config                  # the "ring" ring's knobs: what the user asked
         self.inc_config = inc_config or config  # the "inc" ring's: fitted to the switch
-        self._endpoints = endpoints
         self.rank = rendezvous.rank
         self.world_size = rendezvous.world_size
         self._streams = streams
@@ -102,27 +86,18 @@ class Communicator:
         self._calls = 0                       # calls started: the next one's seq (all alike)
         self._running = threading.Lock()      # one call runs at a time (see _run)
         self._engine = ProgressEngine(f"nr-progress-{self.rank}")
-        self._unregistered = False
         self._broken: BaseException | None = None
         self._closed = False
-        self.switch = switch                  # is "inc" registered with a switch (all alike)
         self._controller = controller         # rank 0's controller client, if any
         self.last_algo: str | None = None    # the algorithm the last allreduce ran
         self.last_fallback: str | None = None   # why that "auto" call did not take the switch
         self._stats = CallStats()
-        self._rings = dict(rings or {})       # this rank's QPs by ring (to silence "inc")
-        self._epoch = 0                       # switch-away epochs settled (all alike)
-        self._away: str | None = None         # why the switch is away (None: it is not)
-        self._away_at = (0, 0.0)              # the call settled and when, for the log
-        self._last_switch: _SwitchCall | None = None   # wire words that may be needed
-        self._began: CallMeta | None = None   # this rank's record of the last call it began
-        self._generation = 0                  # "inc" rings built again
-        self._backoff = Backoff()
-        self._rejoiner: Rejoiner | None = None
-        self._closing = False
-        streams["inc"].liveness = self._inc_liveness
+        self._away = AwayProtocol(
+            rendezvous=rendezvous, host=host, control=control, endpoints=endpoints,
+            streams=streams, inc=(rings or {}).get("inc"), inc_config=self.inc_config,
+            timeout=config.collective_timeout, status=switch, controller=controller,
+            stats=self._stats, meta=self._meta, workspace=self._workspace)
         rendezvous.on_notice(self._noticed)
-        self._lease = self._keep_lease()
 
     @classmethod
     def create(cls, rank: int | None = None, world_size: int | None = None,
@@ -212,6 +187,16 @@ class Communicator:
     def device(self) -> str:
         return self._host.device
 
+    @property
+    def switch(self) -> SwitchStatus:
+        """Whether "inc" is registered with a switch, and which ring (alike on every rank)."""
+        return self._away.status
+
+    @property
+    def _endpoints(self) -> list[HostEndpoint]:
+        """Every rank's endpoints, "inc" as last built (the bench's RTT probe reads them)."""
+        return self._away.endpoints
+
     def inc_ring_spec(self) -> RingSpec:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""
         return inc_ring_spec(self._endpoints, self.inc_config, self._rendezvous.job_key)
@@ -278,15 +263,15 @@ class Communicator:
     def _execute(self, call: "_Call") -> None:
         seq = self._calls
         try:
-            if self._rendezvous.notice_epoch > self._epoch:   # the switch went away meanwhile
-                self._settle(seq, None, self._notice_reason())
+            if self._away.pending:      # the switch went away meanwhile
+                self._away.settle(seq)
             while True:
                 try:
                     taken = self._attempt(call, seq)
                     break
                 except (SwitchAway, SwitchNotAggregating) as exc:
                     self._calls = seq
-                    if self._settle(seq, call, str(exc)):
+                    if self._away.settle(seq, call.target, str(exc)):
                         self._calls = seq + 1
                         taken = Route(SWITCH)     # its wire words, summed over the ring
                         break
@@ -312,52 +297,40 @@ class Communicator:
         rejoining the switch when rank 0's record asks for it, route, run. Raises
         `SwitchAway` / `SwitchNotAggregating` when the switch stopped aggregating during it
         (the caller settles)."""
-        array, target, dtype = call.array, call.target, call.array.dtype
+        array, target, dtype, away = call.array, call.target, call.array.dtype, self._away
         self._rendezvous.check_peers()
-        algorithms = candidates(call.algo, dtype, call.op, self.switch, self._away)
+        through_switch, was_away = away.aggregating, away.reason is not None
+        algorithms = candidates(call.algo, dtype, call.op, away.status, away.reason)
         workspace = self._workspace.ensure(max(
             a.workspace_bytes(array.size, dtype, self.world_size) for a in algorithms),
-            keep=self._last_switch is not None)
+            keep=away.keeping)
         data = algorithms[0].local_range(array)
-        rejoin = self._rejoiner is not None and self._rejoiner.ready.is_set()
         mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
                         op=call.op, algo=call.algo, workspace=workspace.remote(),
                         lo=data.lo, hi=data.hi, blocks=data.blocks,
-                        flags=(REJOIN if rejoin else 0) | (INLINE if data.inline else 0))
-        self._calls, self._began = seq + 1, mine
-        through_switch = self.switch.registered and self._away is None
+                        flags=(REJOIN if away.rejoin_due else 0) | (INLINE if data.inline else 0))
+        self._calls = seq + 1
+        away.began(mine)
         # unsettled: the switch's successor acknowledges these records while this rank
         # checks and routes the call; the "inc" stream is settled before any output is
         # written (a call whose acknowledgement fails is settled as not completed here)
-        records = self._on_inc(through_switch, lambda: self._meta.exchange(
+        records = away.on_inc(through_switch, lambda: self._meta.exchange(
             mine, through_switch, settle=False))
-        # every rank started this call, so every rank completed the previous one: its wire
-        # words will never be needed again
-        self._last_switch = None
-        self._workspace.release_retired()
+        away.forget_kept()      # every rank started this call: the last one is complete
         try:
             context = self._context(call, records, workspace)
-            away = self._away is not None
-            if away and records[0].flags & REJOIN:
-                self._rejoin(seq)        # alike on every rank; this call still runs the ring
-            taken = route(call.algo, context, call.op, through_switch, away=away)
+            if was_away and records[0].flags & REJOIN:
+                away.rejoin(seq)        # alike on every rank; this call still runs the ring
+            taken = route(call.algo, context, call.op, through_switch, away=was_away)
         except CallRejected:
-            self._settle_inc(through_switch)
+            away.settle_inc(through_switch)
             raise
-        if taken.algorithm is not SWITCH:
-            self._settle_inc(through_switch)
+        if taken.algorithm is SWITCH:   # kept: its wire words may be summed over the ring
+            away.run_switch(context, array, target, mine)
+        else:
+            away.settle_inc(through_switch)
             taken.algorithm.run(context, array, target)
-            return taken
-        self._last_switch = _SwitchCall(context, call, mine)
-        # a small call's sum is formed from its records (SwitchAllreduce.run)
-        self._on_inc(True, lambda: SWITCH.run(context, array, target))
         return taken
-
-    def _settle_inc(self, used: bool) -> None:
-        """Wait for the acknowledgements of this call's records on "inc" (`used`: they went
-        through the switch); a failure there is the switch's (`_on_inc`)."""
-        if used:
-            self._on_inc(True, self._streams["inc"].settle)
 
     def _context(self, call: "_Call", records: list[CallMeta],
                  workspace: RegisteredMemory) -> CallContext:
@@ -374,69 +347,11 @@ class Communicator:
             streams=self._streams, blocks=tuple(m.blocks for m in records),
             inline=bool(records[0].flags & INLINE))
 
-    def _on_inc(self, uses_inc: bool, step: Callable[[], Any]) -> Any:
-        """Run `step`; when it moves data on "inc", a transport error there that comes with
-        (or within NOTICE_GRACE s before) another rank's switch-away notice is `SwitchAway`:
-        that rank moved its "inc" QPs to ERROR right after publishing it."""
-        if not uses_inc:
-            return step()
-        try:
-            return step()
-        except FlowError as exc:
-            if not isinstance(exc, SwitchNotAggregating) and self._notice_within(NOTICE_GRACE):
-                raise SwitchAway(f"a transfer on 'inc' failed after the switch went away: "
-                                 f"{exc}") from exc
-            if isinstance(exc, StallError):
-                raise StallError(f"{exc}; {self._switch_view()}") from exc
-            raise
-
-    def _switch_view(self) -> str:
-        """What the switch counted for this ring, for a stall on "inc": its next_emit and the
-        nonzero counters of the ring and of each connection. A connection whose packets the
-        switch keeps dropping names the stall's cause (a BMv2 ToR's drop_mismatch on one
-        connection did, docs/reliability.md). Rank 0 holds the controller client and asks;
-        the other ranks' errors point to its."""
-        ring_id = self.switch.ring_id
-        if self.rank != 0 or self._controller is None or ring_id is None:
-            return "what the switch counted: in rank 0's error"
-        try:
-            ring = self._controller.counters(ring_id)["rings"][ring_id]
-        except Exception as e:  # noqa: BLE001 - a diagnostic of the stall, never its error
-            return f"what the switch counted for ring {ring_id}: unavailable ({e})"
-
-        def nonzero(counters: dict[str, int]) -> dict[str, int]:
-            return {k: v for k, v in sorted(counters.items()) if v}
-        conns = "; ".join(f"rank {c['rank']}'s connection {nonzero(c['counters'])}"
-                          for c in ring.get("connections", []))
-        return (f"what the switch counted for ring {ring_id}: next_emit {ring['next_emit']}, "
-                f"{nonzero(ring['counters'])}; {conns}")
-
-    def _notice_within(self, seconds: float) -> bool:
-        end = time.monotonic() + seconds
-        while self._rendezvous.notice_epoch <= self._epoch:
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _notice_reason(self) -> str:
-        """The reason of the first switch-away notice not settled yet."""
-        notices = self._rendezvous.notices
-        return notices.get(self._epoch + 1) or notices[max(notices)]
-
-    def _inc_liveness(self) -> None:
-        """The "inc" stream's liveness check: the peers' (PeerFailed), then whether some
-        rank published a switch-away notice this rank has not settled (SwitchAway)."""
-        self._rendezvous.check_peers()
-        epoch = self._rendezvous.notice_epoch
-        if epoch > self._epoch:
-            raise SwitchAway(self._rendezvous.notices[epoch])
-
     def _noticed(self, epoch: int, reason: str) -> None:
         """A switch-away notice arrived (watch thread): an idle rank settles it on the
         progress thread (a rank in a call settles it there, at the latest at its next
         call's start; the job then finds it settled)."""
-        if epoch <= self._epoch or self._closing or self._closed:
+        if epoch <= self._away.epoch or self._away.closing or self._closed:
             return
         try:
             self._engine.submit(self._settle_idle, f"switch-away epoch {epoch}")
@@ -445,211 +360,17 @@ class Communicator:
 
     def _settle_idle(self) -> None:
         with self._running:
-            if self._closed or self._broken is not None \
-                    or self._rendezvous.notice_epoch <= self._epoch:
+            if self._closed or self._broken is not None or not self._away.pending:
                 return
-            what = f"settling the switch's loss (epoch {self._epoch + 1}) while idle"
+            what = f"settling the switch's loss (epoch {self._away.epoch + 1}) while idle"
             try:
-                self._settle(self._calls, None, self._notice_reason())
+                self._away.settle(self._calls)
             except PeerFailed as exc:
                 self._break(PeerFailure(f"netreduce: rank {self.rank}: {what}: {exc}",
                                         exc.ranks))
             except BaseException as exc:    # noqa: BLE001 - the next call reports it
                 self._rendezvous.abort(f"{what} failed: {type(exc).__name__}: {exc}")
                 self._break(exc)
-
-    def _settle(self, position: int, call: "_Call | None", reason: str) -> bool:
-        """Settle the next switch-away epoch (see the module doc), under the call lock,
-        with this rank's `position` (the call it could not complete through the switch, or
-        its next call when idle) and its call in flight (`call`, None when idle). Returns
-        True when `call` was completed from every rank's wire words (its output written)."""
-        epoch = self._epoch + 1
-        if self._rendezvous.notice_epoch < epoch:
-            self._rendezvous.notice(epoch, f"rank {self.rank}: {reason}")
-        reason = self._notice_reason()
-        self._stop_lease()
-        inc = self._rings.get("inc")
-        if inc is not None:
-            inc.to_error()      # no late WRITE through the lost switch lands in our memory
-        last = self._last_switch
-        # what the switch gave this rank with a good seal, before any rank's recovery ring
-        # can write into this workspace (its staging overlaps the receive area)
-        good = last is not None and position > last.context.seq
-        expected = SWITCH.areas(last.context)[1][:last.context.count].copy() \
-            if good and not last.context.inline else None
-        positions = [p["position"] for p in self._rendezvous.gather(
-            f"away.{epoch}", {"position": position}, self.config.collective_timeout,
-            waiting_for=f"settled the switch's loss (epoch {epoch})")]
-        plan = settle_plan(positions)
-        recovered = False
-        if plan.recover and last is not None and last.context.seq == plan.call \
-                and not last.context.inline:
-            summed = self._sum_wire(last.context, expected)
-            if position == plan.call:
-                assert call is last.call, "the call in flight is the one recovered"
-                SWITCH.deliver(last.context, summed, call.target)
-                recovered = True
-        elif plan.recover:
-            recovered = self._finish_inline(plan.call, position, call, reason)
-        self._last_switch = None
-        self._workspace.release_retired()
-        lost_ring = self.switch.ring_id
-        self._epoch, self._away = epoch, reason
-        self._away_at = (plan.call, time.monotonic())
-        self._stats.switch_event("fallbacks")
-        counts = self._stats.switch_event("recovered", int(plan.recover))
-        if self.rank == 0 and self._controller is not None:
-            delay = self._backoff.lost()
-            self._rejoiner = Rejoiner(self._controller, delay, lost_ring)
-            when = f"rank 0 asks the controller again in {delay:g} s"
-        else:
-            when = "no controller to ask again"
-        if self.rank == 0:
-            logger.warning("netreduce: the switch at %s stopped aggregating ring %s (%s): "
-                           "fallback %d at call #%d: %s; calls run over the host ring, %s "
-                           "(switch counts: %s)", self.switch.controller, lost_ring, reason,
-                           counts["fallbacks"], plan.call, plan.describe(), when,
-                           _counts(counts))
-        return recovered
-
-    def _finish_inline(self, seq: int, position: int, call: "_Call | None",
-                       reason: str) -> bool:
-        """Settle call `seq`, a small call that travelled in its records (INLINE), which
-        the switch completed for some ranks only (it was lost while it emitted their
-        sums): every rank exchanges its record of it again around the host ring; the ranks
-        without it (`position` == `seq`) write its result from those records, the others
-        check that the switch gave them the same records. Returns True when it wrote
-        `call`'s output. `SwitchFailure` when this rank holds neither that call's wire
-        words (`_settle` sums those) nor its record of a small call."""
-        last = self._last_switch
-        kept = last is not None and last.context.seq == seq
-        if position > seq and not kept:
-            raise SwitchFailure(
-                f"netreduce: rank {self.rank}: the switch at {self.switch.controller} was "
-                f"lost ({reason}) while some ranks lacked the records of call #{seq}, which "
-                f"this rank refused from them (a refusal keeps nothing to finish it with)")
-        mine = last.record if kept else self._began
-        if mine is None or mine.seq != seq or not mine.flags & INLINE:
-            raise SwitchFailure(
-                f"netreduce: rank {self.rank}: the switch at {self.switch.controller} was "
-                f"lost ({reason}); call #{seq} must be finished from every rank's wire words "
-                f"(or records), but this rank holds "
-                f"{'none' if last is None else f'those of call #{last.context.seq}'}")
-        records = self._meta.exchange(mine, through_switch=False)
-        if position > seq:
-            assert last is not None
-            if tuple(m.blocks for m in records) != last.context.blocks:
-                raise SwitchFailure(
-                    f"netreduce: rank {self.rank}: allreduce call #{seq}: the records the "
-                    f"switch at {self.switch.controller} returned differ from every rank's "
-                    f"records exchanged over the host ring: the result returned was wrong")
-            return False
-        assert call is not None, "a rank at the settled call has it in flight"
-        check_agreement(records)
-        write_inline(inline_sum([m.blocks for m in records],
-                                self.world_size if call.op == "avg" else 1, call.target.dtype),
-                     call.target)
-        return True
-
-    def _sum_wire(self, switch_call: CallContext, expected: np.ndarray | None) -> np.ndarray:
-        """The wrapping int32 sum of every rank's wire words of `switch_call` (kept in its
-        workspace), over the host ring; a rank whose seal was good checks that the switch
-        gave it exactly that (`expected`; SwitchFailure otherwise)."""
-        wire, _ = SWITCH.areas(switch_call)
-        summed = np.empty(switch_call.count, dtype=wire.dtype)
-        RING.run(replace(switch_call, dtype=wire.dtype, op=np.add, divisor=1,
-                         streams=self._streams), wire[:switch_call.count], summed)
-        if expected is not None and not np.array_equal(expected, summed):
-            bad = int(np.flatnonzero(expected != summed)[0])
-            raise SwitchFailure(
-                f"netreduce: rank {self.rank}: allreduce call #{switch_call.seq}: the sum the "
-                f"switch at {self.switch.controller} returned with a good seal differs from "
-                f"every rank's wire words summed over the host ring (first at element {bad}: "
-                f"{expected[bad]} vs {summed[bad]}): the result returned was wrong")
-        return summed
-
-    def _rejoin(self, seq: int) -> None:
-        """Collective, inside call `seq` (rank 0's record asked for it, so alike on every
-        rank): build a fresh "inc" ring (new QPs and PSNs: the old ones are in ERROR and the
-        new switch knows none of them), connect it through the store, and let rank 0
-        register it. Registered: calls from `seq` + 1 on may take the switch again; else
-        rank 0 backs off and asks again later."""
-        gen = self._generation + 1
-        timeout = self.config.collective_timeout
-        old = self._rings.get("inc")
-        if old is not None:
-            try:
-                old.close()
-            except Exception as exc:    # noqa: BLE001 - in ERROR, unused: leaking it is safe
-                logger.warning("netreduce: rank %d: the old 'inc' QPs could not be destroyed "
-                               "(they stay in ERROR until the device closes): %s",
-                               self.rank, exc)
-        qps = self._host.create_ring("inc", self.inc_config)
-        theirs = self._rendezvous.gather(f"inc.{gen}", qps.local().to_dict(), timeout,
-                                         waiting_for=f"rebuilt 'inc' ({gen})")
-        endpoints = [replace(ep, rings={**ep.rings, "inc": RingEndpoint.from_dict(d)})
-                     for ep, d in zip(self._endpoints, theirs)]
-        self._streams["inc"] = connect_ring(qps, "inc", self.inc_config, endpoints, self.rank,
-                                            self._control, self._inc_liveness)
-        self._rings["inc"], self._endpoints, self._generation = qps, endpoints, gen
-        self._rendezvous.gather(f"inc-ready.{gen}", True, timeout,
-                                waiting_for=f"connected 'inc' ({gen})")
-        if self._rejoiner is not None:
-            self._rejoiner.stop()
-            self._rejoiner = None
-        spec = inc_ring_spec(endpoints, self.inc_config, self._rendezvous.job_key)
-        try:
-            status = register_inc_ring(self._rendezvous, spec,
-                                       self._controller if self.rank == 0 else None,
-                                       self.switch.choice, key=f"switch.{gen}")
-        except SwitchRegistrationError as exc:
-            status = replace(self.switch, ring_id=None, note=str(exc))
-        if not status.registered:
-            if self.rank == 0 and self._controller is not None:
-                delay = self._backoff.failed()
-                self._rejoiner = Rejoiner(self._controller, delay, None)
-                logger.warning("netreduce: the switch at %s did not register ring %s again "
-                               "at call #%d: %s; calls keep running over the host ring, rank "
-                               "0 asks again in %g s", self.switch.controller, spec.ring_id,
-                               seq, status.note, delay)
-            return
-        away_call, since = self._away_at
-        self.switch, self._away = status, None
-        self._backoff.returned()
-        counts = self._stats.switch_event("returns")
-        self._lease = self._keep_lease()
-        if self.rank == 0:
-            logger.warning("netreduce: back on the switch at %s: ring %s registered at call "
-                           "#%d, %.1f s and %d call(s) after it went away; calls from #%d on "
-                           "aggregate in the network again (switch counts: %s)",
-                           status.controller, status.ring_id, seq, time.monotonic() - since,
-                           seq - away_call, seq + 1, _counts(counts))
-
-    def _keep_lease(self) -> LeaseKeeper | None:
-        """A lease keeper for the registered ring on this rank (ranks LEASE_RANKS with a
-        controller client), reporting a loss as a switch-away notice of the next epoch."""
-        if self._controller is None or not self.switch.registered or self.switch.lease_ms <= 0:
-            return None
-        epoch = self._epoch + 1
-        return LeaseKeeper(self._controller, self.switch,
-                           lambda why: self._lease_lost(epoch, why),
-                           judge_silence=self.rank == 0,
-                           job_alive=self._rendezvous.peers_alive)
-
-    def _lease_lost(self, epoch: int, why: str) -> None:
-        """The keeper thread heard the switch lose the ring: tell every rank (they settle)."""
-        if epoch <= self._epoch or self._closing:
-            return
-        try:
-            self._rendezvous.notice(epoch, f"rank {self.rank}: {why}")
-        except RendezvousError as exc:
-            logger.warning("netreduce: rank %d: %s, and the store could not be told: %s",
-                           self.rank, why, exc)
-
-    def _stop_lease(self) -> None:
-        if self._lease is not None:
-            self._lease.stop()
-            self._lease = None
 
     def _count(self, taken: Route, call: "_Call", seq: int) -> None:
         """Count the call's route; rank 0 warns the first time "auto" falls back to the
@@ -674,20 +395,8 @@ class Communicator:
         """Mark the communicator unusable by `exc`; rank 0 unregisters the ring at once
         (nothing aggregates on it any more). Returns `exc`."""
         self._broken = exc
-        self._release_ring()
+        self._away.release()
         return exc
-
-    def _release_ring(self) -> None:
-        """Stop renewing the lease and asking the switch back, and unregister the "inc"
-        ring (rank 0; once; not while the switch is away: it lost the ring)."""
-        self._stop_lease()
-        if self._rejoiner is not None:
-            self._rejoiner.stop()
-            self._rejoiner = None
-        if self.rank == 0 and self._controller is not None and self.switch.ring_id is not None \
-                and self._away is None and not self._unregistered:
-            self._unregistered = True
-            unregister(self._controller, self.switch.ring_id)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -703,7 +412,7 @@ class Communicator:
         context."""
         if self._closed:
             return
-        self._closing = True
+        self._away.closing = True
         self._finish_async_calls(timeout)
         t0 = time.monotonic()
         self._quiesce(timeout)
@@ -712,7 +421,7 @@ class Communicator:
         if self._broken is not None:       # the others know: no long wait for a dead peer
             timeout = min(timeout, _FAILED_LEAVE_TIMEOUT)
         self._rendezvous.close(timeout)
-        self._release_ring()
+        self._away.release()
         if self._controller is not None:
             self._controller.close()
         self._workspace.close()
@@ -721,17 +430,13 @@ class Communicator:
 
     def _quiesce(self, timeout: float) -> None:
         """Before leaving a ring registered with a switch: wait (up to `timeout` s) until
-        every rank is closing too, settling a switch-away notice that arrives meanwhile --
-        a rank without a good seal for the last call needs this rank's wire words of it.
-        Alike on every rank (`switch.registered` is)."""
+        every rank is closing too (`AwayProtocol.wait_closing`). Alike on every rank
+        (`switch.registered` is)."""
         if self._broken is not None or not self.switch.registered:
             return
         with self._running:
             try:
-                while self._rendezvous.gather(
-                        "closing", self._calls, timeout, waiting_for="closed",
-                        until=lambda: self._rendezvous.notice_epoch > self._epoch) is None:
-                    self._settle(self._calls, None, self._notice_reason())
+                self._away.wait_closing(self._calls, timeout)
             except RendezvousError as exc:      # PeerFailed included: leave as before
                 logger.info("netreduce: rank %d: closing without every rank: %s",
                             self.rank, exc)
@@ -787,18 +492,3 @@ class _Call:
         number = "" if seq is None else f" #{seq}"
         return (f"allreduce call{number} ({self.array.dtype}[{self.array.size}] "
                 f"op={self.op} algo={self.algo})")
-
-
-@dataclass(frozen=True)
-class _SwitchCall:
-    """The last call routed through the switch: its context (workspace, successor's
-    workspace, wire words) and the call itself, kept until every rank started the next
-    call, in case the switch is lost and its wire words must be summed over the ring."""
-
-    context: CallContext
-    call: _Call
-    record: CallMeta        # this rank's record of it (a small call's data: `context.inline`)
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in counts.items())

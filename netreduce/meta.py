@@ -48,7 +48,7 @@ _RECORD = struct.Struct("<4sIQQ8s8s8sQQIddHB")   # then the `blocks` bytes
 MAX_BLOCK_BYTES = 128     # per-block facts a record carries (the switch: one exponent a block)
 RECORD_STRIDE = 256       # fixed (see the module doc): _RECORD.size (87) + MAX_BLOCK_BYTES fit
 REJOIN = 1                # CallMeta.flags, rank 0's: the switch answers again, rejoin it in
-#                           this call (netreduce/comm.py, docs/reliability.md)
+#                           this call (netreduce/away.py, docs/reliability.md)
 INLINE = 2                # CallMeta.flags: `blocks` holds the rank's data itself, a small call
 #                           whose records are its whole exchange (algorithms/switch.py)
 

@@ -26,7 +26,7 @@ Invariants:
   NOT_FOUND (it restarted, or the lease lapsed) or that fails for a whole lease means the
   switch no longer aggregates the ring: the keeper calls `on_lost` with a message naming
   the switch (the communicator falls back to the host ring and registers the ring again
-  later: netreduce/comm.py). A controller that grants no lease is never renewed.
+  later: netreduce/away.py). A controller that grants no lease is never renewed.
 - The address comes from rank 0's `switch` argument: None -> $NR_CONTROLLER (unset or
   empty: no switch), "" -> no switch. A single rank registers nothing (the switch needs 2+).
 """

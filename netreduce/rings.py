@@ -4,7 +4,7 @@
 "inc" is dedicated to in-network aggregation: on it every rank posts the identical message
 sequence (netreduce/algorithms/switch.py). Both are built alike (`connect_rings`) and "inc"
 is built again when the switch returns after it went away (`connect_ring`,
-netreduce/comm.py). Invariant (ring_setup/endpoints.py): in each ring rank r's send QP is
+netreduce/away.py). Invariant (ring_setup/endpoints.py): in each ring rank r's send QP is
 connected to rank (r+1) % n's recv QP, and a stream's receives land in the rank's control
 region, so no rank sends to a QP that is not yet ready to receive (`connect_rings` waits
 for every rank before it returns).

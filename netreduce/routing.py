@@ -21,7 +21,7 @@ message sequences on the QPs never diverge (netreduce/algorithms/switch.py):
   An int32 call whose sum may overflow is refused under "auto" too (`AllreduceOverflow`):
   the ring would wrap silently.
 
-While the switch is away (it restarted or lost the ring: netreduce/comm.py agrees on it
+While the switch is away (it restarted or lost the ring: netreduce/away.py agrees on it
 on every rank, docs/reliability.md) `away` is True alike on every rank: "auto" runs the
 ring with the reason `AWAY`, algo="switch" is refused before any exchange
 (`SwitchUnavailable`, a `CallRejected`: the communicator stays usable).

@@ -27,7 +27,7 @@ class Workspace:
     rather than per call. Invariant: the buffer `ensure` returns stays registered until a
     later `ensure` grows it or `close`; with `keep=True` a grown-out buffer stays registered
     and untouched (retired) until `release_retired` or `close`: the last switch call's wire
-    words may still be needed (netreduce/comm.py). Peers learn its address and R_Key per
+    words may still be needed (netreduce/away.py). Peers learn its address and R_Key per
     call."""
 
     def __init__(self, register: Callable[[int], RegisteredMemory]) -> None:

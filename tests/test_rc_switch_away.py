@@ -5,7 +5,7 @@ sum (int32) or the switch path's own float32 result (bit for bit what the switch
 have given when it is finished from the wire words; within the ring's bound when run
 again over the ring), nothing raises, and no output is written twice. Runs on the RC
 model (tests/rcmodel, docs/rcmodel.md): real Communicators (the whole settle protocol of
-netreduce/comm.py), real Streams, the real switch pipeline, model rxe.
+netreduce/away.py), real Streams, the real switch pipeline, model rxe.
 
 The model has no controller, so the switch never comes back here: the return (a fresh
 "inc" ring registered again) is tested on the in-process fabric (tests/test_switch_away.py)
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from flowctl import FlowConfig
 from netreduce.algorithms.ring import RingAllreduce
 import netreduce.algorithms.switch as switch_algorithm
-import netreduce.comm as comm_module
+import netreduce.away as away_module
 from netreduce.algorithms.switch import INLINE_BYTES, SwitchAllreduce
 from netreduce.meta import RECORD_STRIDE
 from netreduce.tools.reference import Reference
@@ -68,7 +68,7 @@ def counting_writes() -> Iterator[Counter]:
     with mock.patch.object(SwitchAllreduce, "deliver", counted_deliver), \
             mock.patch.object(RingAllreduce, "run", counted_run), \
             mock.patch.object(switch_algorithm, "write_inline", counted_inline), \
-            mock.patch.object(comm_module, "write_inline", counted_inline):
+            mock.patch.object(away_module, "write_inline", counted_inline):
         yield count
 
 

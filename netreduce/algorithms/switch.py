@@ -410,7 +410,7 @@ class SwitchAllreduce:
         through the switch and check the seal; returns the sums (a view of the workspace).
         The caller's output is not touched. On return, or on any failure after the
         transfer began, the send area holds this rank's wire words of the call (the data
-        part is what `netreduce.comm` sums over the host ring if the switch is lost)."""
+        part is what `netreduce.away` sums over the host ring if the switch is lost)."""
         nbytes = wire_bytes(call.count, call.world_size)
         at = recv_offset(nbytes)
         wire, summed = self.areas(call)

@@ -233,7 +233,7 @@ class RingQPs:
     def to_error(self) -> None:
         """Both QPs to ERROR: outstanding WRs complete flushed, nothing more is executed
         from the wire (a late WRITE of the peer's old QP is dropped, never lands in our
-        memory). Used when the switch stopped aggregating "inc" (netreduce/comm.py)."""
+        memory). Used when the switch stopped aggregating "inc" (netreduce/away.py)."""
         self.host.life.check(f"ring {self.name!r}: to ERROR")
         for qp in (self.send_qp, self.recv_qp):
             attr = QPAttr()
