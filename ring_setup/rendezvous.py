@@ -15,7 +15,7 @@ then learns it within a round trip (`Rendezvous.check_peers()` raises `PeerFaile
 the ranks); a watch that loses the store itself reports rank 0, whose process serves it.
 
 Notices (not failures): any rank may publish a notice of epoch e (`Rendezvous.notice`: the
-switch stopped aggregating, netreduce/comm.py). The store keeps the first reason per
+switch stopped aggregating, netreduce/away.py). The store keeps the first reason per
 epoch; every watch is answered at once when an epoch above the one it last saw exists,
 so every rank learns the highest epoch within a round trip (`notice_epoch`, `notices`,
 and `on_notice` callbacks on the watch thread). A notice breaks nothing: what it asks
