@@ -19,14 +19,14 @@ from typing import Callable, Iterator
 import grpc
 import pytest
 
-from roce_layers import WRITE_ONLY, ip_ports, lab_mac, mac_ports, make_ring, write_frame
-from switch import ctl
 from nr_contract import control_pb2 as pb
 from nr_contract.client import ControllerClient, ControllerError, spec_message
+from switch import ctl
 from switch.control.service import (MAX_MESSAGE, SERVICE, ControllerConfig, ControllerService,
                                     TlsFiles, serve)
 from switch.control.target import SoftwareTarget, resolve_ports
 from switch.dataplane.pipeline import AggregationPipeline
+from tests.roce_layers import WRITE_ONLY, ip_ports, lab_mac, mac_ports, make_ring, write_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERYWHERE = ipaddress.ip_network("0.0.0.0/0")

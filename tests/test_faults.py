@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import CompletionError, FlowConfig
 from netreduce import Communicator, CommunicatorError, PeerFailure
 from netreduce.registration import LeaseKeeper, SwitchStatus
-from test_comm import run_ranks
+from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.ranks import run_ranks
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)
 

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 import rcmodel.fabric
 import rcmodel.world
 import test_rc_properties
-from conformance.native_harness import build
 from nr_contract.spec import DEFAULT_SLOTS, RingSpec
 from switch.dataplane.pipeline import AggregationPipeline
 from switch.native.binding import NativePipeline
+from tests.conformance.native_harness import build
 
 if TYPE_CHECKING:
     from switch.dataplane.ports import Emit

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from flowctl import CompletionError, FlowConfig, StallError
 from netreduce.comm import CommunicatorError
-from rcmodel.fabric import KINDS, FaultRates, Faults
-from rcmodel.outcomes import check_fail_fast
-from rcmodel.rxe import RETRY_FOREVER, QPAttr
-from rcmodel.world import World
 from nr_contract.spec import PSN_MASK, required_slots
+from tests.rcmodel.fabric import KINDS, FaultRates, Faults
+from tests.rcmodel.outcomes import check_fail_fast
+from tests.rcmodel.rxe import RETRY_FOREVER, QPAttr
+from tests.rcmodel.world import World
 
 #: (mtu, msg_size, window): 4-packet messages; 64-packet messages (AckReq only on the
 #: last); 256-packet messages (AckReq every 66th, 129 PSNs in flight, N = 512).

@@ -15,20 +15,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl.plan import FlowConfig, MessagePlan
 from flowctl.stream import StallError
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
 from netreduce.algorithms.base import DataRange
-from netreduce.algorithms.switch import (INLINE_BYTES, INT32_MAX, MIN_BLOCK, SWITCH,
-                                         block_elements, block_exponents, call_exponent, dequantize,
+from netreduce.algorithms.switch import (INLINE_BYTES, INT32_MAX, MIN_BLOCK, SWITCH, block_elements,
+                                         block_exponents, call_exponent, dequantize,
                                          element_exponents, float_error_bound, local_blocks,
                                          one_scale_per_call, quantize, wire_bytes)
 from netreduce.meta import MAX_BLOCK_BYTES
 from netreduce.tools.reference import SWITCH_PER_CALL, Reference, rank_input
 from ring_setup.store_protocol import ranks_phrase
-from test_comm import CFG, rank_data, run_ranks
+from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.ranks import CFG, rank_data, run_ranks
 
 
 def with_switch(n: int, body: Any, fabric: FakeFabric | None = None

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 
 import netreduce.away as away
-from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import FlowConfig
 from netreduce import Communicator
 from netreduce.away import Backoff, settle_plan
 from netreduce.routing import SwitchUnavailable
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from ring_setup.store_server import StoreServer
-from test_comm import free_port, run_ranks
+from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.processes import free_port
+from tests.ranks import run_ranks
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)
 COUNT = 40          # int32: data + a 3-rank seal = 172 bytes, one message on "inc" (not

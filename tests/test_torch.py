@@ -15,14 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import UNDER_CI
-from fakefabric import FakeController, FakeFabric, FakeHost
 from netreduce.comm import Communicator, CommunicatorError, PeerFailure
 from netreduce.dtypes import BFLOAT16
 from netreduce.meta import AllreduceMismatch
 from netreduce.tools.reference import Reference
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
-from test_comm import CFG, free_port, rank_data, run_ranks
+from tests.conftest import UNDER_CI
+from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.processes import free_port
+from tests.ranks import CFG, rank_data, run_ranks
 
 try:
     import torch

@@ -25,7 +25,7 @@ Limits kept so a P4 program can run the same vectors: path MTU 256, payloads of 
 (vectors with others require ANY_PAYLOAD_LENGTH), one ring, slots a power of two <= 16,
 contiguous racks (one carried header per message) unless tagged MANY_CARRIED.
 
-JSON: `cd tests && ../.venv/bin/python -m conformance.roles OUT`.
+JSON: `.venv/bin/python -m tests.conformance.roles OUT`.
 """
 from __future__ import annotations
 
@@ -44,16 +44,16 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
-from conformance.vectors import (BROADCAST, MTU, SEND_ONLY, empty_frame, flip, port_of_ip,
-                                 resigned)
-from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
-                         WRITE_ONLY, WRITE_ONLY_IMM, make_ring, wrapping_sum, write_frame)
-from nr_contract.spec import (CONN_COUNTERS, LANE_OUTCOMES, PSN_MASK, RING_COUNTERS,
-                             TOR_COUNTERS, TRANSIT_COUNTERS, Connection, RingSpec, inflight_packets,
-                             required_slots)
+from nr_contract.spec import (CONN_COUNTERS, LANE_OUTCOMES, PSN_MASK, RING_COUNTERS, TOR_COUNTERS,
+                              TRANSIT_COUNTERS, Connection, RingSpec, inflight_packets,
+                              required_slots)
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint, Kind, ring_tag
+from tests.conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
+from tests.conformance.vectors import (BROADCAST, MTU, SEND_ONLY, empty_frame, flip, port_of_ip,
+                                       resigned)
+from tests.roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
+                               WRITE_ONLY, WRITE_ONLY_IMM, make_ring, wrapping_sum, write_frame)
 
 MANY_CARRIED = "many_carried"     # a partial or total carries more than one RoCE header
 UPLINK = 100                      # every ToR's uplink port (the lab's)

@@ -19,10 +19,10 @@ from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from roce_layers import WRITE_ONLY, lab_ip, lab_mac, make_ring, wrapping_sum, write_frame
-from nr_contract.spec import RingSpec
 from nr_contract.client import ControllerClient, ControllerError
+from nr_contract.spec import RingSpec
 from tests.hostile.netns import SwitchRig
+from tests.roce_layers import WRITE_ONLY, lab_ip, lab_mac, make_ring, wrapping_sum, write_frame
 
 MAC_TABLE_SIZE = 64
 PAYLOAD_OFF = 14 + 20 + 8 + 12 + 16        # a WRITE_ONLY's payload: after Eth, IP, UDP, BTH, RETH

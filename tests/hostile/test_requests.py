@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roce_layers import lab_ip, lab_mac, make_ring
 from nr_contract import control_pb2 as pb
 from nr_contract.client import ControllerClient, ControllerError, spec_message
 from tests.hostile.netns import ALICE, SwitchRig
+from tests.roce_layers import lab_ip, lab_mac, make_ring
 
 SERVICE = "/netreduce.control.v1.Controller/"
 METHODS = {"Ping": pb.PingRequest, "RegisterRing": pb.RegisterRingRequest,

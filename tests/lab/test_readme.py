@@ -7,16 +7,15 @@ launch of torch ranks costs minutes of emulated CPU), which checks it the same w
 """
 from __future__ import annotations
 
-import os
-import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from netreduce.tools.launch import LaunchResult, launch
-from tests.lab.labhosts import HOSTS, ROOT
-from tests.lab.test_allreduce import _ports
+from tests.lab.labhosts import HOSTS
+from tests.lab.readme import readme_snippets
+from tests.lab.workers import next_port, user_env
 
 pytestmark = pytest.mark.lab
 
@@ -35,22 +34,13 @@ assert excess <= 0, excess
 """
 
 
-def readme_snippets() -> list[str]:
-    """The ```python blocks of the README's "The library" section, in order."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## The library\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
-
 def run_snippet(code: str, tmp_path: Path, name: str, n: int) -> tuple[LaunchResult, list[str]]:
     if HOSTS < n:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs {n}")
     script = tmp_path / f"{name}.py"
     script.write_text(code)
-    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME",
-                                                           "TP_SOCKET_IFNAME")}
-    result = launch([sys.executable, str(script)], n, port=next(_ports), timeout=900,
-                    grace=30, env=env)
+    result = launch([sys.executable, str(script)], n, port=next_port(), timeout=900,
+                    grace=30, env=user_env())
     checks = [line for r in result.ranks for line in r.output if line.startswith("README-CHECK")]
     for r in result.ranks:
         assert r.returncode == 0, "\n".join(r.output)
@@ -69,4 +59,3 @@ def test_the_numpy_snippet_sums_through_the_switch(tmp_path: Path) -> None:
     assert len(checks) == 4, checks
     for r in result.ranks:     # the snippet's own print(comm.last_algo)
         assert "switch" in r.output, r.output
-
