@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from flowctl import FlowConfig
+from flowctl.plan import MessagePlan
 from netreduce.comm import Communicator
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
@@ -65,3 +66,19 @@ def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:
     if np.dtype(dtype).kind == "i":
         return rng.integers(-1000, 1000, count).astype(dtype)
     return rng.standard_normal(count).astype(dtype)
+
+
+def with_fake_switch(n: int, body: Callable[[Communicator, FakeHost], Any],
+                     fabric: FakeFabric | None = None
+                     ) -> tuple[list[Any], FakeFabric, FakeController]:
+    """`run_ranks` with rank 0 registering the "inc" ring with a fake controller of the
+    fabric's fake switch (which sums each message of a registered ring); the results, the
+    fabric and the controller."""
+    fabric = fabric or FakeFabric()
+    controller = FakeController(fabric)
+    return run_ranks(n, body, fabric=fabric, controller=controller), fabric, controller
+
+
+def messages(nbytes: int, cfg: FlowConfig = CFG) -> int:
+    """RDMA messages of one transfer of `nbytes` under `cfg`."""
+    return len(MessagePlan(nbytes, cfg.msg_size))
