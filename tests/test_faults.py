@@ -115,7 +115,7 @@ def test_rank_0_renews_the_lease_while_the_communicator_lives_then_unregisters()
     assert controller.unregistered == [spec.ring_id]
 
 
-def test_the_seal_catches_a_switch_that_stopped_aggregating_mid_call() -> None:
+def test_the_seal_catches_a_fake_switch_that_stopped_aggregating_mid_call() -> None:
     """The data came back but the seal is the predecessor's alone (what a restarted switch
     forwards): SwitchNotAggregating, and the output is left untouched."""
     from netreduce.algorithms.base import CallContext

@@ -139,7 +139,7 @@ def wait_back(comm: Communicator, c: int) -> None:
 
 
 @pytest.mark.parametrize("lease_ms", [0, 300])
-def test_a_switch_restarted_between_calls_costs_nothing_and_the_ring_returns(
+def test_a_fake_switch_restarted_between_calls_costs_nothing_and_the_ring_returns(
         lease_ms: int, caplog: pytest.LogCaptureFixture) -> None:
     """lease_ms=0: call 1's metadata comes back unaggregated on every rank; 300: the lease
     keepers (ranks 0 and 1) hear NOT_FOUND first and every rank settles while idle. Every
@@ -191,7 +191,7 @@ def test_a_switch_restarted_between_calls_costs_nothing_and_the_ring_returns(
 
 
 @pytest.mark.parametrize("idle", [False, True])
-def test_a_switch_lost_while_it_emits_a_call_finishes_it_from_the_wire_words(
+def test_a_fake_switch_lost_while_it_emits_a_call_finishes_it_from_the_wire_words(
         idle: bool) -> None:
     """The switch dies while it emits call 1's sums: rank 0's successor gets the sum (a
     good seal: it returns), the other two their predecessor's raw data (a bad seal). Rank
@@ -218,7 +218,7 @@ def test_a_switch_lost_while_it_emits_a_call_finishes_it_from_the_wire_words(
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
-def test_a_switch_lost_while_it_emits_a_small_calls_records_finishes_it_from_them(
+def test_a_fake_switch_lost_while_it_emits_a_small_calls_records_finishes_it_from_them(
         dtype: str) -> None:
     """A small call travels in its records, one message on "inc" (INLINE). The switch
     dies while it emits call 1's records: rank 0's successor gets every record (its call
@@ -258,7 +258,8 @@ def test_a_switch_lost_while_it_emits_a_small_calls_records_finishes_it_from_the
             assert [y for y, _ in calls] == wanted, r                  # exact on every route
 
 
-def test_algo_switch_while_the_switch_is_away_is_refused_alike_and_leaves_it_usable() -> None:
+def test_algo_switch_while_the_fake_switch_is_away_is_refused_alike_and_leaves_it_usable(
+        ) -> None:
     fabric = FakeFabric()
     controller = FakeController(fabric)
 

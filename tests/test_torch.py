@@ -241,7 +241,7 @@ def hook_data(rank: int, count: int, nan_rank: int | None) -> np.ndarray:
 @pytest.mark.parametrize("hook", [nrtorch.allreduce_hook, nrtorch.allreduce_hook_sync])
 @pytest.mark.parametrize("nan_rank", [None, 1])
 @pytest.mark.parametrize("algo", ["auto", "switch"])
-def test_the_hook_averages_buckets_through_the_switch_and_nan_over_the_ring(
+def test_the_hook_averages_buckets_through_the_fake_switch_and_nan_over_the_ring(
         hook: Any, nan_rank: int | None, algo: str) -> None:
     """algo="auto" routes a NaN bucket over the ring itself; under algo="switch" the hook
     does, after the switch's refusal: the same result and warning either way."""
@@ -587,7 +587,7 @@ def test_a_failed_bucket_reaches_ddp_as_an_error_naming_the_cause() -> None:
                              "algo=auto on rank 1")
 
 
-def test_a_bucket_refused_while_the_switch_is_away_goes_over_the_ring() -> None:
+def test_a_bucket_refused_while_the_fake_switch_is_away_goes_over_the_ring() -> None:
     """Under HookState(algo="switch") a bucket issued while the switch is away (it
     restarted) is `SwitchUnavailable` on every rank: the hook reduces it over the ring,
     without a warning (the data is fine), and the step goes on."""
