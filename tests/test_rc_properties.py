@@ -13,6 +13,7 @@ fails the test.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -65,10 +66,35 @@ def own_failure(exc: BaseException, retry_cnt: int) -> bool:
         and "transport retry counter exceeded" in str(exc)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios())
-def test_every_run_sums_exactly_or_fails_as_documented(s: dict[str, Any]) -> None:
+EXAMPLES = 60
+#: of the EXAMPLES runs, at least this many must give every rank every call's exact sum: a
+#: model that failed every run "as documented" would otherwise pass (derandomized: the same
+#: runs each time, 50 of them exact with hypothesis 6.170; the floor leaves room for another
+#: hypothesis drawing other scenarios)
+EXACT_FLOOR = 40
+
+
+def test_every_run_sums_exactly_or_fails_as_documented() -> None:
+    """EXAMPLES derandomized scenarios, each exact on every rank or failing as documented
+    (`check_run`); at least EXACT_FLOOR of them exact, and every example run."""
+    outcomes: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(scenarios())
+    def run(s: dict[str, Any]) -> None:
+        outcomes[check_run(s)] += 1
+
+    run()
+    print(f"\n[rc properties] {dict(outcomes)}")
+    assert sum(outcomes.values()) == EXAMPLES, outcomes
+    assert outcomes["exact"] >= EXACT_FLOOR, outcomes
+
+
+def check_run(s: dict[str, Any]) -> str:
+    """Run scenario `s`: every call's result is the exact sum on every rank ("exact"), or
+    the first error of each failed rank is documented (fail fast: `check_fail_fast`), its
+    later calls refused as unusable ("failed"); never a wrong sum, never a hang."""
     n, config, calls = s["n"], s["config"], s["calls"]
     psn0s = ({(r, ring): PSN_MASK - 40 * r for r in range(n) for ring in ("ring", "inc")}
              if s["near_wrap"] else None)
@@ -106,3 +132,4 @@ def test_every_run_sums_exactly_or_fails_as_documented(s: dict[str, Any]) -> Non
         check_fail_fast(first_errors, lambda exc: own_failure(exc, s["retry_cnt"]))
     stats = world.switch_counters()["counters"]
     assert stats["drop_overrun"] == stats["drop_mismatch"] == stats["drop_bad_length"] == 0
+    return "failed" if first_errors else "exact"
