@@ -31,7 +31,9 @@ from tests.conformance.check import check_vector
 from tests.conformance.format import (ANY_PAYLOAD_LENGTH, Harness, Vector, from_json, per_port,
                                       to_json)
 from tests.conformance.role_harness import RoleHarness, spine_args, tor_args
-from tests.conformance.roles import MANY_CARRIED, RACKS_2X2, TorModel, all_role_vectors
+from tests.conformance.role_model import MANY_CARRIED
+from tests.conformance.roles import RACKS_2X2, all_role_vectors
+from tests.conformance.tor_model import TorModel
 from tests.p4tools import P4_TOOLS, require_tools
 from tests.roce_layers import icrc_ok
 

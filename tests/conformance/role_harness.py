@@ -32,7 +32,7 @@ from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
 from tests.conformance.format import ANY_PAYLOAD_LENGTH, Frames
-from tests.conformance.roles import MANY_CARRIED
+from tests.conformance.role_model import MANY_CARRIED
 
 
 def tor_args(setup: dict[str, Any]
