@@ -72,7 +72,7 @@ def _order(item: pytest.Item) -> tuple[int, str]:
     vector = getattr(item, "callspec", None) and item.callspec.params.get("vector")
     if vector is None:
         return 1 + BUILDS.index(build), ""
-    from conformance.bmv2_harness import switch_key
+    from tests.conformance.bmv2_harness import switch_key
     return 1 + BUILDS.index(build), repr(switch_key(vector.setup))
 
 

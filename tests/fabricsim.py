@@ -24,15 +24,15 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from nr_contract.spec import PSN_MASK, Connection, RingSpec
-from roce_layers import (WRITE_FIRST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY_IMM, make_ring,
-                         write_frame)
-from switch.dataplane import interswitch
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
+from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.packets import (EXT_LEN, EXT_OFF, IMMDT_OPCODES, RETH_OPCODES, Op,
                                       build_frame, icrc, parse)
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
+from tests.roce_layers import (WRITE_FIRST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY_IMM, make_ring,
+                               write_frame)
 
 SPINE = Endpoint("02:4e:53:00:00:fe", "10.78.0.254")
 UPLINK = 100                     # every ToR's uplink port number
@@ -424,7 +424,7 @@ def spine_report(rack_sizes: Sequence[int], nbytes: int, mtu: int = 4096,
             "down_per_link": {k: v / R for k, v in down.items()},
             "ring_per_link_direction": ring}
 
-if __name__ == "__main__":      # PYTHONPATH=.:tests python tests/fabricsim.py 8x8 1048576
+if __name__ == "__main__":      # python -m tests.fabricsim 8x8 1048576
     import json
     import sys
     racks_arg, size_arg = sys.argv[1], int(sys.argv[2])

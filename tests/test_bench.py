@@ -6,31 +6,27 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from netreduce.algorithms.switch import SWITCH
 from netreduce.tools import cli
 from netreduce.tools.bench import runner, tenants
-from netreduce.tools.bench.runplan import (BenchPlan, format_size, parse_algos, parse_iters,
-                                        parse_size, parse_sizes)
 from netreduce.tools.bench.progressbar import Progress
 from netreduce.tools.bench.results import (Collector, Record, Result, Summary, document, gbps,
-                                          latency_table, quartiles, ratios, rtt_us, table,
-                                          validate)
+                                           latency_table, quartiles, ratios, rtt_us, table,
+                                           validate)
+from netreduce.tools.bench.runplan import (BenchPlan, format_size, parse_algos, parse_iters,
+                                           parse_size, parse_sizes)
 from netreduce.tools.bench.worker import rank_input, run, size_reference, spine_link_bytes
 from netreduce.tools.launch import LaunchResult, RankResult
-from fakefabric import FakeController, FakeFabric
-from netreduce.algorithms.switch import SWITCH
-from test_comm import run_ranks
+from tests.fakefabric import FakeController, FakeFabric
+from tests.ranks import run_ranks
+from tests.switchml_lines import JOB_LINE, STAT_LINE, STD_LINE
 
-JOB_LINE = re.compile(r"Job\(s\) #(-?\d+)# finished\. Duration: #(\d+)# ns "
-                      r"Goodput: #(\d+\.\d{4})# Gbps\.")
-STAT_LINE = re.compile(r"  (Min|Max|Median|Mean): #(\d+)# ns Goodput: #(\d+\.\d{4})# Gbps\.")
-STD_LINE = re.compile(r"  Std dev: #(\d+)# ns")
 MiB = 1 << 20
 
 

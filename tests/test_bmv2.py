@@ -8,66 +8,28 @@ import stat
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
-from roce_layers import mac_ports, make_ring
-from switch.p4 import program as p4program
 from labswitches import bmv2_lab
+from nr_contract.client import ControllerClient
+from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS
 from switch.control.bmv2 import Bmv2Target, McGroup, ShellSession, TableEntry, plan_ring
 from switch.control.bmv2_registers import ThriftRegisters
 from switch.control.service import ControllerConfig, serve
-from nr_contract.client import ControllerClient
 from switch.control.target import SoftwareTarget
-from switch.dataplane.ports import format_port_table
-from switch.p4.program import build_paths, contract
 from switch.dataplane.pipeline import AggregationPipeline
-from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS
+from switch.dataplane.ports import format_port_table
+from switch.p4 import program as p4program
+from switch.p4.program import build_paths, contract
+from tests.fake_p4runtime import FakeSession
+from tests.processes import free_port
+from tests.roce_layers import mac_ports, make_ring
 
 C = contract()
 PORTS = {p: f"nrtap{p - 1}" for p in range(1, 6)}
-
-
-class FakeSession:
-    """Records writes like a P4Runtime server would accept them; counters are settable."""
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple, TableEntry] = {}
-        self.groups: dict[int, McGroup] = {}
-        self.log: list[tuple[str, str]] = []
-        self.values: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
-        self.fail_table: Optional[str] = None
-        self.closed = False
-
-    def insert(self, entry: TableEntry) -> None:
-        key = (entry.table, entry.match)
-        assert key not in self.entries, f"ALREADY_EXISTS {key}"
-        if entry.table == self.fail_table:
-            raise RuntimeError("INTERNAL: table full")
-        self.entries[key] = entry
-        self.log.append(("insert", entry.table))
-
-    def delete(self, entry: TableEntry) -> None:
-        del self.entries[entry.table, entry.match]
-        self.log.append(("delete", entry.table))
-
-    def insert_group(self, group: McGroup) -> None:
-        assert group.group_id not in self.groups
-        self.groups[group.group_id] = group
-        self.log.append(("insert", f"group {group.group_id}"))
-
-    def delete_group(self, group_id: int) -> None:
-        del self.groups[group_id]
-        self.log.append(("delete", f"group {group_id}"))
-
-    def read_counter(self, name: str) -> dict[int, tuple[int, int]]:
-        return dict(self.values[name])
-
-    def close(self) -> None:
-        self.closed = True
 
 
 @pytest.fixture
@@ -369,12 +331,6 @@ def test_the_shell_session_names_the_missing_extra(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "p4runtime_sh.shell", None)
     with pytest.raises(RuntimeError, match=r"netreduce\[bmv2\]"):
         ShellSession("127.0.0.1:9559", build_paths(Path("/nonexistent")))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_bmv2_lab_stops_the_switch_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.role_harness import spine_args
-from conformance.roles import all_role_vectors
 from nr_contract.spec import LANE_OUTCOMES, RingSpec
 from switch.control.bmv2_spine import Bmv2SpineTarget, plan_spine_ring, transit_match
 from switch.control.fabric import SpineTarget
@@ -15,7 +13,9 @@ from switch.dataplane.interswitch import Endpoint, ring_tag
 from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.p4.program import contract
-from test_bmv2 import FakeSession
+from tests.conformance.role_harness import spine_args
+from tests.conformance.roles import all_role_vectors
+from tests.fake_p4runtime import FakeSession
 
 C = contract()
 ME = Endpoint("02:4e:53:00:00:fe", "10.78.0.254")

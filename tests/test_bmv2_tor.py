@@ -7,9 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.role_harness import tor_args
-from conformance.roles import all_role_vectors
-from roce_layers import make_ring
 from nr_contract.spec import TOR_COUNTERS, TRANSIT_COUNTERS, RingSpec
 from switch.control.bmv2_tor import Bmv2TorTarget, plan_tor_ring
 from switch.control.fabric import TorTarget
@@ -17,7 +14,10 @@ from switch.control.fabric_rpc import TorSwitch
 from switch.dataplane.interswitch import Endpoint, ring_tag
 from switch.dataplane.tor import TorConfig, TorPipeline, check_tor_ring
 from switch.p4.program import contract
-from test_bmv2 import FakeSession
+from tests.conformance.role_harness import tor_args
+from tests.conformance.roles import all_role_vectors
+from tests.fake_p4runtime import FakeSession
+from tests.roce_layers import make_ring
 
 C = contract()
 CONFIG = TorConfig(0, 100, Endpoint("02:4e:53:00:00:01", "10.78.0.1"),

@@ -2,76 +2,19 @@
 the rendezvous is real TCP on localhost, RDMA WRITEs are memmoves (tests/fakefabric.py)."""
 from __future__ import annotations
 
-import socket
 import threading
 from typing import Any, Callable
 
 import numpy as np
 import pytest
 
-from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import FlowConfig, StallError
 from netreduce.algorithms.ring import RingLayout
 from netreduce.comm import Communicator, CommunicatorError
 from netreduce.meta import AllreduceMismatch
-from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from nr_contract.spec import RingSpec
-
-CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=5.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowConfig = CFG,
-              fabric: FakeFabric | None = None,
-              controller: FakeController | None = None,
-              pinned: frozenset[str] = frozenset(),
-              controller_ranks: tuple[int, ...] = (0,)) -> list[Any]:
-    """Connect n ranks over one fake fabric (rank 0 fitting the "inc" ring to `controller`,
-    if given, leaving the knobs in `pinned` alone, and registering it; the other ranks of
-    `controller_ranks` get it too: they renew the lease), run `body` on each; results or
-    exceptions."""
-    fabric = fabric or FakeFabric()
-    port = free_port()
-    out: list[Any] = [None] * n
-
-    def worker(rank: int) -> None:
-        host = FakeHost(fabric, rank)
-        rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10,
-                                           secret=b"secret-of-the-comm-tests")).join()
-        try:
-            comm = Communicator.connect(rdzv, host, cfg,
-                                        controller if rank in controller_ranks else None,
-                                        pinned)
-        except Exception as exc:        # noqa: BLE001 - the test inspects it
-            out[rank] = exc
-            rdzv.close(timeout=1)
-            return
-        try:
-            out[rank] = body(comm, host)
-        except Exception as exc:        # noqa: BLE001
-            out[rank] = exc
-        finally:
-            comm.close(timeout=5)
-
-    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return out
-
-
-def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:
-    rng = np.random.default_rng(1000 + rank)
-    if np.dtype(dtype).kind == "i":
-        return rng.integers(-1000, 1000, count).astype(dtype)
-    return rng.standard_normal(count).astype(dtype)
+from tests.fakefabric import FakeFabric, FakeHost
+from tests.ranks import rank_data, run_ranks
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

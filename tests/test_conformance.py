@@ -13,22 +13,23 @@ import pytest
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
-from conformance.format import Harness, Vector, from_json, per_port, to_json
-from conformance.software_harness import SoftwareHarness
-from conformance.vectors import all_vectors, every_opcode_every_length
-from p4tools import P4_TOOLS, require_tools
+from tests.conformance.check import check_vector
+from tests.conformance.format import Harness, Vector, from_json, per_port, to_json
+from tests.conformance.software_harness import SoftwareHarness
+from tests.conformance.vectors import all_vectors, every_opcode_every_length
+from tests.p4tools import P4_TOOLS, require_tools
 
 VECTORS = all_vectors()
 
 
 def bmv2_harness() -> Harness:
     require_tools(*P4_TOOLS)
-    from conformance.bmv2_harness import create_harness
+    from tests.conformance.bmv2_harness import create_harness
     return create_harness()
 
 
 def native_harness() -> Harness:
-    from conformance.native_harness import NativeHarness, build
+    from tests.conformance.native_harness import NativeHarness, build
     build()
     return NativeHarness()
 
@@ -45,23 +46,9 @@ def target(request: pytest.FixtureRequest) -> Iterator[Harness]:
         harness.close()
 
 
-def describe(frames: dict[int, list[bytes]]) -> str:
-    return "; ".join(f"port {p}: " + ", ".join(Ether(f).summary() for f in fs)
-                     for p, fs in sorted(frames.items())) or "nothing"
-
-
 @pytest.mark.parametrize("vector", VECTORS, ids=[v.name for v in VECTORS])
 def test_vector(target: Harness, vector: Vector) -> None:
-    missing = vector.requires - target.supports
-    if missing:
-        pytest.skip(f"target lacks {', '.join(sorted(missing))}")
-    target.setup(vector.setup)
-    for i, step in enumerate(vector.steps):
-        got = per_port(target.send(step.in_port, step.frame, len(step.expect)))
-        want = per_port(step.expect)
-        assert got == want, (f"step {i} ({step.note}): sent {describe(got)}, "
-                             f"expected {describe(want)}")
-    assert target.counters() == vector.counters
+    check_vector(target, vector)
 
 
 BURST = 16     # steps fed back to back: well under BMv2's queues and the sockets' buffers

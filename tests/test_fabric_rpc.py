@@ -12,11 +12,11 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from fabricsim import Faults, Sim
 from nr_contract.client import ControllerClient, ControllerError
-from switch.control.service import ControllerConfig, serve
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
+from switch.control.service import ControllerConfig, serve
+from tests.fabricsim import Faults, Sim
 
 
 class RpcFabric:
@@ -219,7 +219,7 @@ def test_lossy_egress_loses_the_share_asked_and_counts_it() -> None:
     import os
     import subprocess
     import sys
-    from p4tools import unavailable
+    from tests.p4tools import unavailable
     if os.geteuid() != 0:
         unavailable("needs root: a network namespace and a veth pair")
     ns = f"nrlt{os.getpid()}"

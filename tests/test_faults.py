@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import CompletionError, FlowConfig
 from netreduce import Communicator, CommunicatorError, PeerFailure
 from netreduce.registration import LeaseKeeper, SwitchStatus
-from test_comm import run_ranks
+from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.ranks import run_ranks
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)
 
@@ -115,7 +115,7 @@ def test_rank_0_renews_the_lease_while_the_communicator_lives_then_unregisters()
     assert controller.unregistered == [spec.ring_id]
 
 
-def test_the_seal_catches_a_switch_that_stopped_aggregating_mid_call() -> None:
+def test_the_seal_catches_a_fake_switch_that_stopped_aggregating_mid_call() -> None:
     """The data came back but the seal is the predecessor's alone (what a restarted switch
     forwards): SwitchNotAggregating, and the output is left untouched."""
     from netreduce.algorithms.base import CallContext

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fakefabric import SOFTWARE_LIMITS, FakeController, FakeFabric, FakeHost
 from flowctl.plan import FlowConfig
 from netreduce import Communicator, SwitchRegistrationError
 from netreduce.registration import fit_config
-from test_comm import rank_data, run_ranks
+from tests.fakefabric import SOFTWARE_LIMITS, FakeController, FakeFabric, FakeHost
+from tests.ranks import rank_data, run_ranks
 
 BMV2_LIMITS = {"path_mtus": [256], "max_slots": 256, "max_ranks": 32, "max_rings": 4,
                "free_rings": 4, "max_slot_memory": 0, "default_lease_ms": 0,

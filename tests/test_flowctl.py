@@ -6,12 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from fakefabric import FakeFabric, FakeHost, FakeLink
 from flowctl import (CompletionError, CreditWindow, FlowConfig, Message, MessagePlan, Outgoing,
                      SequenceError, StallError, Stream, WindowError)
 from flowctl.link import Completion
 from flowctl.stream import LIVENESS_POLL
 from nr_contract.spec import RingSpec
+from tests.fakefabric import FakeFabric, FakeHost, FakeLink
 
 
 # --- message plan ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 from netreduce.tools import forkserver as F
 from netreduce.tools import launch as L
 from tests.hostile.netns import WORKER as NETNS_WORKER, require_netns
+from tests.processes import stop_process
 
 PY = sys.executable
 
@@ -41,9 +42,8 @@ def forkserver(tmp: Path, *args: str, netns: str | None = None,
         assert proc.stdout.readline().strip() == str(tmp / "local.sock")
         yield tmp
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-    assert proc.returncode == 0, err
+        stopped = stop_process(proc)
+    assert stopped.returncode == 0, stopped.stderr
     assert not (tmp / "local.sock").exists()
 
 
@@ -301,8 +301,7 @@ def test_ranks_forked_from_a_server_that_imported_torch_run_gloo(tmp_path: Path)
             assert r.output[0] == "preloaded True"
             assert r.output[-1] == "sum [0.0, 3.0, 6.0, 9.0] True"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        stop_process(proc)
 
 
 FOREIGN_SERVER = """\
@@ -339,5 +338,4 @@ def test_a_client_asks_only_a_fork_server_of_its_own_user(tmp_path: Path) -> Non
                           connect_timeout=5)
         assert server.stdout.readline().split() == ["received", "0", "False"]
     finally:
-        server.kill()
-        server.wait()
+        stop_process(server)

@@ -15,15 +15,15 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from fabricsim import SPINE, UPLINK, Faults, Sim, tor_endpoint
-from roce_layers import WRITE_ONLY, make_ring, wrapping_sum, write_frame
-from switch.dataplane import interswitch
-from switch.control.service import ControllerConfig, serve
 from nr_contract.client import ControllerClient, ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
+from switch.control.service import ControllerConfig, serve
+from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Corrupt, Kind, ring_tag
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
+from tests.fabricsim import SPINE, UPLINK, Faults, Sim, tor_endpoint
+from tests.roce_layers import WRITE_ONLY, make_ring, wrapping_sum, write_frame
 
 # -- the inter-switch packet ------------------------------------------------------------------
 

@@ -26,9 +26,9 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from conformance.software_harness import SoftwareHarness
-from conformance.vectors import all_vectors
-from roce_layers import WRITE_MIDDLE, make_ring, mac_ports, write_frame
+from tests.conformance.software_harness import SoftwareHarness
+from tests.conformance.vectors import all_vectors
+from tests.roce_layers import WRITE_MIDDLE, mac_ports, make_ring, write_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 NETNS = "nrxnat0"
@@ -132,7 +132,7 @@ def _collect(socks: dict, want: int) -> list[tuple[int, bytes]]:
 def test_native_io_forwards_vectors_as_python_does_root_afxdp(
         libraries: dict[str, Path], mode: str, link_mtu: int, pipeline: str) -> None:
     sys.path.insert(0, str(ROOT))
-    from conformance.native_harness import NativeHarness
+    from tests.conformance.native_harness import NativeHarness
     from switch.dataplane.ports import open_port
     from switch.native.nrio import NativeIO, stub_pipe
 

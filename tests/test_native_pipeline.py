@@ -24,15 +24,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.bench_native import Blob
-from conformance.native_harness import NativeHarness, build
-from conformance.software_harness import SoftwareHarness
-from conformance.vectors import all_vectors
 from nr_contract.spec import RingSpec, required_slots
-from p4tools import unavailable
-from roce_layers import (WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY,
-                         WRITE_ONLY_IMM, make_ring, mac_ports, write_frame)
 from switch.control.target import resolve_ports
 from switch.native.binding import LIBRARY, SANITIZED, NativePipeline
+from tests.conformance.native_harness import NativeHarness, build
+from tests.conformance.software_harness import SoftwareHarness
+from tests.conformance.vectors import all_vectors
+from tests.p4tools import unavailable
+from tests.roce_layers import (WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY,
+                               WRITE_ONLY_IMM, mac_ports, make_ring, write_frame)
 
 NATIVE = LIBRARY.parent
 TESTS = Path(__file__).resolve().parent

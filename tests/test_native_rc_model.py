@@ -1,9 +1,9 @@
-"""The RC model's property test (test_rc_properties: real Communicators and Streams, model
-rxe, loss, duplication, reordering and delay in every direction, PSN wrap, retries, re-cuts)
-run with the native pipeline beside the Python one as a differential check: every frame
-the model's switch sees goes through both, and their outputs (frames, ports, order) and
-counters must be equal after every frame. The Python pipeline's outputs go on the wire,
-so the model's runs are the property test's own.
+"""The RC model's property scenarios (tests/rcmodel/scenarios.py: real Communicators and
+Streams, model rxe, loss, duplication, reordering and delay in every direction, PSN wrap,
+retries, re-cuts) run with the native pipeline beside the Python one as a differential
+check: every frame the model's switch sees goes through both, and their outputs (frames,
+ports, order) and counters must be equal after every frame. The Python pipeline's
+outputs go on the wire, so the model's runs are the property test's own.
 """
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-import rcmodel.fabric
-import rcmodel.world
-import test_rc_properties
-from conformance.native_harness import build
+import tests.rcmodel.fabric
+import tests.rcmodel.world
 from nr_contract.spec import DEFAULT_SLOTS, RingSpec
 from switch.dataplane.pipeline import AggregationPipeline
 from switch.native.binding import NativePipeline
+from tests.conformance.native_harness import build
+from tests.rcmodel.scenarios import check_run, scenarios
 
 if TYPE_CHECKING:
     from switch.dataplane.ports import Emit
@@ -58,22 +58,20 @@ class DifferentialPipeline(AggregationPipeline):
 @pytest.fixture()
 def differential(monkeypatch: pytest.MonkeyPatch) -> None:
     build()
-    monkeypatch.setattr(rcmodel.world, "AggregationPipeline", DifferentialPipeline)
-    monkeypatch.setattr(rcmodel.fabric, "AggregationPipeline", DifferentialPipeline)
+    monkeypatch.setattr(tests.rcmodel.world, "AggregationPipeline", DifferentialPipeline)
+    monkeypatch.setattr(tests.rcmodel.fabric, "AggregationPipeline", DifferentialPipeline)
 
 
 def test_rc_properties_with_the_native_pipeline_beside(differential: None) -> None:
     """25 of the property test's scenarios (its own generator, derandomized): every frame
     agrees, in every scenario (thousands of frames in all)."""
-    inner = test_rc_properties.test_every_run_sums_exactly_or_fails_as_documented
     seen: list[int] = []
 
     def scenario(s: dict) -> None:
         DifferentialPipeline.frames = 0
-        inner.hypothesis.inner_test(s)
+        check_run(s)
         seen.append(DifferentialPipeline.frames)
 
     settings(max_examples=25, deadline=None, derandomize=True,
-             suppress_health_check=[HealthCheck.too_slow])(
-        given(test_rc_properties.scenarios())(scenario))()
+             suppress_health_check=[HealthCheck.too_slow])(given(scenarios())(scenario))()
     assert len(seen) >= 20 and min(seen) > 0 and sum(seen) > 2_000, seen

@@ -21,17 +21,16 @@ import pytest
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
-from p4tools import require_tools
-from roce_layers import IMM_OPS, RETH_OPS, WRITE_ONLY, make_ring, write_frame
+from nr_contract.spec import (CONN_COUNTERS, DEFAULT_SLOTS, LANE_OUTCOMES, MAX_RACKS, MAX_RANKS,
+                              MAX_SLOTS, PATH_MTUS, RING_COUNTERS, TOR_COUNTERS, TRANSIT_COUNTERS)
+from switch.dataplane.interswitch import Endpoint
+from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.p4 import program as p4program
 from switch.p4.program import (ISCRC_PRE_WORDS, P4_DIR, contract, generated_sources,
-                              icrc_words_source, iscrc_words_source, parse_contract,
-                              pl_valid_source, unaccepted_warnings)
-from nr_contract.spec import (CONN_COUNTERS, DEFAULT_SLOTS, LANE_OUTCOMES, MAX_RACKS, MAX_RANKS,
-                             MAX_SLOTS, PATH_MTUS, RING_COUNTERS, TOR_COUNTERS,
-                             TRANSIT_COUNTERS)
-from switch.dataplane.spine import SpineConfig, SpinePipeline
-from switch.dataplane.interswitch import Endpoint
+                               icrc_words_source, iscrc_words_source, parse_contract,
+                               pl_valid_source, unaccepted_warnings)
+from tests.p4tools import require_tools
+from tests.roce_layers import IMM_OPS, RETH_OPS, WRITE_ONLY, make_ring, write_frame
 
 C = contract()
 Layout = dict[str, list[tuple[str, int]]]          # header type -> [(field, width)]

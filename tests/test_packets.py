@@ -12,8 +12,8 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 from scapy.utils import import_hexcap
 
-from roce_layers import IMM_OPS, RETH_OPS, icrc_ok, make_ring, write_frame
 from switch.dataplane import packets as P
+from tests.roce_layers import IMM_OPS, RETH_OPS, icrc_ok, make_ring, write_frame
 
 
 def scapy_rc_vector() -> bytes:

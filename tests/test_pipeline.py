@@ -14,10 +14,10 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS, RingSpec
-from roce_layers import (WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY,
-                         WRITE_ONLY_IMM, icrc_ok, ip_ports, lab_port, make_ring, wrapping_sum,
-                         write_frame)
 from switch.dataplane.pipeline import AggregationPipeline
+from tests.roce_layers import (WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE, WRITE_ONLY,
+                               WRITE_ONLY_IMM, icrc_ok, ip_ports, lab_port, make_ring, wrapping_sum,
+                               write_frame)
 
 INT32_EXTREMES = np.array([2**31 - 1, -2**31, -1, 1], dtype=np.int32)
 

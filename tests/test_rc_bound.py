@@ -16,10 +16,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from roce_layers import WRITE_MIDDLE, ip_ports, make_ring, wrapping_sum, write_frame
 from nr_contract import spec as contract
-from switch.dataplane.pipeline import AggregationPipeline
 from nr_contract.spec import required_slots
+from switch.dataplane.pipeline import AggregationPipeline
+from tests.roce_layers import WRITE_MIDDLE, ip_ports, make_ring, wrapping_sum, write_frame
 
 MTU = 256
 SPEC = make_ring(2, mtu=MTU, msg_size=64 * MTU, window=4)        # 256 packets of window

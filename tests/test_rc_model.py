@@ -12,40 +12,19 @@ import pytest
 
 from flowctl import CompletionError, FlowConfig, StallError
 from netreduce.meta import RECORD_STRIDE
-from rcmodel.fabric import FaultRates, Faults
-from rcmodel.outcomes import assert_every_rank_failed_fast
-from rcmodel.rxe import MAX_UNACKED_PSNS, QPAttr
-from rcmodel.world import World
 from nr_contract import spec as contract
-from switch.dataplane import pipeline
-from ring_setup.endpoints import ring_spec
 from nr_contract.spec import PSN_MASK, Connection
+from ring_setup.endpoints import ring_spec
+from switch.dataplane import pipeline
 from switch.dataplane.packets import BTH_OFF, conn_key, parse
+from tests.rcmodel.calls import allreduce, data, messages, packets, want
+from tests.rcmodel.fabric import FaultRates, Faults
+from tests.rcmodel.outcomes import assert_every_rank_failed_fast
+from tests.rcmodel.rxe import MAX_UNACKED_PSNS, QPAttr
+from tests.rcmodel.world import World
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=2.0)
 LAB_CALLS = Path(__file__).parent / "rcmodel" / "lab_calls.json"
-
-
-def data(rank: int, count: int, dtype: str = "int32") -> np.ndarray:
-    return np.random.default_rng([rank, count]).integers(-1000, 1000, count).astype(dtype)
-
-
-def want(n: int, count: int, dtype: str = "int32") -> np.ndarray:
-    return np.sum([data(r, count, dtype) for r in range(n)], axis=0, dtype=dtype)
-
-
-def allreduce(world: World, count: int, algo: str, dtype: str = "int32") -> list[Any]:
-    return world.run(lambda comm: comm.allreduce(data(comm.rank, count, dtype), algo=algo))
-
-
-def packets(nbytes: int, cfg: FlowConfig = CFG) -> int:
-    """RoCE packets of one transfer of `nbytes` under `cfg`'s message plan."""
-    full, rest = divmod(nbytes, cfg.msg_size)
-    return full * cfg.packets_per_message + -(-rest // cfg.mtu)
-
-
-def messages(nbytes: int, cfg: FlowConfig = CFG) -> int:
-    return -(-nbytes // cfg.msg_size)
 
 
 class Capture:
@@ -99,8 +78,8 @@ def test_lossless_switch_call_counts_every_packet_once(n: int) -> None:
     assert all(np.array_equal(r, want(n, count)) for r in allreduce(world, count, "switch"))
     meta = n * RECORD_STRIDE
     data = 4 * (count + n)                                  # the data, then the n-word seal
-    requests = packets(meta) + packets(data)
-    acks = messages(meta) + messages(data)
+    requests = packets(meta, CFG) + packets(data, CFG)
+    acks = messages(meta, CFG) + messages(data, CFG)
     for dev in world.rxe_counters():
         assert dev == {"sent_pkts": requests + acks, "rcvd_pkts": requests + acks,
                        "ack_deferred": acks, "rdma_recvs": acks}
@@ -116,9 +95,9 @@ def test_the_host_ring_is_forwarded_by_the_switch_unaggregated() -> None:
     world = World(n, CFG)
     assert all(np.array_equal(r, want(n, count)) for r in allreduce(world, count, "ring"))
     ring = world.switch_counters()["counters"]
-    meta = packets(n * RECORD_STRIDE)                    # the call's metadata, aggregated
+    meta = packets(n * RECORD_STRIDE, CFG)                    # the call's metadata, aggregated
     assert (ring["aggregated"], ring["completed"]) == (n * meta, meta)
-    assert world.fabric.counts["result"] > 2 * (n - 1) * packets(4 * count // n)
+    assert world.fabric.counts["result"] > 2 * (n - 1) * packets(4 * count // n, CFG)
 
 
 @pytest.mark.parametrize("algo", ["switch", "ring"])
@@ -305,8 +284,8 @@ def test_the_model_catches_a_switch_that_counts_a_duplicate_twice(
     the host code itself: SwitchFailure, no sum returned.)"""
     real_offer = pipeline.AggregatorPool.offer
     n, count = 3, 5000
-    meta = packets(n * RECORD_STRIDE)            # k < meta: the call's metadata message
-    last = meta + packets(4 * (count + n)) - 1   # the packet that carries the seal
+    meta = packets(n * RECORD_STRIDE, CFG)            # k < meta: the call's metadata message
+    last = meta + packets(4 * (count + n), CFG) - 1   # the packet that carries the seal
 
     def offer_twice(pool: pipeline.AggregatorPool, rank: int, k: int, *args: Any) -> str:
         i = k & pool.slots - 1

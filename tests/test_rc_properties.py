@@ -1,108 +1,40 @@
 """Property: whatever is lost, duplicated or reordered, in any direction (contributions,
 results, ACKs), an allreduce either gives every rank the exact sum or fails with the
-documented error; never a wrong result, never a hang. Runs on the RC model
-(tests/rcmodel): real Communicators and Streams, the real switch pipeline, model rxe.
-
-Documented errors (fail fast, rcmodel.outcomes): the rank whose own stream gives up raises
-`StallError` (no completion for `collective_timeout`: the loss outran recovery) or
-`CompletionError` for "transport retry counter exceeded" (retry_cnt < 7 ran out), both
-FlowErrors; every other rank still calling raises `PeerFailure` naming only ranks that
-did fail so; and every later call on a failed rank a CommunicatorError ("unusable after
-an earlier error"). A hang is `SimulationLimit` (bounded simulated time and events), which
-fails the test.
+documented error; never a wrong result, never a hang (tests/rcmodel/scenarios.py). Runs on
+the RC model (tests/rcmodel): real Communicators and Streams, the real switch pipeline,
+model rxe.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from flowctl import CompletionError, FlowConfig, StallError
-from netreduce.comm import CommunicatorError
-from rcmodel.fabric import KINDS, FaultRates, Faults
-from rcmodel.outcomes import check_fail_fast
-from rcmodel.rxe import RETRY_FOREVER, QPAttr
-from rcmodel.world import World
-from nr_contract.spec import PSN_MASK, required_slots
+from tests.rcmodel.scenarios import check_run, scenarios
 
-#: (mtu, msg_size, window): 4-packet messages; 64-packet messages (AckReq only on the
-#: last); 256-packet messages (AckReq every 66th, 129 PSNs in flight, N = 512).
-CONFIGS = [(256, 1024, 4), (256, 64 * 256, 2), (256, 256 * 256, 1), (512, 2048, 3)]
-
-rates = st.builds(FaultRates, loss=st.floats(0, 0.25), duplicate=st.floats(0, 0.2),
-                  delay=st.floats(0, 0.5), delay_s=st.sampled_from([50e-6, 2e-3, 0.1]))
+EXAMPLES = 60
+#: of the EXAMPLES runs, at least this many must give every rank every call's exact sum: a
+#: model that failed every run "as documented" would otherwise pass (derandomized: the same
+#: runs each time, 50 of them exact with hypothesis 6.170; the floor leaves room for another
+#: hypothesis drawing other scenarios)
+EXACT_FLOOR = 40
 
 
-@st.composite
-def scenarios(draw: st.DrawFn) -> dict[str, Any]:
-    n = draw(st.integers(2, 4))
-    mtu, msg_size, window = draw(st.sampled_from(CONFIGS))
-    return {
-        "n": n,
-        "config": FlowConfig(mtu=mtu, msg_size=msg_size, window=window, recv_depth=32,
-                             collective_timeout=draw(st.sampled_from([0.5, 5.0]))),
-        "faults": Faults({kind: draw(rates) for kind in KINDS}, seed=draw(st.integers(0, 2**32))),
-        "retry_cnt": draw(st.sampled_from([RETRY_FOREVER, RETRY_FOREVER, 2])),
-        "timeout": draw(st.sampled_from([8, 14])),            # 1 ms or 67 ms
-        "near_wrap": draw(st.booleans()),
-        "calls": draw(st.lists(st.tuples(st.sampled_from(["switch", "ring"]),
-                                         st.integers(1, 9000)), min_size=1, max_size=3)),
-    }
+def test_every_run_sums_exactly_or_fails_as_documented() -> None:
+    """EXAMPLES derandomized scenarios, each exact on every rank or failing as documented
+    (`check_run`); at least EXACT_FLOOR of them exact, and every example run."""
+    outcomes: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(scenarios())
+    def run(s: dict[str, Any]) -> None:
+        outcomes[check_run(s)] += 1
+
+    run()
+    print(f"\n[rc properties] {dict(outcomes)}")
+    assert sum(outcomes.values()) == EXAMPLES, outcomes
+    assert outcomes["exact"] >= EXACT_FLOOR, outcomes
 
 
-def data(rank: int, call: int, count: int) -> np.ndarray:
-    return np.random.default_rng([rank, call, count]).integers(-2**20, 2**20, count,
-                                                                dtype=np.int32)
-
-
-def own_failure(exc: BaseException, retry_cnt: int) -> bool:
-    """A documented way for a rank's own stream to give up."""
-    if isinstance(exc, StallError):
-        return True
-    return isinstance(exc, CompletionError) and retry_cnt != RETRY_FOREVER \
-        and "transport retry counter exceeded" in str(exc)
-
-
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios())
-def test_every_run_sums_exactly_or_fails_as_documented(s: dict[str, Any]) -> None:
-    n, config, calls = s["n"], s["config"], s["calls"]
-    psn0s = ({(r, ring): PSN_MASK - 40 * r for r in range(n) for ring in ("ring", "inc")}
-             if s["near_wrap"] else None)
-    spec_slots = required_slots(World(n, config, switch=False).spec)
-    world = World(n, config, faults=s["faults"], slots=max(256, spec_slots),
-                  attr=QPAttr(mtu=config.mtu, timeout=s["timeout"], retry_cnt=s["retry_cnt"]),
-                  psn0s=psn0s, max_time=200.0, max_events=400_000)
-
-    def body(comm: Any) -> list[Any]:
-        out: list[Any] = []
-        for i, (algo, count) in enumerate(calls):
-            try:
-                out.append(comm.allreduce(data(comm.rank, i, count), algo=algo))
-            except (StallError, CompletionError, CommunicatorError) as exc:
-                out.append(exc)
-        return out
-
-    results = world.run(body)
-    first_errors: dict[int, BaseException] = {}
-    for rank, got in enumerate(results):
-        assert isinstance(got, list), f"rank {rank} raised {got!r}"
-        for i, ((algo, count), res) in enumerate(zip(calls, got)):
-            if isinstance(res, BaseException):
-                if rank not in first_errors:
-                    first_errors[rank] = res
-                else:
-                    assert isinstance(res, CommunicatorError) and \
-                        "unusable after an earlier error" in str(res), \
-                        f"rank {rank} call {i}: {res!r}"
-                continue
-            assert rank not in first_errors, f"rank {rank} call {i} ran after its failure"
-            want = np.sum([data(r, i, count) for r in range(n)], axis=0, dtype=np.int32)
-            assert np.array_equal(res, want), f"rank {rank} call {i} ({algo}): wrong sum"
-    if first_errors:
-        check_fail_fast(first_errors, lambda exc: own_failure(exc, s["retry_cnt"]))
-    stats = world.switch_counters()["counters"]
-    assert stats["drop_overrun"] == stats["drop_mismatch"] == stats["drop_bad_length"] == 0

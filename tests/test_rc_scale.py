@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rcmodel.scale import (Case, formula_ring_spine_link, formula_ring_time_us,
-                           formula_spine_link, formula_switch_time_us, markdown, run)
+from tests.rcmodel.scale import (Case, formula_ring_spine_link, formula_ring_time_us,
+                                 formula_spine_link, formula_switch_time_us, markdown, run)
 
 RESULTS = Path(__file__).parent.parent / "docs" / "figures" / "scale.json"
 

@@ -25,16 +25,16 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from flowctl import FlowConfig
-from netreduce.algorithms.ring import RingAllreduce
 import netreduce.algorithms.switch as switch_algorithm
 import netreduce.away as away_module
+from flowctl import FlowConfig
+from netreduce.algorithms.ring import RingAllreduce
 from netreduce.algorithms.switch import INLINE_BYTES, SwitchAllreduce
 from netreduce.meta import RECORD_STRIDE
 from netreduce.tools.reference import Reference
-from rcmodel.fabric import KINDS, FaultRates, Faults
-from rcmodel.rxe import QPAttr
-from rcmodel.world import World
+from tests.rcmodel.fabric import KINDS, FaultRates, Faults
+from tests.rcmodel.rxe import QPAttr
+from tests.rcmodel.world import World
 
 CONFIGS = [(256, 1024, 4), (256, 64 * 256, 2), (512, 2048, 3)]
 SENTINEL = -7

@@ -9,10 +9,10 @@ import pytest
 
 from flowctl import FlowConfig
 from netreduce.meta import RECORD_STRIDE
-from rcmodel.fabric import FaultRates, Faults
-from rcmodel.scale import formula_spine_link
-from rcmodel.world import World
-from test_rc_model import allreduce, data, packets, want
+from tests.rcmodel.calls import allreduce, data, packets, want
+from tests.rcmodel.fabric import FaultRates, Faults
+from tests.rcmodel.scale import formula_spine_link
+from tests.rcmodel.world import World
 
 CFG = FlowConfig(mtu=1024, msg_size=8192, window=2, recv_depth=64, collective_timeout=5.0)
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from typing import Any, Callable
@@ -11,14 +10,8 @@ import pytest
 
 import ring_setup.store_server as store_server
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreClient
-from ring_setup.store_protocol import (WATCH_INTERVAL, PeerFailed, RendezvousError,
-                                       RendezvousTimeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ring_setup.store_protocol import WATCH_INTERVAL, PeerFailed, RendezvousError, RendezvousTimeout
+from tests.processes import free_port
 
 
 SECRET = b"secret-of-the-rendezvous-tests"

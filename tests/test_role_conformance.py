@@ -22,23 +22,26 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from conformance.format import ANY_PAYLOAD_LENGTH, Harness, Vector, from_json, per_port, to_json
-from conformance.role_harness import RoleHarness, spine_args, tor_args
-from conformance.roles import MANY_CARRIED, RACKS_2X2, TorModel, all_role_vectors
-from p4tools import P4_TOOLS, require_tools
-from roce_layers import icrc_ok
-from test_conformance import test_vector as check_vector
 from nr_contract.spec import RingSpec
 from switch.control.fabric import SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineSwitch, TorSwitch
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint
+from tests.conformance.check import check_vector
+from tests.conformance.format import (ANY_PAYLOAD_LENGTH, Harness, Vector, from_json, per_port,
+                                      to_json)
+from tests.conformance.role_harness import RoleHarness, spine_args, tor_args
+from tests.conformance.role_model import MANY_CARRIED
+from tests.conformance.roles import RACKS_2X2, all_role_vectors
+from tests.conformance.tor_model import TorModel
+from tests.p4tools import P4_TOOLS, require_tools
+from tests.roce_layers import icrc_ok
 
 VECTORS = all_role_vectors()
 
 def bmv2_role_harness() -> Harness:
     require_tools(*P4_TOOLS)
-    from conformance.bmv2_role_harness import create_role_harness
+    from tests.conformance.bmv2_role_harness import create_role_harness
     return create_role_harness()
 
 
@@ -260,7 +263,7 @@ def test_a_reset_bmv2_switch_is_a_fresh_one(target: Harness) -> None:
     module's harness: p4runtime-shell has one client per process, so one harness at a time."""
     if not hasattr(target, "resets"):
         pytest.skip("the software target starts afresh at every setup: no switch to reset")
-    from conformance.bmv2_harness import switch_key
+    from tests.conformance.bmv2_harness import switch_key
     tor = sorted((v for v in VECTORS if v.setup["role"] == "tor" and v.setup["rings"]),
                  key=lambda v: len(v.steps))
     first, second = next((a, b) for a in tor for b in tor

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from rawstore import WORLD, Raw, cfg, in_ranks
-from rawstore import store  # noqa: F401 - the fixture, used by name
 import ring_setup.rendezvous as rendezvous
 import ring_setup.store_server as store_server
 from ring_setup.rendezvous import Rendezvous, StoreClient
 from ring_setup.store_server import StoreServer
+from tests.rawstore import WORLD, Raw, cfg, in_ranks
+from tests.rawstore import store  # noqa: F401 - the fixture, used by name
 
 
 def test_a_silent_connection_is_told_and_cut(store: StoreServer,

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from rawstore import SECRET, WORLD, Raw, cfg, hkdf, in_ranks, values
-from rawstore import store  # noqa: F401 - the fixture, used by name
 import ring_setup.store_server as store_server
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig, StoreClient
 from ring_setup.store_protocol import MAX_LINE, RendezvousError
 from ring_setup.store_server import StoreServer
+from tests.rawstore import SECRET, WORLD, Raw, cfg, hkdf, in_ranks, values
+from tests.rawstore import store  # noqa: F401 - the fixture, used by name
 
 
 def test_the_store_listens_on_the_job_address_only(store: StoreServer) -> None:

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 
 import netreduce.away as away
-from fakefabric import FakeController, FakeFabric, FakeHost
 from flowctl import FlowConfig
 from netreduce import Communicator
 from netreduce.away import Backoff, settle_plan
 from netreduce.routing import SwitchUnavailable
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from ring_setup.store_server import StoreServer
-from test_comm import free_port, run_ranks
+from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.processes import free_port
+from tests.ranks import run_ranks
 
 CFG = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64, collective_timeout=20.0)
 COUNT = 40          # int32: data + a 3-rank seal = 172 bytes, one message on "inc" (not
@@ -138,7 +139,7 @@ def wait_back(comm: Communicator, c: int) -> None:
 
 
 @pytest.mark.parametrize("lease_ms", [0, 300])
-def test_a_switch_restarted_between_calls_costs_nothing_and_the_ring_returns(
+def test_a_fake_switch_restarted_between_calls_costs_nothing_and_the_ring_returns(
         lease_ms: int, caplog: pytest.LogCaptureFixture) -> None:
     """lease_ms=0: call 1's metadata comes back unaggregated on every rank; 300: the lease
     keepers (ranks 0 and 1) hear NOT_FOUND first and every rank settles while idle. Every
@@ -190,7 +191,7 @@ def test_a_switch_restarted_between_calls_costs_nothing_and_the_ring_returns(
 
 
 @pytest.mark.parametrize("idle", [False, True])
-def test_a_switch_lost_while_it_emits_a_call_finishes_it_from_the_wire_words(
+def test_a_fake_switch_lost_while_it_emits_a_call_finishes_it_from_the_wire_words(
         idle: bool) -> None:
     """The switch dies while it emits call 1's sums: rank 0's successor gets the sum (a
     good seal: it returns), the other two their predecessor's raw data (a bad seal). Rank
@@ -217,7 +218,7 @@ def test_a_switch_lost_while_it_emits_a_call_finishes_it_from_the_wire_words(
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
-def test_a_switch_lost_while_it_emits_a_small_calls_records_finishes_it_from_them(
+def test_a_fake_switch_lost_while_it_emits_a_small_calls_records_finishes_it_from_them(
         dtype: str) -> None:
     """A small call travels in its records, one message on "inc" (INLINE). The switch
     dies while it emits call 1's records: rank 0's successor gets every record (its call
@@ -257,7 +258,8 @@ def test_a_switch_lost_while_it_emits_a_small_calls_records_finishes_it_from_the
             assert [y for y, _ in calls] == wanted, r                  # exact on every route
 
 
-def test_algo_switch_while_the_switch_is_away_is_refused_alike_and_leaves_it_usable() -> None:
+def test_algo_switch_while_the_fake_switch_is_away_is_refused_alike_and_leaves_it_usable(
+        ) -> None:
     fabric = FakeFabric()
     controller = FakeController(fabric)
 

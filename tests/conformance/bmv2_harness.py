@@ -29,24 +29,22 @@ import itertools
 import json
 import os
 import select
-import socket
 import string
 import subprocess
 import time
-from contextlib import closing
 from pathlib import Path
 from typing import Any, Hashable, Optional
 
+from labswitches.bmv2_lab import Bmv2Switch
 from nr_contract.spec import RingSpec
 from switch.control.bmv2 import Bmv2Target
+from switch.dataplane.ports import Port, open_port
 from switch.dataplane.spine import SpineConfig
 from switch.dataplane.tor import TorConfig
-from labswitches.bmv2_lab import Bmv2Switch
-from switch.dataplane.ports import Port, open_port
 from switch.p4.program import DEFAULT_BUILD
-
-from conformance.format import ANY_PAYLOAD_LENGTH, Frames
-from p4tools import unavailable
+from tests.conformance.format import ANY_PAYLOAD_LENGTH, Frames
+from tests.p4tools import unavailable
+from tests.processes import free_port
 
 QUIET = 0.3          # s of silence that ends a step whose expected frames are not given
 GRACE = 0.05         # s after the expected frames for an extra one (docs/tests.md)
@@ -54,12 +52,6 @@ EMPTY_WAIT = 0.15    # s of silence that ends a step expecting no frame (docs/te
 MAX_WAIT = 5.0       # s a step may take at most
 ETHERTYPE_IPV6 = b"\x86\xdd"
 LOG = DEFAULT_BUILD / "simple_switch_grpc.log"
-
-
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ip(*args: str) -> None:
@@ -145,8 +137,8 @@ class Bmv2Harness:
         self.ports = {num: open_port(num, host) for num, (_, host) in links.items()}
         log.parent.mkdir(parents=True, exist_ok=True)
         self.switch = Bmv2Switch({num: sw for num, (sw, _) in links.items()},
-                                 dict(vectors_setup["macs"]), grpc_port=_free_port(),
-                                 thrift_port=_free_port(), log=log, spine=spine, tor=tor)
+                                 dict(vectors_setup["macs"]), grpc_port=free_port(),
+                                 thrift_port=free_port(), log=log, spine=spine, tor=tor)
         self._key = key
         self.starts += 1
         return self.switch

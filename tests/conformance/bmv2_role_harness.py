@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conformance.bmv2_harness import Bmv2Harness, create_harness
-from conformance.format import ANY_PAYLOAD_LENGTH
-from conformance.role_harness import spine_args, spine_counters, tor_args, tor_counters
 from switch.control.bmv2_spine import Bmv2SpineTarget
 from switch.control.bmv2_tor import Bmv2TorTarget
 from switch.p4.program import DEFAULT_SPINE_BUILD, DEFAULT_TOR_BUILD
+from tests.conformance.bmv2_harness import Bmv2Harness, create_harness
+from tests.conformance.format import ANY_PAYLOAD_LENGTH
+from tests.conformance.role_harness import spine_args, spine_counters, tor_args, tor_counters
 
 LOGS = {"spine": Path(DEFAULT_SPINE_BUILD) / "simple_switch_grpc.log",
         "tor": Path(DEFAULT_TOR_BUILD) / "simple_switch_grpc.log"}

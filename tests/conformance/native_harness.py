@@ -10,9 +10,8 @@ from typing import Any, Optional
 from nr_contract.spec import RingSpec
 from switch.control.target import resolve_ports
 from switch.native.binding import LIBRARY, NativePipeline
-
-from conformance.format import ANY_PAYLOAD_LENGTH
-from conformance.software_harness import SoftwareHarness
+from tests.conformance.format import ANY_PAYLOAD_LENGTH
+from tests.conformance.software_harness import SoftwareHarness
 
 
 def build(target: str = "all") -> None:
@@ -60,8 +59,8 @@ class NativeHarness(SoftwareHarness):
 def run_vectors(library: Path) -> int:
     """Every single-switch vector through `library`'s pipeline, steps and counters checked
     against the vector; returns how many steps ran (AssertionError naming the first miss)."""
-    from conformance.format import per_port
-    from conformance.vectors import all_vectors, every_opcode_every_length
+    from tests.conformance.format import per_port
+    from tests.conformance.vectors import all_vectors, every_opcode_every_length
     harness = NativeHarness(library)
     steps = 0
     try:

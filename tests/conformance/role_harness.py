@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from conformance.format import ANY_PAYLOAD_LENGTH, Frames
-from conformance.roles import MANY_CARRIED
 from nr_contract.spec import RingSpec
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
+from tests.conformance.format import ANY_PAYLOAD_LENGTH, Frames
+from tests.conformance.role_model import MANY_CARRIED
 
 
 def tor_args(setup: dict[str, Any]

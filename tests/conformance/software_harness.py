@@ -8,8 +8,7 @@ from typing import Any, Optional, Sequence
 from nr_contract.spec import RingSpec
 from switch.control.target import SoftwareTarget
 from switch.dataplane.pipeline import AggregationPipeline
-
-from conformance.format import ANY_PAYLOAD_LENGTH, Frames
+from tests.conformance.format import ANY_PAYLOAD_LENGTH, Frames
 
 
 class SoftwareHarness:

@@ -6,7 +6,7 @@ replaced by the numpy wrapping sum, and expected counters are the tally of the o
 RoCE path MTU 256 (64 int32 per packet) everywhere, so a fixed 64-element P4 parser can
 run every vector not tagged `any_payload_length`.
 
-JSON for targets run elsewhere: `cd tests && ../.venv/bin/python -m conformance.vectors OUT`.
+JSON for targets run elsewhere: `.venv/bin/python -m tests.conformance.vectors OUT`.
 """
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
 from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS, Connection, RingSpec
-from roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
-                         WRITE_ONLY, WRITE_ONLY_IMM, lab_port, mac_ports, make_ring,
-                         wrapping_sum, write_frame)
+from tests.conformance.format import ANY_PAYLOAD_LENGTH, Step, Vector, to_json
+from tests.roce_layers import (RETH_OPS, WRITE_FIRST, WRITE_LAST, WRITE_LAST_IMM, WRITE_MIDDLE,
+                               WRITE_ONLY, WRITE_ONLY_IMM, lab_port, mac_ports, make_ring,
+                               wrapping_sum, write_frame)
 
 MTU = 256
 SEND_ONLY = 0x04

@@ -28,7 +28,8 @@ from typing import Optional, Sequence
 
 import pytest
 
-from roce_layers import lab_mac
+from tests.processes import stop_process
+from tests.roce_layers import lab_mac
 
 #: this pytest-xdist worker's number ("" outside xdist), in every namespace name of tests/hostile
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
@@ -258,13 +259,8 @@ class SwitchRig:
     def close(self) -> None:
         for h in self.hosts.values():
             h.close()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
         self._teardown_netns()
 
     @staticmethod

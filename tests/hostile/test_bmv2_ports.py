@@ -8,8 +8,8 @@ import importlib.util
 import socket
 from pathlib import Path
 
-from p4tools import P4_TOOLS, require_tools, unavailable
 from tests.hostile.netns import CONTROL_IP, HOSTS_NS, SWITCH_NS, SwitchRig, in_netns
+from tests.p4tools import P4_TOOLS, require_tools, unavailable
 
 THRIFT_PORT, GRPC_PORT = 9391, 9659
 

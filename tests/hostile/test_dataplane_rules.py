@@ -8,9 +8,9 @@ from typing import Iterator
 
 import pytest
 
-from roce_layers import WRITE_ONLY, lab_mac, make_ring, write_frame
 from switch.dataplane.ports import DataPlane
 from tests.hostile.netns import WORKER, in_netns, require_netns, run_ip
+from tests.roce_layers import WRITE_ONLY, lab_mac, make_ring, write_frame
 
 NS = f"nrxdp{WORKER}"
 

@@ -19,15 +19,17 @@ from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from roce_layers import WRITE_ONLY, lab_ip, lab_mac, make_ring, wrapping_sum, write_frame
-from nr_contract.spec import RingSpec
 from nr_contract.client import ControllerClient, ControllerError
+from nr_contract.spec import RingSpec
 from tests.hostile.netns import SwitchRig
+from tests.roce_layers import WRITE_ONLY, lab_ip, lab_mac, make_ring, wrapping_sum, write_frame
 
 MAC_TABLE_SIZE = 64
 PAYLOAD_OFF = 14 + 20 + 8 + 12 + 16        # a WRITE_ONLY's payload: after Eth, IP, UDP, BTH, RETH
 FUZZ_EXAMPLES = 600
-FUZZ_SECONDS = 18.0
+FUZZ_SECONDS = 18.0         # the fuzz's time box: examples drawn past it send nothing ...
+FUZZ_FLOOR = 100            # ... but at least this many must have sent their frames (600 in
+#                             9 s on an idle 2-core machine)
 VOLUME_FRAMES = 50_000
 
 
@@ -134,7 +136,7 @@ def test_fuzzed_frames_leave_the_switch_forwarding_with_bounded_state(
         rig: SwitchRig, alice: ControllerClient) -> None:
     alice.register_ring(FUZZ_RING, lease_ms=600_000)
     rss0 = rig.rss_kib()
-    sent = [0]
+    sent, examples = [0], [0]
     t0 = time.monotonic()
 
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
@@ -143,6 +145,7 @@ def test_fuzzed_frames_leave_the_switch_forwarding_with_bounded_state(
     def fuzz(frames: list[tuple[int, bytes]]) -> None:
         if time.monotonic() - t0 > FUZZ_SECONDS:
             return
+        examples[0] += 1
         for port, frame in frames:
             try:
                 rig.hosts[port].send(frame)
@@ -153,6 +156,7 @@ def test_fuzzed_frames_leave_the_switch_forwarding_with_bounded_state(
         assert rig.alive(), rig.log()
 
     fuzz()
+    assert examples[0] >= FUZZ_FLOOR, f"{examples[0]} fuzz examples in {FUZZ_SECONDS} s"
     volume = volume_pass(rig, VOLUME_FRAMES)
     elapsed = time.monotonic() - t0
     rig.settle()
@@ -172,7 +176,8 @@ def test_fuzzed_frames_leave_the_switch_forwarding_with_bounded_state(
     alice.register_ring(after)
     aggregate(rig, after, 0, seed=1)
     alice.unregister_ring("after-fuzz")
-    print(f"fuzz: {sent[0]} property-based + {volume} volume frames in {elapsed:.1f} s, "
+    print(f"fuzz: {examples[0]} examples, {sent[0]} property-based + {volume} volume frames "
+          f"in {elapsed:.1f} s, "
           f"RSS +{growth} KiB, "
           f"mac_learn_refused {got['switch']['mac_learn_refused']}, ring outcomes {outcomes}")
 

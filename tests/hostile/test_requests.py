@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roce_layers import lab_ip, lab_mac, make_ring
 from nr_contract import control_pb2 as pb
 from nr_contract.client import ControllerClient, ControllerError, spec_message
 from tests.hostile.netns import ALICE, SwitchRig
+from tests.roce_layers import lab_ip, lab_mac, make_ring
 
 SERVICE = "/netreduce.control.v1.Controller/"
 METHODS = {"Ping": pb.PingRequest, "RegisterRing": pb.RegisterRingRequest,
@@ -26,7 +26,10 @@ MAX_SLOT_MEMORY = MAX_RINGS * RING_MEMORY
 ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
            grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
-FUZZ_SECONDS = 12.0
+FUZZ_EXAMPLES = 1500
+FUZZ_SECONDS = 12.0         # the fuzz's time box: examples drawn past it call nothing ...
+FUZZ_FLOOR = 250            # ... but at least this many must have made their calls (1500 in
+#                             9 s on an idle 2-core machine)
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +228,7 @@ def register_request(draw) -> pb.RegisterRingRequest:
 def test_fuzzed_requests_get_an_answer_never_a_crash(rig: SwitchRig, channel: grpc.Channel,
                                                      alice: ControllerClient) -> None:
     seen: dict[str, int] = {}
+    examples = [0]
     t0 = time.monotonic()
 
     def check(method: str, data: bytes, secret: str | None) -> None:
@@ -232,21 +236,23 @@ def test_fuzzed_requests_get_an_answer_never_a_crash(rig: SwitchRig, channel: gr
         assert code in ANSWERS, (method, data, code, details)
         seen[code.name] = seen.get(code.name, 0) + 1
 
-    @settings(max_examples=1500, deadline=None, database=None,
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(register_request(), st.sampled_from(list(METHODS)), st.binary(max_size=300),
            st.sampled_from([ALICE, None]))
     def fuzz(req: pb.RegisterRingRequest, method: str, raw: bytes, secret: str | None) -> None:
         if time.monotonic() - t0 > FUZZ_SECONDS:
             return
+        examples[0] += 1
         check("RegisterRing", req.SerializeToString(), ALICE)
         check(method, raw, secret)
         for rid in alice.counters(connections=False)["rings"]:   # a valid one, by chance
             alice.unregister_ring(rid)
 
     fuzz()
+    assert examples[0] >= FUZZ_FLOOR, f"{examples[0]} fuzz examples in {FUZZ_SECONDS} s"
     assert rig.alive(), rig.log()
     got = alice.counters(connections=False)["switch"]
     assert got["internal_errors"] == 0
     assert "Traceback" not in rig.log()
-    print(f"request fuzz: {sum(seen.values())} calls in {time.monotonic() - t0:.1f} s: {seen}")
+    print(f"request fuzz: {examples[0]} examples, {sum(seen.values())} calls in {time.monotonic() - t0:.1f} s: {seen}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import IN_LAB, require_lab
+from tests.conftest import IN_LAB, require_lab
 from tests.lab.torchserver import TorchForkServer
 
 #: the session's torch fork server, when a torch test was collected inside the lab

@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from netreduce.tools.forkserver import NETNS_DIR, Refused, WarmProcess
 
@@ -118,3 +120,19 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.2) -> None:
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@contextmanager
+def host_loss(loss: str) -> Iterator[None]:
+    """`loss` (tc netem, e.g. "1%") on every host's lab link, removed afterwards whatever
+    happens; "0%" changes nothing."""
+    if loss == "0%":
+        yield
+        return
+    try:
+        for i in range(HOSTS):
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", loss)
+        yield
+    finally:
+        for i in range(HOSTS):
+            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "root", check=False)

@@ -4,81 +4,16 @@ Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import itertools
 import json
-import os
 import re
-import sys
-import threading
-from pathlib import Path
-from typing import Iterator, TextIO
 
 import pytest
 
-from netreduce.tools.launch import LaunchResult, launch
 from nr_contract.spec import RingSpec
-from tests.lab.labhosts import HOSTS, ROOT, host_ip
+from tests.lab.labhosts import host_ip
+from tests.lab.workers import lines, run_worker
 
 pytestmark = pytest.mark.lab
-
-WORKER = Path(__file__).with_name("allreduce_worker.py")
-_ports = itertools.count(29600)
-
-
-def run_worker(n: int, *args: str, timeout: float = 1800,
-               out: TextIO | None = None, grace: float = 30,
-               first_host: int = 0) -> LaunchResult:
-    """allreduce_worker.py ARGS as n ranks (on hosts first_host, first_host + 1, ...); their
-    prefixed output goes to `out` as it comes (default: stdout); `grace`: how long the
-    others may run on after one rank failed."""
-    if first_host + n > HOSTS:
-        pytest.fail(f"the lab has {HOSTS} hosts, the test needs {first_host + n}")
-    # The worker runs as a script: without this its `import netreduce` would find whatever
-    # the venv has installed (another checkout's code), not this tree's.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return launch([sys.executable, str(WORKER), *args], n, port=next(_ports), timeout=timeout,
-                  grace=grace, out=out, env=env, first_host=first_host)
-
-
-class Watch(io.StringIO):
-    """Output sink that sets `seen` once a line containing `marker` was written."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.marker, self.seen = marker, threading.Event()
-
-    def write(self, s: str) -> int:
-        if self.marker in s:
-            self.seen.set()
-        return super().write(s)
-
-
-@contextlib.contextmanager
-def in_background(n: int, *args: str, until: Path, marker: str
-                  ) -> Iterator[tuple[Watch, list[LaunchResult]]]:
-    """Run allreduce_worker.py ARGS --until UNTIL as n ranks in a thread; enter once a rank
-    printed `marker` (the Watch holds the output so far); on exit create `until` (the
-    worker's cue to finish) and wait for the job, whose result is then in the list."""
-    watch = Watch(marker)
-    outcome: list[LaunchResult] = []
-    worker = threading.Thread(target=lambda: outcome.append(
-        # survivors hold until `until` (a lease expiry takes up to 3 leases + 30 s): the
-        # launcher must not stop them 30 s after the rank that was killed on purpose
-        run_worker(n, *args, "--until", str(until), timeout=600, out=watch, grace=300)))
-    worker.start()
-    try:
-        assert watch.seen.wait(300), watch.getvalue()
-        yield watch, outcome
-    finally:
-        until.touch()
-        worker.join(timeout=300)
-
-
-def lines(result: LaunchResult, rank: int, prefix: str) -> list[str]:
-    return [line[len(prefix):] for line in result.ranks[rank].output if line.startswith(prefix)]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -15,7 +15,7 @@ import pytest
 
 from netreduce.tools.bench.results import validate
 from tests.lab.labhosts import HOSTS
-from tests.test_bench import JOB_LINE, STAT_LINE, STD_LINE
+from tests.switchml_lines import JOB_LINE, STAT_LINE, STD_LINE
 
 pytestmark = pytest.mark.lab
 

@@ -10,22 +10,19 @@ Inside the lab (any --switch; needs p4c and BMv2 on the machine):
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Iterator
 
 import pytest
 
-from conftest import IN_LAB, UNDER_CI
 from flowctl.plan import FlowConfig
-from netreduce.tools.launch import LaunchResult
-from tests.lab.labhosts import python_in_host, switch_counters
+from tests.conftest import IN_LAB, UNDER_CI
+from tests.lab.labhosts import host_loss, python_in_host, switch_counters
 from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, restart_switch,
                                  use_switch)
-from tests.lab.test_allreduce import lines, run_worker
-from tests.lab.test_switch_allreduce import (RECUT_CALLS, check_recut_run, run_recut,
-                                             check_retransmissions_seen, check_switch_run,
-                                             host_loss, show_run)
+from tests.lab.switchruns import (RECUT_CALLS, check_recut_run, check_retransmissions_seen,
+                                  check_switch_run, inc_config, run_recut, show_run)
+from tests.lab.workers import run_worker
 
 pytestmark = pytest.mark.lab
 
@@ -82,16 +79,6 @@ def test_allreduce_through_bmv2_with_init_defaults(bmv2: LabSwitch, loss: str,
     show n contributions per packet, every slot emitted, no structural drop (under loss:
     retransmissions seen and served)."""
     run_through_bmv2(capsys, loss, SIZES[loss], ("int32", "float32"))
-
-
-def inc_config(result: LaunchResult) -> FlowConfig:
-    """The "inc" ring's knobs as init() fitted them to the switch (rank 0's "joined" line)."""
-    (joined,) = lines(result, 0, "joined ")
-    knobs = re.search(r"inc mtu=(\d+), msg_size=(\d+), window=(\d+), ack_timeout=(\d+)",
-                      joined)
-    assert knobs, joined
-    return FlowConfig(mtu=int(knobs[1]), msg_size=int(knobs[2]), window=int(knobs[3]),
-                      ack_timeout=int(knobs[4]))
 
 
 def run_through_bmv2(capsys: pytest.CaptureFixture[str], loss: str, sizes: list[int],

@@ -27,17 +27,16 @@ from typing import Iterator
 
 import pytest
 
-from conftest import UNDER_CI
+from labswitches.fabric_lab import rack_sizes
 from netreduce.tools.launch import LaunchResult
-from tests.lab.labhosts import HOSTS, python_in_host
+from tests.conftest import UNDER_CI
+from tests.lab.fabricruns import RACKS, check_fabric_run, spine_link_packets
+from tests.lab.labhosts import HOSTS, host_loss, python_in_host
 from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, restart_switch,
                                  use_switch)
-from tests.lab.test_allreduce import run_worker
-from tests.lab.test_bmv2_allreduce import inc_config
-from tests.lab.test_multirack_lab import RACKS, check_fabric_run, spine_link_packets
-from tests.lab.test_switch_allreduce import (RECUT_CALLS, check_recut_run,
-                                             check_retransmissions_seen, host_loss, run_recut)
-from labswitches.fabric_lab import rack_sizes
+from tests.lab.switchruns import (RECUT_CALLS, check_recut_run, check_retransmissions_seen,
+                                  inc_config, run_recut)
+from tests.lab.workers import run_worker
 
 pytestmark = pytest.mark.lab
 

@@ -23,9 +23,8 @@ import pytest
 from flowctl.plan import FlowConfig
 from netreduce.tools.launch import LaunchResult
 from tests.lab.labhosts import CONTROLLER, HOSTS, run_in_host, switch_counters, wait_for
-from tests.lab.test_allreduce import in_background, lines, run_worker
-from tests.lab.test_switch_allreduce import (STRUCTURAL_DROPS, check_switch_run,
-                                             data_packets, meta_packets)
+from tests.lab.switchruns import STRUCTURAL_DROPS, check_switch_run, data_packets, meta_packets
+from tests.lab.workers import in_background, lines, run_worker
 
 pytestmark = pytest.mark.lab
 

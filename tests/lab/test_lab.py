@@ -15,6 +15,7 @@ import pytest
 
 from tests.lab.labhosts import (HOSTS, ROOT, host_ip, in_host, port_counter, python_in_host,
                                 run_in_host, rxe_counter, switch_counters)
+from tests.processes import stop_process
 
 pytestmark = pytest.mark.lab
 
@@ -40,7 +41,7 @@ def test_ib_write_bw_crosses_the_switch() -> None:
                                 text=True, timeout=300)
         s_out, _ = server.communicate(timeout=60)
     finally:
-        server.kill()
+        stop_process(server)
     assert client.returncode == 0, client.stdout + client.stderr
     assert server.returncode == 0, s_out
     m = re.search(rf"^\s*{size}\s+{iters}\s+([\d.]+)\s+([\d.]+)", client.stdout, re.M)
@@ -86,7 +87,7 @@ def test_tcp_crosses_the_switch() -> None:
         assert server.stdout.readline().strip() == "ready"
         out = run_in_host(0, sys.executable, "-c", CLIENT, host_ip(1), timeout=120).stdout.split()
     finally:
-        server.kill()
+        stop_process(server)
     data = bytes(range(256)) * 4096 * 4
     assert out == [str(len(data)), hashlib.sha256(data).hexdigest()]
 
@@ -143,7 +144,7 @@ def test_setup_rxe_is_idempotent_and_reports_status() -> None:
         assert stopped and str(left.pid) in stopped[1].split(), down.stderr
         assert left.wait(timeout=30) == -signal.SIGTERM
     finally:
-        left.kill()
+        stop_process(left)
     assert subprocess.run([setup, "status"], capture_output=True, text=True).stdout.strip() \
         .endswith("(no lab hosts)")
     back = subprocess.run(up, capture_output=True, text=True)

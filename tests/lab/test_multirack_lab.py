@@ -17,28 +17,17 @@ from typing import Iterator
 
 import pytest
 
-from conftest import UNDER_CI
-from flowctl.plan import FlowConfig
-from netreduce.tools.launch import LaunchResult
-from tests.lab.labhosts import HOSTS, python_in_host, switch_counters
-from tests.lab.labswitch import available_switches, current_switch, restart_switch, use_switch
-from tests.lab.test_allreduce import lines, run_worker
-from tests.lab.test_bmv2_allreduce import inc_config
-from tests.lab.test_switch_allreduce import (CONFIG, STRUCTURAL_DROPS, expected_packets,
-                                             host_loss)
 from labswitches.fabric_lab import FABRIC_ACK_TIMEOUT
+from tests.conftest import UNDER_CI
+from tests.lab.fabricruns import RACKS, check_fabric_run, rack_sizes, spine_link_packets
+from tests.lab.labhosts import HOSTS, host_loss, python_in_host
+from tests.lab.labswitch import available_switches, current_switch, restart_switch, use_switch
+from tests.lab.switchruns import inc_config
+from tests.lab.workers import lines, run_worker
 
 pytestmark = pytest.mark.lab
 
-RACKS = 2
 WORLDS = [4] if HOSTS < 6 else [6, 5]      # ranks of each run (hosts 0..n-1)
-
-
-def rack_sizes(n: int) -> list[int]:
-    """What scripts/lab.sh --racks does with the boot's hosts, cut to ranks 0..n-1."""
-    sizes = [HOSTS // RACKS + (j < HOSTS % RACKS) for j in range(RACKS)]
-    first = sizes[0]
-    return [min(first, n), max(0, n - first)]
 
 
 @pytest.fixture(scope="module")
@@ -59,73 +48,6 @@ def test_the_fabric_publishes_its_pace(fabric: None) -> None:
     limits = json.loads(p.stdout)["limits"]
     assert limits["ack_timeout"] == FABRIC_ACK_TIMEOUT == 16, limits
     assert limits["max_ranks"] == 32 * RACKS and 4096 in limits["path_mtus"], limits
-
-
-def spine_link_packets() -> dict[str, dict[str, int]]:
-    """The port counters of both ends of every ToR-spine link, by fabric port name: each
-    ToR's uplink ("tor0:uplink") and the spine's ToR ports ("spine:1" .. "spine:R")."""
-    ports = switch_counters()["ports"]
-    ends = {f"spine:{j + 1}" for j in range(RACKS)}
-    return {p["ifname"]: {k: int(v) for k, v in p.items() if k != "ifname"}
-            for p in ports.values() if p["ifname"].endswith(":uplink") or p["ifname"] in ends}
-
-
-def check_tiers(counters: dict[str, int], racks: list[int], p: int) -> None:
-    """Each contribution counted once per tier (the fabric's dotted counters,
-    switch/control/fabric.py `tier_counters`), `racks`: the ring's ranks per ToR, `p` its
-    packets per connection (= slots): ToR j aggregated racks[j] x p contributions, sent one
-    partial per slot; the spine took one partial per slot from each ToR and totalled each
-    slot once. Rank 0 reads them after its last result, which needed every slot's total:
-    exact under loss too (a duplicate is a drop or a resend, never counted again)."""
-    tors = [j for j, local in enumerate(racks) if local]
-    for j in tors:
-        assert counters[f"tor{j}.aggregated"] == racks[j] * p, (j, p, counters)
-        assert counters[f"tor{j}.partials_sent"] == p, (j, p, counters)
-        assert counters[f"spine.per_tor.{j}.partials"] == p, (j, p, counters)
-    assert counters["spine.completed"] == p, (p, counters)
-    for drop in ("drop_mismatch", "drop_wrong_port"):
-        assert counters[f"spine.{drop}"] == 0, counters
-    for j in tors:
-        for drop in ("drop_total_length", "drop_total_headers", "drop_total_misdirected"):
-            assert counters[f"tor{j}.{drop}"] == 0, (j, counters)
-
-
-def check_fabric_run(result: LaunchResult, n: int, sizes: list[int],
-                     before: dict[str, dict[str, int]], lossy: bool,
-                     config: FlowConfig = CONFIG, racks: list[int] | None = None,
-                     queue_drops: bool = False) -> dict[str, int]:
-    """Every rank passed (exact sums); the fabric's ring counters: every contribution
-    exactly once per tier (`check_tiers`; `racks`: the ring's ranks per ToR, by default
-    `rack_sizes(n)`), every connection's result sent (`queue_drops`: BMv2 ToRs, whose
-    egress queues may lose a result replica under a go-back-N storm before counting it, as
-    test_switch_allreduce.check_switch_run says), no structural drop; every software ToR
-    received at least one total per slot of every call (a BMv2 switch does not count
-    inter-switch packets at its ports)."""
-    assert result.ok, f"exit {result.exit_code}"
-    for r in range(n):
-        assert lines(result, r, "OK switch"), result.ranks[r].output
-    (raw,) = lines(result, 0, "SWITCH_RING ")
-    counters = json.loads(raw)
-    p = expected_packets(sizes, n, config)
-    assert counters["aggregated"] == n * p, (counters, p)
-    check_tiers(counters, racks or rack_sizes(n), p)
-    if queue_drops:
-        assert counters["results_sent"] <= n * p \
-            <= counters["results_sent"] + counters["retransmits_served"], (counters, p)
-    else:
-        assert counters["results_sent"] >= n * p, (counters, p)
-    if not lossy and not queue_drops:
-        assert counters["results_sent"] == n * p, (counters, p)
-    for drop in STRUCTURAL_DROPS:
-        assert counters[drop] == 0, counters
-    after = spine_link_packets()
-    assert len(after) == 2 * RACKS, after
-    for link, c in after.items():       # a ToR receives totals, the spine partials
-        if "interswitch_packets" not in c:          # a BMv2 switch does not count them
-            continue
-        totals = c["interswitch_packets"] - before.get(link, {}).get("interswitch_packets", 0)
-        assert totals >= p - 2 * 64, (link, totals, p)     # the last totals may still come
-    return counters
 
 
 @pytest.mark.parametrize("n", WORLDS)

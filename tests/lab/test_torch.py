@@ -16,7 +16,6 @@ Inside the lab: scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -24,10 +23,10 @@ import time
 import pytest
 
 from netreduce.tools.launch import LaunchResult, launch
-from tests.lab.labhosts import HOSTS, ROOT
-from tests.lab.test_allreduce import _ports
-from tests.lab.test_readme import readme_snippets
+from tests.lab.labhosts import HOSTS
+from tests.lab.readme import readme_snippets
 from tests.lab.torchserver import TORCH_PRELOAD, TorchForkServer, TorchForkServerError
+from tests.lab.workers import next_port, tree_env, user_env
 
 pytestmark = pytest.mark.lab
 
@@ -59,9 +58,7 @@ def ddp_job(tmp_path_factory: pytest.TempPathFactory,
     where = tmp_path_factory.mktemp("torch")
     script = where / "readme_ddp_then_checks.py"
     script.write_text(readme_snippets()[1] + DDP_CHECK)
-    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME",
-                                                           "TP_SOCKET_IFNAME")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env = tree_env(user_env())
     waited = time.monotonic()
     try:
         listening = torch_server.ready(4)
@@ -70,7 +67,7 @@ def ddp_job(tmp_path_factory: pytest.TempPathFactory,
     waited = time.monotonic() - waited
     result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "40,120",
                      "--survive-steps", "200", "--victim", str(VICTIM)], 4,
-                    port=next(_ports), timeout=1800, grace=120, env=env,
+                    port=next_port(), timeout=1800, grace=120, env=env,
                     forkservers=str(torch_server.where))
     print(f"\n[torch] the fork server imported {TORCH_PRELOAD} in {listening:.0f} s from "
           f"its start at collection; the launch waited {waited:.0f} s for it")

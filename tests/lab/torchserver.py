@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
+from tests.processes import stop_process
+
 #: what the server imports beyond the fork server's defaults
 TORCH_PRELOAD = "torch,torch.distributed,torch._dynamo,netreduce.torch"
 
@@ -74,11 +76,6 @@ class TorchForkServer:
 
     def stop(self) -> None:
         if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            stop_process(self._proc, timeout=60)
             self._proc = None
         shutil.rmtree(self.where, ignore_errors=True)

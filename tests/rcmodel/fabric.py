@@ -17,9 +17,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from rcmodel.sim import Simulation
 from switch.dataplane.packets import BTH_OFF, Op
 from switch.dataplane.pipeline import AggregationPipeline
+from tests.rcmodel.sim import Simulation
 
 KINDS = ("contribution", "result", "ack")
 LINK_BPS = 10e9                 # serialisation rate of every link

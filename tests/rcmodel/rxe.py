@@ -58,10 +58,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
-from rcmodel.sim import Simulation
+from nr_contract.spec import PSN_MASK
 from switch.dataplane.packets import (BTH_OFF, EXT_OFF, ICRC_LEN, IP_OFF, UDP_OFF, EXT_LEN, Op,
                                       build_frame, icrc, parse, payload_len, reth)
-from nr_contract.spec import PSN_MASK
+from tests.rcmodel.sim import Simulation
 
 MAX_UNACKED_PSNS = 129          # comp.psn .. comp.psn + RXE_MAX_UNACKED_PSNS (128)
 MAX_PKT_PER_ACK = 64            # RXE_MAX_PKT_PER_ACK

@@ -3,7 +3,7 @@ configuration -- one switch, two tiers, three tiers; 8 to 1024 ranks; 0 % and 0.
 every link; the switch algorithm and the host ring -- with the real host code, the real
 switch pipelines and model rxe on the simulated clock.
 
-    PYTHONPATH=.:tests nice -n 10 python -m rcmodel.scale --json docs/figures/scale.json \
+    nice -n 10 python -m tests.rcmodel.scale --json docs/figures/scale.json \
         --plot docs/figures/scale.png                                            (one line)
 
 Each run checks the result on every rank against numpy (exact int32) and records: the
@@ -13,7 +13,7 @@ the bytes per link between tiers and direction, the frames lost, and the real se
 model took. `--only` picks configurations by name (`1sw-64-0`, `3t-1024-0.001-ring-4`, or a
 prefix); `--skip-ring-above N` leaves out ring runs of more than N ranks at large sizes,
 whose cost in the model grows as n^2 (their time follows `formula_ring`, fitted below).
-`python -m rcmodel.scale --table docs/figures/scale.json` prints the table again,
+`python -m tests.rcmodel.scale --table docs/figures/scale.json` prints the table again,
 `--markdown docs/figures/scale.json` docs/scale.md's tables and the formulas' check.
 
 Topologies (rack size, then racks per pod): one switch of n ports (its per-ring bitmap
@@ -38,10 +38,10 @@ import numpy as np
 from flowctl import FlowConfig
 from netreduce.algorithms.switch import INLINE_BYTES
 from netreduce.meta import RECORD_STRIDE
-from rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults
-from rcmodel.tiers import ThreeTierFabric, TwoTierFabric
-from rcmodel.world import World
 from nr_contract.spec import DEFAULT_SLOTS
+from tests.rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults
+from tests.rcmodel.tiers import ThreeTierFabric, TwoTierFabric
+from tests.rcmodel.world import World
 
 CONFIG = FlowConfig(collective_timeout=600.0)     # the library's defaults: MTU 4096,
 SIZES = (4, 256 * 1024)                           # 256 KiB messages, window 2 (W = 128)

@@ -17,15 +17,15 @@ import random
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults, kind_of
-from rcmodel.pod import PodConfig, PodPipeline
-from rcmodel.sim import Simulation
 from nr_contract.spec import RingSpec, required_slots
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.packets import conn_key
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
+from tests.rcmodel.fabric import LATENCY_S, LINK_BPS, FaultRates, Faults, kind_of
+from tests.rcmodel.pod import PodConfig, PodPipeline
+from tests.rcmodel.sim import Simulation
 
 UPLINK = 100
 SPINE = Endpoint("02:4e:53:00:00:fe", "10.78.0.254")

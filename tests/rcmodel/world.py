@@ -28,15 +28,15 @@ from netreduce.comm import Communicator
 from netreduce.rings import RINGS
 from netreduce.meta import control_bytes
 from netreduce.registration import SwitchStatus
-from ring_setup.store_protocol import PeerFailed, RendezvousTimeout
-from rcmodel.fabric import Fabric, FaultRates, Faults
-from rcmodel.rxe import QP, Device, Peer, QPAttr
-from rcmodel.sim import Simulation, Turns
-from rcmodel.tiers import ThreeTierFabric, TwoTierFabric
+from nr_contract.spec import DEFAULT_SLOTS, RingSpec
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
-from nr_contract.spec import DEFAULT_SLOTS, RingSpec
+from ring_setup.store_protocol import PeerFailed, RendezvousTimeout
 from switch.dataplane.pipeline import AggregationPipeline
+from tests.rcmodel.fabric import Fabric, FaultRates, Faults
+from tests.rcmodel.rxe import QP, Device, Peer, QPAttr
+from tests.rcmodel.sim import Simulation, Turns
+from tests.rcmodel.tiers import ThreeTierFabric, TwoTierFabric
 
 
 def host_ip(rank: int) -> str:
