@@ -7,8 +7,8 @@ extension): torch bfloat16 tensors are reduced as views of the same memory with 
 
 Rounding: a float64 value y rounded to a dtype lands within u * |y| + tiny of y (u: the unit
 roundoff, tiny: half the smallest subnormal). numpy rounds float64 to float32 and float16
-directly; ml_dtypes rounds float64 to bfloat16 through float32, i.e. twice
-(`ROUNDINGS_FROM_FLOAT64`). float32 rounds to either 16-bit type once.
+directly; ml_dtypes rounds float64 to bfloat16 through float32, i.e. twice.
+float32 rounds to either 16-bit type once.
 """
 from __future__ import annotations
 
@@ -26,22 +26,9 @@ SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.int64), FLOAT16, BFLOAT16, F
 ROUNDING = {np.dtype(np.float64): (2.0**-53, 2.0**-1075), FLOAT32: (2.0**-24, 2.0**-150),
             FLOAT16: (2.0**-11, 2.0**-25), BFLOAT16: (2.0**-8, 2.0**-134)}
 FLOATS = tuple(ROUNDING)         # bfloat16 included (its numpy kind is "V", not "f")
-ROUNDINGS_FROM_FLOAT64 = {FLOAT32: (ROUNDING[FLOAT32],), FLOAT16: (ROUNDING[FLOAT16],),
-                          BFLOAT16: (ROUNDING[FLOAT32], ROUNDING[BFLOAT16])}
 
 
 def accumulator(dtype: np.dtype) -> np.dtype:
     """The dtype partial results of `dtype` are kept in: float32 for the 16-bit floats,
     else `dtype` itself."""
     return FLOAT32 if dtype in HALVES else dtype
-
-
-def after_roundings(off: np.ndarray | float, exact: np.ndarray,
-                    roundings: tuple[tuple[float, float], ...]) -> np.ndarray:
-    """A bound on |y_k - exact| after rounding a value y_0 with |y_0 - exact| <= `off` by
-    each (u, tiny) of `roundings` in turn:  off' = (1 + u) * off + u * |exact| + tiny  (from
-    |fl(y) - y| <= u * |y| + tiny and |y| <= |exact| + off)."""
-    bound = np.asarray(off, dtype=np.float64)
-    for u, tiny in roundings:
-        bound = (1 + u) * bound + u * np.abs(exact) + tiny
-    return bound

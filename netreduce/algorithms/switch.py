@@ -100,7 +100,7 @@ import numpy as np
 
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext, DataRange
-from netreduce.dtypes import FLOAT32, HALVES, ROUNDINGS_FROM_FLOAT64, after_roundings
+from netreduce.dtypes import FLOAT32, HALVES
 from netreduce.meta import MAX_BLOCK_BYTES, AllreduceMismatch, CallRejected, SwitchNotAggregating
 from ring_setup.store_protocol import ranks_phrase
 
@@ -195,11 +195,6 @@ def call_exponent(world_size: int, ranges: Sequence[tuple[float, float]]) -> np.
     return block_exponents(world_size, [floor.tobytes()]).reshape(())
 
 
-def element_exponents(exponents: np.ndarray, count: int) -> np.ndarray:
-    """The exponent of each of a call's `count` elements (that of its block): for bounds."""
-    return np.repeat(exponents, block_elements(count))[:count]
-
-
 def _rows(count: int, exponents: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
     """Cover elements [0, count) in order by (lo, hi, column): at most `_CHUNK` elements
     lo..hi-1, cut into column.size equal rows that each lie in one block, `column` (shape
@@ -219,22 +214,6 @@ def _rows(count: int, exponents: np.ndarray) -> Iterator[tuple[int, int, np.ndar
             yield lo, full, exponents[np.arange(lo, full, width) // block, None]
         if hi > full:
             yield full, hi, exponents[full // block].reshape(1, 1)
-
-
-def float_error_bound(world_size: int, exponent: int | np.ndarray, exact: np.ndarray,
-                      divisor: int = 1, dtype: np.dtype = FLOAT32) -> np.ndarray:
-    """The module doc's per-element bound on |result - exact| for a call of `dtype`
-    quantized with 2^`exponent` (per element: `element_exponents`) whose result is the
-    sum / `divisor` (`exact`: the exact results, float64). With
-    q = n * 2^-(e+1) / divisor the quantization error and d = 2^-53
-    the float64 division's rounding (0 when divisor is a power of two: exact), the float64
-    value is within q * (1 + d) + d * |exact|, then rounded to `dtype`
-    (`netreduce.dtypes.after_roundings`); for float32 and divisor 1 that is the module
-    doc's n * 2^-(e+1) * (1 + 2^-24) + 2^-24 * |S| + 2^-150."""
-    division = 0.0 if divisor & (divisor - 1) == 0 else 2.0**-53
-    quantization = world_size * 2.0 ** -(exponent + 1) / divisor
-    off = quantization * (1 + division) + division * np.abs(exact)
-    return after_roundings(off, exact, ROUNDINGS_FROM_FLOAT64[np.dtype(dtype)])
 
 
 def quantize(src: np.ndarray, exponents: np.ndarray, wire: np.ndarray) -> None:

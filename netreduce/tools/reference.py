@@ -51,12 +51,13 @@ def block_size(count: int) -> int:
 
 
 def scale_exponents(world_size: int, block_max: np.ndarray) -> np.ndarray:
-    """README "Guarantees": e = 30 - ceil(log2 n) - floor(log2 M) for each block's largest
-    |x| = M over all ranks, one less above 128 ranks; +inf where M = 0 (nothing to round)."""
+    """README "Guarantees": e = 30 - ceil(log2 n) - max(floor(log2 M), -128) for each
+    block's largest |x| = M over all ranks, one less above 128 ranks; +inf where M = 0
+    (nothing to round)."""
     m = np.asarray(block_max, dtype=np.float64)
     _, exp = np.frexp(m)                     # M in [2^(exp-1), 2^exp): floor(log2 M) = exp-1
     top = 30 - math.ceil(math.log2(world_size)) - (world_size > 128)
-    return np.where(m > 0, top - (exp - 1.0), np.inf)
+    return np.where(m > 0, top - np.maximum(exp - 1.0, -128.0), np.inf)
 
 
 def rounded(off: np.ndarray, exact: np.ndarray, dtype: np.dtype) -> np.ndarray:
