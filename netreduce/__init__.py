@@ -13,6 +13,7 @@ aggregation by a switch transparent to RDMA, or a host ring.
 PyTorch (DDP comm hook, torchrun, the torch.distributed backend): `netreduce.torch`.
 
 Run one process per lab host with `python -m netreduce.tools.launch --hosts N -- CMD`.
+`netreduce.__version__` is the installed distribution's (nr_contract.distribution).
 """
 from flowctl.plan import FlowConfig
 from flowctl.stream import FlowError
@@ -24,6 +25,7 @@ from netreduce.meta import AllreduceMismatch, CallRejected
 from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
 from netreduce.routing import SwitchUnavailable
+from nr_contract.distribution import __version__
 from ring_setup.device import DeviceError
 from ring_setup.store_protocol import RendezvousError, RendezvousTimeout
 
@@ -31,4 +33,4 @@ __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicat
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",
            "PeerFailure", "RendezvousError", "RendezvousTimeout", "SwitchFailure",
            "SwitchRegistrationError", "SwitchStatus", "SwitchUnavailable", "Work",
-           "allreduce", "finalize", "get_communicator", "init", "log_to_stderr"]
+           "__version__", "allreduce", "finalize", "get_communicator", "init", "log_to_stderr"]

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from nr_contract.client import DEFAULT_ADDR, ControllerClient, ControllerError
+from nr_contract.distribution import add_version
 from nr_contract.tokens import TokenFileError
 from nr_contract.spec import RingSpec
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="netreduce-ctl", description=__doc__.splitlines()[0])
+    add_version(ap)
     ap.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     ap.add_argument("--token-file", type=Path,

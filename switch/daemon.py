@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from nr_contract.client import ControllerError, local_address
+from nr_contract.distribution import add_version
 from switch.control import credentials
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="NetReduce software switch: forwards frames between its ports by MAC "
                     "(learned, or configured with --mac) and, with --controller, aggregates the "
                     "RoCE traffic of rings registered over gRPC (docs/pipeline.md).")
+    add_version(ap)
     ap.add_argument("--role", choices=ROLES, default="switch",
                     help="switch: one switch (default); tor / spine: a tier of a two-tier "
                          "fabric; fabric: the fabric's controller (no ports)")

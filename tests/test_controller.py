@@ -359,7 +359,8 @@ def test_importing_netreduce_loads_no_switch_code() -> None:
                          check=True, cwd=Path(__file__).parent.parent).stdout
     assert json.loads(out.replace("'", '"')) == [      # the contract package, nothing of switch
         "nr_contract", "nr_contract.client", "nr_contract.control_pb2",
-        "nr_contract.control_pb2_grpc", "nr_contract.spec", "nr_contract.tokens"]
+        "nr_contract.control_pb2_grpc", "nr_contract.distribution", "nr_contract.spec",
+        "nr_contract.tokens"]
 
 
 def test_ctl_prints_json(start: Start, tmp_path: Path, tokens: dict[str, Path],

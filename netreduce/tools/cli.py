@@ -11,11 +11,13 @@ import sys
 
 from netreduce.tools import demo, launch
 from netreduce.tools.bench import __doc__ as BENCH_DOC, runner
+from nr_contract.distribution import add_version
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="netreduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version(p)
     commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in (("launch", launch), ("demo", demo)):
         doc = module.__doc__ or ""

@@ -1,0 +1,25 @@
+"""What every part of the installed `netreduce` distribution shares, beneath the host library
+and the switch alike: its version and its commands' conventions.
+
+- `__version__`: the installed distribution's version, read from its metadata
+  (importlib.metadata), so pyproject.toml's `version` is its one home; a source tree that
+  was never installed says "0+unknown" (PEP 440: a local version of nothing).
+- `add_version(parser)`: `--version` prints `PROG VERSION` and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import PackageNotFoundError, version
+
+DISTRIBUTION = "netreduce"
+
+try:
+    __version__ = version(DISTRIBUTION)
+except PackageNotFoundError:        # a source tree on PYTHONPATH, never pip-installed
+    __version__ = "0+unknown"
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """`--version`: print the command's name and the distribution's version, exit 0."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
