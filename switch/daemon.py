@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from nr_contract.client import ControllerError, local_address
-from nr_contract.distribution import add_version
+from nr_contract.distribution import HelpFormatter, add_version
 from switch.control import credentials
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
@@ -95,14 +95,14 @@ def _tor_addr_arg(text: str) -> tuple[int, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="netreduce-switch",
+        prog="netreduce-switch", formatter_class=HelpFormatter,
         description="NetReduce software switch: forwards frames between its ports by MAC "
                     "(learned, or configured with --mac) and, with --controller, aggregates the "
                     "RoCE traffic of rings registered over gRPC (docs/pipeline.md).")
     add_version(ap)
     ap.add_argument("--role", choices=ROLES, default="switch",
-                    help="switch: one switch (default); tor / spine: a tier of a two-tier "
-                         "fabric; fabric: the fabric's controller (no ports)")
+                    help="switch: one switch; tor / spine: a tier of a two-tier fabric; "
+                         "fabric: the fabric's controller (no ports)")
     ap.add_argument("--port", action="append", type=_port_arg, default=[], metavar="N=IFNAME",
                     help="attach switch port N to interface IFNAME (repeat for every port)")
     ap.add_argument("--mac", action="append", type=_mac_arg, default=[], metavar="MAC=PORT",
@@ -113,10 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "without it the switch only forwards")
     ap.add_argument("--mac-table-size", type=int, default=DEFAULT_MAC_TABLE_SIZE, metavar="N",
                     help="most learned MAC entries (static ones not counted); a new MAC "
-                         f"beyond it is not learned (default {DEFAULT_MAC_TABLE_SIZE})")
+                         "beyond it is not learned")
     ap.add_argument("--mac-ageing", type=float, default=DEFAULT_MAC_AGEING, metavar="S",
-                    help=f"a learned MAC unseen for S seconds is forgotten (default "
-                         f"{DEFAULT_MAC_AGEING:g})")
+                    help="a learned MAC unseen for S seconds is forgotten")
     ctl = ap.add_argument_group("controller (with --controller)")
     ctl.add_argument("--token-file", type=Path, metavar="FILE",
                      help="lines 'PRINCIPAL SECRET': every call but Ping must carry one of "
@@ -141,8 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "registered ring is never another's)")
     ctl.add_argument("--calls-per-second", type=float, default=DEFAULT_CALLS_PER_SECOND,
                      metavar="R", help="calls each principal may make per second, in bursts "
-                     f"of 2R; more are RESOURCE_EXHAUSTED (0: no limit; default "
-                     f"{DEFAULT_CALLS_PER_SECOND:g})")
+                     "of 2R; more are RESOURCE_EXHAUSTED (0: no limit)")
     ctl.add_argument("--tls-cert", type=Path, metavar="PEM",
                      help="serve TLS with this certificate (with --tls-key; default on an "
                           "address other hosts reach: a self-signed one made in "
@@ -150,22 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's key")
     ctl.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS, metavar="MS",
                      help="a registration's lease when the client asks for none; a ring not "
-                          f"renewed within its lease is unregistered (default {DEFAULT_LEASE_MS})")
+                          "renewed within its lease is unregistered")
     ctl.add_argument("--max-rings", type=int, default=DEFAULT_MAX_RINGS, metavar="N",
-                     help=f"rings registered at once (default {DEFAULT_MAX_RINGS}, at most "
-                          f"{MAX_RINGS_CEILING})")
+                     help=f"rings registered at once (at most {MAX_RINGS_CEILING})")
     ctl.add_argument("--max-slot-memory", type=int, default=DEFAULT_MAX_SLOT_MEMORY,
                      metavar="BYTES",
                      help="aggregator memory over all rings, slots x (ranks + 1) x MTU each; "
-                          f"0: no limit (default {DEFAULT_MAX_SLOT_MEMORY})")
+                          "0: no limit")
     ctl.add_argument("--max-in-flight", type=int, default=0, metavar="PACKETS",
                      help="the target's pace, published to clients: rings keep at most this "
                           "many packets unacknowledged per connection (0: only the slots "
-                          "bound it; default 0)")
+                          "bound it)")
     ctl.add_argument("--ack-timeout", type=int, default=0, metavar="EXP",
                      help="the target's pace, published to clients: rings use a QP local ACK "
                           "timeout of at least 4.096 us x 2^EXP (0: the hosts' default, 14 = "
-                          "67 ms; default 0)")
+                          "67 ms)")
     fab = ap.add_argument_group("two-tier fabric (docs/multirack.md)")
     fab.add_argument("--tor-id", type=int, metavar="J", help="tor: this ToR's id (0..31)")
     fab.add_argument("--uplink", type=int, metavar="PORT", help="tor: the port to the spine")

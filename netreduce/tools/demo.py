@@ -21,22 +21,30 @@ import numpy as np
 
 import netreduce
 from netreduce.tools.reference import Reference, rank_input
+from nr_contract.distribution import HelpFormatter
 
 DEFAULT_SIZE = 16 * 2**20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=int, default=DEFAULT_SIZE,
-                   help="bytes per rank (default 16 MiB; rounded down to whole elements)")
-    p.add_argument("--dtype", choices=["int32", "float32"], default="int32")
-    p.add_argument("--algo", choices=["auto", "switch", "ring"], default="auto")
-    p.add_argument("--iters", type=int, default=3, help="timed calls (default 3)")
-    p.add_argument("--seed", type=int, default=1)
+                   help="bytes per rank, rounded down to whole elements (default %(default)s "
+                        "= 16 MiB)")
+    p.add_argument("--dtype", choices=["int32", "float32"], default="int32",
+                   help="the elements' type: int32 must come back exact, float32 within the "
+                        "bound of the algorithm that ran (README, \"Guarantees\")")
+    p.add_argument("--algo", choices=["auto", "switch", "ring"], default="auto",
+                   help="auto: the switch when the ring is registered with one (and it "
+                        "takes the call), else the host ring; switch or ring: that one")
+    p.add_argument("--iters", type=int, default=3,
+                   help="timed calls, after one untimed warm-up call")
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed of the inputs: rank R's tensor comes from (seed, R)")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="netreduce demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Mapping, Protocol, TextIO
 
 from netreduce.tools.forkserver import NETNS_DIR as _NETNS_DIR, Refused, WarmProcess
+from nr_contract.distribution import HelpFormatter
 from ring_setup.store_protocol import (DEFAULT_PORT, RANK_KEY_ENV, SECRET_ENV, new_secret,
                                        rank_key)
 
@@ -256,15 +257,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local", action="store_true",
                         help="run every rank in this namespace (no lab)")
     parser.add_argument("--first-host", type=int, default=0, metavar="F",
-                        help="rank I runs on lab host h(F+I) (default 0)")
+                        help="rank I runs on lab host h(F+I)")
     parser.add_argument("--master-addr", help="rendezvous address (default: rank 0's)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="MASTER_PORT")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="whole run, seconds")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="the rendezvous port each rank gets as MASTER_PORT")
+    parser.add_argument("--timeout", type=float, default=3600.0,
+                        help="seconds the whole run may take (then exit 124)")
     parser.add_argument("--forkservers", metavar="DIR",
                         help="fork servers' directory: rank I forked by DIR/h(F+I).sock "
                              f"(default ${FORKSERVERS_ENV}; \"\" for cold starts)")
     parser.add_argument("--grace", type=float, default=10.0,
-                        help="seconds the others get after a rank fails")
+                        help="seconds the other ranks get to finish after one fails")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
@@ -284,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="netreduce launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -42,7 +42,8 @@ def _option(parse: Callable[[str], T]) -> Callable[[str], T]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=int(os.environ.get("NR_LAB_HOSTS") or 4),
-                   help="ranks, one per lab host (default: the lab's hosts, else 4)")
+                   help="ranks, one per lab host (default %(default)s: $NR_LAB_HOSTS, the "
+                        "lab's hosts, else 4)")
     p.add_argument("--sizes", type=_option(parse_sizes), default=None,
                    help=f"comma-separated message sizes in bytes, K/M/G suffixes binary, or "
                         f"MIN:MAX:FACTOR ranges (default {DEFAULT_SIZES}; {SWEEP} with "
@@ -57,7 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure the lab's RC round trip (ranks 0 and 1 ping-pong an "
                         "8-byte RDMA WRITE WITH IMMEDIATE through the switch) and count "
                         "each algorithm's time per call in round trips (on with --sweep)")
-    p.add_argument("--dtype", choices=DTYPES, default="int32")
+    p.add_argument("--dtype", choices=DTYPES, default="int32",
+                   help="the elements' type (the inputs: int32 uniform in [-2^20, 2^20), "
+                        "float32 standard normal)")
     p.add_argument("--algos", type=_option(parse_algos), default=None,
                    help=f"comma-separated allreduce algorithms from {','.join(ALGOS)} "
                         f"(default: switch,ring if ${SWITCH_ENV} is set, else ring; "
@@ -65,21 +68,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"scale per call, as before per-block scales, to compare with "
                         f"switch in one run)")
     p.add_argument("--jobs", type=int, default=5, help="timed jobs per size and algorithm")
-    p.add_argument("--warmup", type=int, default=1, help="untimed jobs before them")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed jobs per size and algorithm before the timed ones")
     p.add_argument("--window", type=int, default=2,
-                   help="messages in flight per connection (default 2: 128 packets with 256K "
-                        "messages, within the 256 slots a ring gets by default)")
-    p.add_argument("--msg-size", type=_option(parse_size), default=256 * 1024,
-                   help="flow-control message size (a multiple of --mtu; default 256K)")
-    p.add_argument("--mtu", type=int, default=4096, help="RoCE path MTU")
+                   help="messages in flight per connection (default %(default)s: 128 packets "
+                        "with 256K messages, within the 256 slots a ring gets by default)")
+    p.add_argument("--msg-size", type=_option(parse_size), default="256K",
+                   help="flow-control message size, a multiple of --mtu")
+    p.add_argument("--mtu", type=int, default=4096, help="RoCE path MTU (bytes)")
     p.add_argument("--ack-timeout", type=int, default=None, metavar="EXP",
                    help="the QPs' local ACK timeout, 4.096 us x 2^EXP (rxe's retransmit timer; "
                         "default: netreduce.init's, 14 = 67 ms, or the target's pace)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the inputs")
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed of the inputs (each rank's: seed, rank, size)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", type=Path, metavar="PATH", help="write algbw vs size as PNG")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="MASTER_PORT of the ranks")
-    p.add_argument("--timeout", type=float, default=3600.0, help="whole run, seconds")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help="the ranks' rendezvous port (MASTER_PORT)")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds the whole run may take")
     p.add_argument("--tenants", type=int, default=1, metavar="T",
                    help="run T independent jobs at once, each on its own share of the "
                         "--workers hosts, with its own ring and principal; report each "
