@@ -27,7 +27,7 @@ Invariants:
   switch no longer aggregates the ring: the keeper calls `on_lost` with a message naming
   the switch (the communicator falls back to the host ring and registers the ring again
   later: netreduce/away.py). A controller that grants no lease is never renewed.
-- The address comes from rank 0's `switch` argument: None -> $NR_CONTROLLER (unset or
+- The address comes from rank 0's `switch` argument: None -> $NR_CONTROLLER (ADDR_ENV; unset or
   empty: no switch), "" -> no switch. A single rank registers nothing (the switch needs 2+).
 """
 from __future__ import annotations
@@ -42,10 +42,10 @@ from typing import Any, Callable, Protocol
 from flowctl.plan import FlowConfig
 from ring_setup.rendezvous import Rendezvous
 from nr_contract.spec import RXE_MAX_INFLIGHT, RingSpec
+from nr_contract.tokens import ADDR_ENV
 
 logger = logging.getLogger(__name__)
 
-SWITCH_ENV = "NR_CONTROLLER"
 LEASE_RANKS = (0, 1)      # the ranks that renew the lease (see the module doc)
 FITTED_KNOBS = ("mtu", "msg_size", "window", "ack_timeout")
 
@@ -94,7 +94,7 @@ class SwitchStatus:
 def switch_address(switch: str | None) -> str | None:
     """The controller address `switch` names (see the module doc); None: no switch."""
     if switch is None:
-        switch = os.environ.get(SWITCH_ENV, "")
+        switch = os.environ.get(ADDR_ENV, "")
     return switch or None
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 TOKEN_ENV = "NR_CONTROLLER_TOKEN"     # path of the client's token file
 CA_ENV = "NR_CONTROLLER_CA"           # path of the CA file a client verifies the switch with
 INSECURE_ENV = "NR_CONTROLLER_INSECURE"   # "1": a client may speak clear text to a remote switch
+ADDR_ENV = "NR_CONTROLLER"            # HOST:PORT of the controller (netreduce.init, netreduce-ctl)
 DEFAULT_PRINCIPAL = "default"
 MIN_SECRET = 16
 _PRINCIPAL = re.compile(r"[A-Za-z0-9_.@-]{1,64}")

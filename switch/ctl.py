@@ -1,16 +1,19 @@
-"""Command line for the switch controller: prints each answer as JSON.
+"""netreduce-ctl (= python -m switch.ctl): the switch controller's command line; prints
+each answer as JSON.
 
-    python -m switch.ctl [--addr HOST:PORT] [--token-file F] [--ca-file F] CMD
+    netreduce-ctl [--addr HOST:PORT] [--token-file F] [--ca-file F] CMD
         ping | counters [--ring ID] [--connections] | register SPEC.json [--slots N]
         [--lease-ms MS] | renew RING_ID | unregister RING_ID
 
-Credentials as the host library's: --token-file (else $NR_CONTROLLER_TOKEN), --ca-file
-(else $NR_CONTROLLER_CA) for TLS.
+The controller and the credentials as the host library finds them: --addr (else
+$NR_CONTROLLER, which the lab sets, else the lab's 10.77.0.254:50051), --token-file (else
+$NR_CONTROLLER_TOKEN), --ca-file (else $NR_CONTROLLER_CA) for TLS.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -18,16 +21,18 @@ from typing import Optional, Sequence
 
 from nr_contract.client import DEFAULT_ADDR, ControllerClient, ControllerError
 from nr_contract.distribution import HelpFormatter, add_version
-from nr_contract.tokens import TokenFileError
 from nr_contract.spec import RingSpec
+from nr_contract.tokens import ADDR_ENV, TokenFileError
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="netreduce-ctl", description=__doc__,
                                  formatter_class=HelpFormatter)
     add_version(ap)
-    ap.add_argument("--addr", default=DEFAULT_ADDR, metavar="HOST:PORT",
-                    help="the controller's address")
+    ap.add_argument("--addr", default=os.environ.get(ADDR_ENV) or DEFAULT_ADDR,
+                    metavar="HOST:PORT",
+                    help=f"the controller's address (default %(default)s: ${ADDR_ENV} when "
+                         f"set, else {DEFAULT_ADDR})")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     ap.add_argument("--token-file", type=Path,
                     help="token file whose first secret is sent (default $NR_CONTROLLER_TOKEN)")
@@ -86,7 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 spec = RingSpec.from_json(args.spec.read_text())
                 out = client.register_ring(spec, args.slots, args.lease_ms)
     except (ControllerError, TokenFileError, OSError, TypeError, ValueError) as e:
-        print(f"switch.ctl: {e}", file=sys.stderr)
+        print(f"{ap.prog}: {e}", file=sys.stderr)
         return 1
     print(json.dumps(out, indent=2, sort_keys=True))
     return 0

@@ -390,3 +390,25 @@ def test_ctl_prints_json(start: Start, tmp_path: Path, tokens: dict[str, Path],
     assert "spec.mtu: 1024.0 cannot be sent" in capsys.readouterr().err
 
 
+def test_ctl_calls_the_controller_nr_controller_names(
+        start: Start, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --addr, netreduce-ctl calls $NR_CONTROLLER (as netreduce.init does); --addr
+    still wins; its errors and usage carry its installed name."""
+    addr, _ = start(tokens={ALICE: "alice"})
+    monkeypatch.setenv("NR_CONTROLLER", addr)
+    assert ctl.main(["ping"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == "software"
+    monkeypatch.delenv("NR_CONTROLLER_CA", raising=False)
+    monkeypatch.delenv("NR_CONTROLLER_INSECURE", raising=False)
+    monkeypatch.setenv("NR_CONTROLLER", "192.0.2.1:50051")     # TEST-NET-1: refused before
+    assert ctl.main(["ping"]) == 1                              # any packet (no CA for TLS)
+    err = capsys.readouterr().err
+    assert err.startswith("netreduce-ctl: UNAVAILABLE: controller at 192.0.2.1:50051: ")
+    assert ctl.main(["--addr", addr, "ping"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        ctl.main(["nonsense"])
+    assert capsys.readouterr().err.startswith("usage: netreduce-ctl ")
+
+

@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from netreduce.registration import SWITCH_ENV
 from netreduce.tools.bench.gather import RankLines, meta
 from netreduce.tools.bench.runplan import (ALGOS, DTYPES, SWEEP, BenchPlan, parse_algos,
                                         parse_iters, parse_size, parse_sizes)
@@ -19,6 +18,7 @@ from netreduce.tools.bench.progressbar import Progress
 from netreduce.tools.bench.results import document, latency_table, table
 from netreduce.tools.bench.tenants import TENANT_TOKENS_ENV, run_tenants
 from netreduce.tools.launch import launch
+from nr_contract.tokens import ADDR_ENV
 from ring_setup.store_protocol import DEFAULT_PORT
 
 DEFAULT_SIZES = "256K,1M,4M,16M"
@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 def default_algos() -> list[str]:
     """switch and ring where a switch controller is announced ($NR_CONTROLLER), else ring."""
-    return ["switch", "ring"] if os.environ.get(SWITCH_ENV) else ["ring"]
+    return ["switch", "ring"] if os.environ.get(ADDR_ENV) else ["ring"]
 
 
 def _option(parse: Callable[[str], T]) -> Callable[[str], T]:
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "float32 standard normal)")
     p.add_argument("--algos", type=_option(parse_algos), default=None,
                    help=f"comma-separated allreduce algorithms from {','.join(ALGOS)} "
-                        f"(default: switch,ring if ${SWITCH_ENV} is set, else ring; "
+                        f"(default: switch,ring if ${ADDR_ENV} is set, else ring; "
                         f"switch-call: float32 through the switch with one quantization "
                         f"scale per call, as before per-block scales, to compare with "
                         f"switch in one run)")

@@ -26,7 +26,6 @@ import numpy as np
 
 import netreduce
 from netreduce.algorithms.switch import one_scale_per_call
-from netreduce.registration import SWITCH_ENV
 from netreduce.tools.bench.link_baseline import LinkProbe
 from netreduce.tools.bench.runplan import LINK, RTT, BenchPlan
 from netreduce.tools.bench.results import CPU, SPINE, Record
@@ -34,6 +33,7 @@ from netreduce.tools.bench.rtt import RTT_PINGS, PingPong
 from netreduce.tools.reference import SWITCH_PER_CALL, Reference, rank_input as seeded_input
 from ring_setup.device import hw_counters
 from nr_contract.client import ControllerClient
+from nr_contract.tokens import ADDR_ENV
 
 CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -130,7 +130,7 @@ class SpineMeter:
 
     def __init__(self, comm: netreduce.Communicator) -> None:
         self.client: ControllerClient | None = None
-        addr = os.environ.get(SWITCH_ENV)
+        addr = os.environ.get(ADDR_ENV)
         if comm.rank == 0 and addr and comm.switch.registered:
             client = ControllerClient(addr)
             if client.ping()["target"] == "fabric":
