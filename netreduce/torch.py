@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from flowctl.plan import FlowConfig
 from netreduce.algorithms.switch import NotQuantizable
 from netreduce.api import get_communicator
 from netreduce.comm import Communicator
@@ -206,7 +207,10 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
     collectives, other ops, dtypes or layouts, several tensors -- goes to a gloo process
     group on the same store, which is also this group's backend for what torch calls
     from C++ (DDP's parameter checks). The communicator's store port travels through
-    torch's store (`store_port_exchange`)."""
+    torch's store (`store_port_exchange`). The group's `timeout` (init_process_group's,
+    torch's default 30 min) is the communicator's `FlowConfig.collective_timeout`: how long
+    a call waits without any progress while every peer is alive (a dead peer is reported
+    within about a second whatever it is); gloo's calls get the same."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int,
                  timeout: timedelta) -> None:
@@ -217,8 +221,9 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self._gloo_work: dist.Work | None = None
         config = RendezvousConfig.resolve(rank, world_size, master_port=0)
-        self.comm = Communicator.create(rank, world_size, port_exchange=store_port_exchange(
-            config, store))
+        self.comm = Communicator.create(
+            rank, world_size, config=FlowConfig(collective_timeout=timeout.total_seconds()),
+            port_exchange=store_port_exchange(config, store))
         atexit.register(self.comm.close)
 
     def getBackendName(self) -> str:

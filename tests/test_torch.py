@@ -265,6 +265,32 @@ def test_under_torchrun_the_store_port_goes_through_torchruns_store(tmp_path: An
     assert all(line.endswith("[[0, 0], [1, 1]]") for line in lines), lines
 
 
+def test_init_process_groups_timeout_reaches_the_communicator_on_a_fake_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """dist.init_process_group("netreduce", timeout=42 s), through torch's own path: the
+    communicator is created with collective_timeout 42 s (a fake communicator: what
+    Communicator.create was given is the point; the knob's effect: tests/test_comm.py)."""
+    given: dict[str, Any] = {}
+
+    class FakeCommunicator:
+        def close(self, timeout: float = 10.0) -> None:
+            return None
+
+    def create(rank: int, world_size: int, **kwargs: Any) -> FakeCommunicator:
+        given.update(kwargs, rank=rank, world_size=world_size)
+        return FakeCommunicator()
+    monkeypatch.setattr(Communicator, "create", staticmethod(create))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("netreduce", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=42))
+    try:
+        assert dist.get_backend() == "netreduce"
+    finally:
+        dist.destroy_process_group()
+    assert given["rank"] == 0 and given["world_size"] == 1
+    assert given["config"].collective_timeout == 42.0
+
+
 def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """ProcessGroupNetreduce on 2 rank threads (its communicator on the fake fabric and
