@@ -32,6 +32,15 @@ ring and runs later buckets there until the ring is registered again; under
 HookState(algo="switch") a bucket refused meanwhile (`SwitchUnavailable`, alike on every
 rank) is reduced over the ring too.
 
+Supported torch: the `torch` extra's range (pyproject.toml), whose lower bound is the
+version CI tests. The backend is registered with torch's public
+`dist.Backend.register_backend(name, func, devices=["cpu"])`; but torch has no public way
+for a process group written in Python to hand what torch calls from C++ (DDP's parameter
+checks) to another backend: `ProcessGroup._register_backend` / `_set_default_backend` /
+`BackendType` do it (torch's own tests of Python process groups use them). Importing this
+module checks that the installed torch has them (`require_process_group_hooks`): a torch
+without them fails here, naming itself and the supported range, not inside DDP.
+
 One rendezvous: torch owns MASTER_PORT when a process group is initialised (its TCPStore
 serves there on rank 0) or when torchrun started the process (its agent's store serves
 there). netreduce's own store (liveness, aborts: ring_setup.rendezvous) then serves on a
@@ -40,6 +49,7 @@ port the kernel picks on rank 0, which every rank reads from torch's store
 """
 
 import atexit
+import importlib.metadata
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -55,7 +65,35 @@ from netreduce.comm import Communicator
 from netreduce.progress import Work
 from netreduce.routing import NON_FINITE, SwitchUnavailable
 from netreduce.torch_store import store_port_exchange
+from nr_contract.distribution import DISTRIBUTION
 from ring_setup.rendezvous import RendezvousConfig
+
+#: torch.distributed.ProcessGroup's private members the backend needs (see the module doc)
+PROCESS_GROUP_HOOKS = ("_register_backend", "_set_default_backend", "BackendType")
+
+
+def supported_torch() -> str:
+    """The installed distribution's torch requirement (its `torch` extra), e.g. 'torch>=2.13'."""
+    try:
+        requires = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:     # a source tree, never installed
+        requires = []
+    return next((r.split(";")[0].strip() for r in requires if r.startswith("torch")),
+                "the torch extra of pyproject.toml")
+
+
+def require_process_group_hooks(process_group: type = dist.ProcessGroup) -> None:
+    """ImportError unless `process_group` has every member of PROCESS_GROUP_HOOKS."""
+    missing = [name for name in PROCESS_GROUP_HOOKS if not hasattr(process_group, name)]
+    if missing:
+        raise ImportError(
+            f"netreduce.torch: torch {torch.__version__} has no "
+            f"{', '.join('torch.distributed.ProcessGroup.' + m for m in missing)} (private "
+            f"members the 'netreduce' backend hands gloo its share with); supported: "
+            f"{supported_torch()}")
+
+
+require_process_group_hooks()
 
 
 class NonFiniteGradientWarning(UserWarning):
@@ -216,6 +254,7 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
                  timeout: timedelta) -> None:
         super().__init__(rank, world_size)
         self._gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        # private (PROCESS_GROUP_HOOKS, checked at import): gloo serves torch's C++ callers
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
                                self._gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import tomllib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -125,3 +126,15 @@ def test_the_issues_defaults_are_in_help(command: str, option: str, shown: str) 
     blocks = {(name, action.option_strings[0]): block for name, action, block in
               shown_options() if action.option_strings}
     assert blocks[(command, option)].endswith(shown), blocks[(command, option)]
+
+
+def test_the_torch_extras_lower_bound_is_the_version_ci_tests() -> None:
+    """netreduce.torch uses private torch members: pyproject promises no torch older than
+    the one scripts/install.sh pins for CI (scripts/constraints-torch.txt)."""
+    extra = PYPROJECT["project"]["optional-dependencies"]["torch"]
+    bound = re.fullmatch(r"torch>=(\d+(?:\.\d+)*)", extra[0])
+    pins = re.findall(r"^torch==(\d+(?:\.\d+)*)", (ROOT / "scripts/constraints-torch.txt")
+                      .read_text(), re.M)
+    assert len(extra) == 1 and bound and len(pins) == 1, (extra, pins)
+    lower = [int(x) for x in bound.group(1).split(".")]
+    assert [int(x) for x in pins[0].split(".")][:len(lower)] == lower, (extra, pins)

@@ -265,6 +265,23 @@ def test_under_torchrun_the_store_port_goes_through_torchruns_store(tmp_path: An
     assert all(line.endswith("[[0, 0], [1, 1]]") for line in lines), lines
 
 
+def test_a_torch_without_the_private_hooks_is_refused_at_import_on_a_fake_class() -> None:
+    """The installed torch has what the backend needs (this module imported it); a
+    ProcessGroup class without them (a fake, as a torch that dropped them) is an ImportError
+    naming the torch, each missing member and the supported range."""
+    class NoHooks:
+        BackendType = dist.ProcessGroup.BackendType
+
+    nrtorch.require_process_group_hooks()
+    with pytest.raises(ImportError) as refused:
+        nrtorch.require_process_group_hooks(NoHooks)
+    message = str(refused.value)
+    assert f"torch {torch.__version__} has no torch.distributed.ProcessGroup._register_backend, " \
+        "torch.distributed.ProcessGroup._set_default_backend (private" in message
+    assert message.endswith("supported: " + nrtorch.supported_torch())
+    assert nrtorch.supported_torch().startswith("torch>=")
+
+
 def test_init_process_groups_timeout_reaches_the_communicator_on_a_fake_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """dist.init_process_group("netreduce", timeout=42 s), through torch's own path: the
