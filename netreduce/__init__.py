@@ -14,7 +14,12 @@ PyTorch (DDP comm hook, torchrun, the torch.distributed backend): `netreduce.tor
 
 Run one process per lab host with `python -m netreduce.tools.launch --hosts N -- CMD`.
 `netreduce.__version__` is the installed distribution's (nr_contract.distribution).
+The library only logs, to the "netreduce" logger, which has a NullHandler (the library
+convention): a program that configures no logging sees nothing of it, one that does sees
+it through its own handlers; `netreduce.log_to_stderr()` shows it on stderr.
 """
+import logging
+
 from flowctl.plan import FlowConfig
 from flowctl.stream import FlowError
 from netreduce.algorithms.switch import AllreduceOverflow, NotQuantizable
@@ -26,6 +31,8 @@ from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
 from netreduce.routing import SwitchUnavailable
 from nr_contract.distribution import __version__
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 from ring_setup.device import DeviceError
 from ring_setup.store_protocol import RendezvousError, RendezvousTimeout
 

@@ -1,11 +1,14 @@
 """The distribution's commands follow the ecosystem's conventions (issue 37): each answers
 `--version` with pyproject.toml's version, as `netreduce.__version__` does; `--help`
-explains every option of every command and subcommand and shows every default."""
+explains every option of every command and subcommand and shows every default; the
+`netreduce` logger has a NullHandler; the torch extra promises what CI tests."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -138,3 +141,25 @@ def test_the_torch_extras_lower_bound_is_the_version_ci_tests() -> None:
     assert len(extra) == 1 and bound and len(pins) == 1, (extra, pins)
     lower = [int(x) for x in bound.group(1).split(".")]
     assert [int(x) for x in pins[0].split(".")][:len(lower)] == lower, (extra, pins)
+
+
+LOGGING = """
+import logging, sys
+import netreduce
+print([type(h).__name__ for h in logging.getLogger("netreduce").handlers])
+logging.getLogger("netreduce.comm").warning("unconfigured: never shown")
+logging.basicConfig(stream=sys.stdout, format="%(name)s %(message)s")
+logging.getLogger("netreduce.comm").warning("configured: the program's handler")
+"""
+
+
+def test_the_netreduce_logger_has_a_null_handler() -> None:
+    """A fresh interpreter: importing netreduce adds a NullHandler to the "netreduce" logger
+    (a warning with no logging configured goes nowhere: not to logging's last-resort stderr
+    handler) and records still reach the handlers the program configures."""
+    run = subprocess.run([sys.executable, "-c", LOGGING], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["['NullHandler']",
+                                       "netreduce.comm configured: the program's handler"]
+    assert run.stderr == ""

@@ -159,8 +159,9 @@ def test_a_device_closed_raises_instead_of_crashing() -> None:
 
 
 def test_sigterm_exits_through_the_atexit_finalize() -> None:
-    code = ("import atexit, os, signal, time\n"
+    code = ("import atexit, logging, os, signal, time\n"
             "import netreduce.api as api\n"
+            "logging.basicConfig()\n"          # the program's logging (netreduce: NullHandler)
             "atexit.register(lambda: print('FINALIZED', flush=True))\n"
             "api._exit_on_sigterm()\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
