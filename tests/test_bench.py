@@ -21,7 +21,8 @@ from netreduce.tools.bench.results import (Collector, Record, Result, Summary, d
                                            validate)
 from netreduce.tools.bench.runplan import (BenchPlan, format_size, parse_algos, parse_iters,
                                            parse_size, parse_sizes)
-from netreduce.tools.bench.worker import rank_input, run, size_reference, spine_link_bytes
+from netreduce.tools.bench.worker import (AllreduceJob, rank_input, run, size_reference,
+                                          spine_link_bytes)
 from netreduce.tools.launch import LaunchResult, RankResult
 from tests.fakefabric import FakeController, FakeFabric
 from tests.ranks import run_ranks
@@ -65,17 +66,17 @@ def test_size_ranges_are_nccl_tests_style_and_iters_auto_fits_the_size() -> None
 def test_a_job_of_several_calls_reports_its_time_per_call_and_round_trips() -> None:
     """Jobs of 4 calls: the records' ns are totals, the results per call; the latency
     table counts each algorithm's time per call in RC round trips (the rtt column)."""
-    assert Record("ring", 4, 0, 4003, True, calls=4).per_call_ns == 1001
-    assert Record.parse(Record("ring", 4, 0, 8, True, {}, 4).line()).calls == 4
+    assert Record("ring", 4, 0, 4003, 0, calls=4).per_call_ns == 1001
+    assert Record.parse(Record("ring", 4, 0, 8, 0, {}, 4).line()).calls == 4
     c = Collector(2)
-    c.add(0, Record("switch", 4, 0, 4000, True, calls=4))
-    joined = c.add(1, Record("switch", 4, 0, 6000, True, calls=4))
-    assert joined == Record("switch", 4, 0, 6000, True, {}, 4)
+    c.add(0, Record("switch", 4, 0, 4000, 0, calls=4))
+    joined = c.add(1, Record("switch", 4, 0, 6000, 0, calls=4))
+    assert joined == Record("switch", 4, 0, 6000, 0, {}, 4)
     results = []
     for algo, per_call in (("link", 500), ("switch", 2000), ("ring", 6000), ("rtt", 1000)):
         r = Result(algo, 4, 4)
         for job in (-1, 0, 1, 2):
-            r.add(Record(algo, 4, job, per_call * 8, True, calls=8))
+            r.add(Record(algo, 4, job, per_call * 8, 0, calls=8))
         results.append(r)
     switch, rtt = results[1], results[3]
     assert switch.jobs == [2000, 2000, 2000] and switch.calls == 32 and switch.per_job == 8
@@ -87,12 +88,12 @@ def test_a_job_of_several_calls_reports_its_time_per_call_and_round_trips() -> N
     assert (r["switch_rtts"], r["ring_rtts"]) == (2.0, 6.0)
     assert rtt_us(results) == 1.0
     lines = latency_table(results)
-    assert lines[1].split() == ["size", "count", "link", "us", "switch", "us", "algbw",
-                                "busbw", "ring", "us", "algbw", "busbw", "rtt", "us",
-                                "switch/rtt", "ring/rtt"]
-    assert lines[2].split() == ["4", "B", "1", "0", "2", f"{gbps(4, 2000):.4f}",
-                                f"{gbps(4, 2000) * 1.5:.4f}", "6", f"{gbps(4, 6000):.4f}",
-                                f"{gbps(4, 6000) * 1.5:.4f}", "1", "2.0", "6.0"]
+    assert lines[1].split() == ["size", "count", "type", "redop", "link", "us", "switch", "us",
+                                "algbw", "busbw", "#wrong", "ring", "us", "algbw", "busbw",
+                                "#wrong", "rtt", "us", "switch/rtt", "ring/rtt"]
+    # GB/s = bytes / ns: 4 B in 2 us = 0.002 GB/s, busbw x 2(n-1)/n = 1.5; 4 B in 6 us
+    assert lines[2].split() == ["4", "B", "1", "int32", "sum", "0", "2", "0.0020", "0.0030",
+                                "0", "6", "0.0007", "0.0010", "0", "1", "2.0", "6.0"]
     assert all("rtt" not in line for line in table(results))       # no rate for the rtt
     doc = json.loads(json.dumps(document(_meta(), results)))
     validate(doc)
@@ -115,25 +116,26 @@ def test_plan_checks_itself_and_travels_as_json() -> None:
 
 
 def test_records_travel_as_prefixed_json_lines() -> None:
-    r = Record("ring", 4096, -1, 1234, True, {"sent_pkts": 3})
+    r = Record("ring", 4096, -1, 1234, 0, {"sent_pkts": 3})
     assert r.line().startswith("NRBENCH {")
     assert Record.parse(r.line()) == r
     assert Record.parse("joined Communicator(...)") is None
 
 
-def test_a_job_is_the_slowest_rank_and_verified_only_if_every_rank_is() -> None:
+def test_a_job_is_the_slowest_rank_with_every_ranks_wrong_elements() -> None:
     c = Collector(3)
-    assert c.add(0, Record("ring", 8, 0, 100, True)) is None
-    assert c.add(2, Record("ring", 8, 0, 300, True)) is None
-    assert c.add(0, Record("ring", 8, 1, 50, False)) is None      # another job, in between
-    assert c.add(1, Record("ring", 8, 0, 200, True)) == Record("ring", 8, 0, 300, True)
-    c.add(1, Record("ring", 8, 1, 60, True, {"sent_pkts": 5, "rcvd_seq_err": 1}))
-    assert c.add(2, Record("ring", 8, 1, 70, True, {"sent_pkts": 7})) == \
-        Record("ring", 8, 1, 70, False, {"rcvd_seq_err": 1, "sent_pkts": 12})
+    assert c.add(0, Record("ring", 8, 0, 100, 0)) is None
+    assert c.add(2, Record("ring", 8, 0, 300, 0)) is None
+    assert c.add(0, Record("ring", 8, 1, 50, 3)) is None      # another job, in between
+    assert c.add(1, Record("ring", 8, 0, 200, 0)) == Record("ring", 8, 0, 300, 0)
+    c.add(1, Record("ring", 8, 1, 60, 0, {"sent_pkts": 5, "rcvd_seq_err": 1}))
+    joined = c.add(2, Record("ring", 8, 1, 70, 4, {"sent_pkts": 7}))
+    assert joined == Record("ring", 8, 1, 70, 7, {"rcvd_seq_err": 1, "sent_pkts": 12})
+    assert joined is not None and not joined.ok
     result = Result("ring", 8, 3)
-    result.add(Record("ring", 8, 1, 70, True, {"rcvd_seq_err": 1, "sent_pkts": 12,
+    result.add(Record("ring", 8, 1, 70, 0, {"rcvd_seq_err": 1, "sent_pkts": 12,
                                            "cpu_user": 30, "cpu_idle": 10, "cpu_steal": 0}))
-    result.add(Record("ring", 8, 2, 80, True, {"sent_pkts": 1, "cpu_softirq": 60}))
+    result.add(Record("ring", 8, 2, 80, 0, {"sent_pkts": 1, "cpu_softirq": 60}))
     assert result.rxe == {"rcvd_seq_err": 1, "sent_pkts": 13}
     assert result.vm_cpu == {"softirq": 0.6, "user": 0.3, "idle": 0.1}
     assert result.summary_lines()[-2:] == [
@@ -231,19 +233,30 @@ def _meta() -> dict[str, Any]:
 
 
 def test_the_json_document_matches_its_schema() -> None:
+    """Each result: nccl-tests' count, type, redop and #wrong, its rates in Gbit/s and in
+    GB/s (bytes / ns), verified exactly when nothing was wrong."""
     results = [Result("link", MiB, 4, [1000, 1100]), Result("ring", MiB, 4, [3000]),
-               Result("ring", 4 * MiB, 4, [9000], verified=False)]
+               Result("ring", 4 * MiB, 4, [9000], wrong=12, dtype="float32"),
+               Result("rtt", MiB, 4, [800])]
     doc = json.loads(json.dumps(document(_meta(), results)))
     validate(doc)
     assert doc["link_gbps"] == pytest.approx(gbps(MiB, 1050))
-    assert [r["algo"] for r in doc["results"]] == ["link", "ring", "ring"]
-    assert doc["results"][2]["verified"] is False
-    broken: list[dict[str, Any]] = [json.loads(json.dumps(doc)) for _ in range(5)]
+    assert [(r["algo"], r["count"], r["type"], r["redop"], r["wrong"], r["verified"])
+            for r in doc["results"]] == [
+        ("link", MiB, "uint8", "none", 0, True), ("ring", MiB // 4, "int32", "sum", 0, True),
+        ("ring", MiB, "float32", "sum", 12, False), ("rtt", 1, "uint64", "none", 0, True)]
+    ring = doc["results"][1]
+    assert ring["algbw_GBps"] == pytest.approx(MiB / 3000)               # bytes per ns
+    assert ring["busbw_GBps"] == pytest.approx(MiB / 3000 * 1.5)
+    assert ring["algbw_gbps"] == pytest.approx(MiB * 8 / 3000)
+    broken: list[dict[str, Any]] = [json.loads(json.dumps(doc)) for _ in range(7)]
     del broken[0]["meta"]["kernel"]
     broken[1]["results"][0]["jobs"] = []
     broken[2]["results"][1]["verified"] = 1
     broken[3]["ratios"][0]["switch_over_ring"] = "fast"
     del broken[4]["ratios"][0]["per_round"]["switch_over_link"]
+    broken[5]["results"][2]["verified"] = True                  # with 12 wrong
+    del broken[6]["results"][0]["busbw_GBps"]
     for bad in broken:
         with pytest.raises(ValueError, match="bench JSON"):
             validate(bad)
@@ -291,7 +304,7 @@ def _worker_lines(ok: bool = True) -> list[str]:
             for rank in (1, 0):
                 ns = 1000 * (job + 2) * (1 + rank) * (2 if algo == "ring" else 1)
                 good = ok or algo == "link" or rank == 0
-                lines.append(f"[rank {rank}] " + Record(algo, MiB, job, ns, good).line())
+                lines.append(f"[rank {rank}] " + Record(algo, MiB, job, ns, 0 if good else 5).line())
     return lines + ["[launch] rank 0: exit 0; rank 1: exit 0"]
 
 
@@ -313,6 +326,10 @@ def test_the_parent_prints_jobs_statistics_table_and_writes_json_and_png(
     validate(doc)
     assert [(r["algo"], r["jobs"], r["verified"]) for r in doc["results"]] == [
         ("link", [4000, 6000], True), ("ring", [8000, 12000], True)]
+    # nccl-tests' columns: 1 MiB of int32 = 262144 elements summed, median 10 us per call:
+    # 2^20 B / 10000 ns = 104.8576 GB/s, busbw x 2(n-1)/n = 1 with 2 ranks, 0 wrong
+    row = next(x for x in out.splitlines() if x.split()[:3] == ["1", "MiB", "262144"])
+    assert row.split()[3:] == ["int32", "sum", "5", "10", "104.8576", "104.8576", "0"]
     assert doc["meta"]["workers"] == 2 and doc["meta"]["algos"] == ["ring"]
     assert (tmp_path / "b.png").stat().st_size > 0
 
@@ -322,7 +339,10 @@ def test_the_parent_fails_on_a_wrong_result_or_a_failed_worker(
     args = ["bench", "--workers", "2", "--sizes", "1M", "--algos", "ring", "--jobs", "2"]
     monkeypatch.setattr(runner, "launch", _fake_launch(_worker_lines(ok=False)))
     assert cli.main(args) == 1
-    assert "VERIFICATION FAILED" in capsys.readouterr().out
+    out = capsys.readouterr().out         # rank 1's 5 wrong elements in each of 3 ring jobs
+    assert "ring 1 MiB (2 jobs, 2 workers, VERIFICATION FAILED: #wrong 15):" in out
+    row = next(x for x in out.splitlines() if x.split()[:3] == ["1", "MiB", "262144"])
+    assert row.split()[-1] == "15"
     monkeypatch.setattr(runner, "launch", _fake_launch([], code=3))
     assert cli.main(args) == 3
     assert "workers failed (exit 3)" in capsys.readouterr().err
@@ -416,6 +436,20 @@ def test_the_reference_catches_a_wrong_sum() -> None:
         assert ref.failure(got, "ring")
 
 
+def test_a_job_counts_the_elements_outside_its_algorithms_bound() -> None:
+    """#wrong of an allreduce job: the elements of its output that are not numpy's sum
+    (int32), or farther from it than the ring's bound allows (float32): 2 of 1024 changed."""
+    for dtype, off in (("int32", 1), ("float32", 1e-3)):
+        plan = BenchPlan(workers=3, sizes=(4096,), algos=("ring",), dtype=dtype)
+        x = rank_input(plan, 0, 4096)
+        exact = sum(rank_input(plan, r, 4096).astype(np.float64) for r in range(3))
+        job = AllreduceJob(None, "ring", x, size_reference(plan, 3, 4096))  # type: ignore[arg-type]
+        job.out[:] = exact.astype(dtype)
+        assert job.wrong() == 0
+        job.out[[5, 700]] += np.asarray(off, dtype=dtype)   # the float bound here: ~1e-6
+        assert job.wrong() == 2
+
+
 def test_the_worker_measures_link_and_ring_and_verifies_on_the_fake_fabric() -> None:
     plan = BenchPlan(workers=3, sizes=(4096, 40000), algos=("ring",), jobs=2, warmup=1)
 
@@ -506,7 +540,7 @@ def test_the_sweep_runs_every_size_with_the_round_trip_and_prints_time_per_call(
                     for rank in range(hosts):
                         calls = plan.calls(size)
                         out.write(f"[rank {rank}] " + Record(column, size, job, 1000 * calls,
-                                                             True, {}, calls).line() + "\n")
+                                                             0, {}, calls).line() + "\n")
         return LaunchResult([RankResult(r, 0) for r in range(hosts)])
 
     monkeypatch.setattr(runner, "launch", fake)
@@ -527,7 +561,7 @@ def test_spine_bytes_per_call_in_the_table_the_json_and_the_plot(tmp_path: Path)
     for algo, per_call in (("switch", 2_100_000), ("ring", 3_000_000)):
         r = Result(algo, MiB, 4)
         for job in (-1, 0, 1):
-            r.add(Record(algo, MiB, job, 1000 + job, True,
+            r.add(Record(algo, MiB, job, 1000 + job, 0,
                          {"spine_bytes": per_call, "sent_pkts": 3}))
         results.append(r)
     assert [r.spine_bytes_per_call for r in results] == [2_100_000, 3_000_000]

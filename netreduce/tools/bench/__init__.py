@@ -20,11 +20,13 @@ slowest rank, and verified against numpy. A job makes --iters calls back to back
 its time per call ("auto": up to 16 calls at small sizes, ~256 KiB per job; the rtt column
 at least 8 round trips). Output: one "Job(s) #i# finished. Duration: #ns# ns Goodput: #x#
 Gbps." line per job (time per call), Min/Max/Median/Mean/Std dev per size and algorithm,
-a table of algbw = M/median time per call, busbw = algbw * 2(n-1)/n, and the ratios
-switch/ring and switch/link, then, nccl-tests style, every column's time per call in us
-with algbw and busbw, the round trip and each algorithm's time in round trips; --json and
---plot write them (netreduce.tools.bench.results says the JSON schema; the plot has algbw
-and time per call against size). `--sweep` is the latency sweep: sizes 4 B .. 16 MiB by
+a table of algbw = M/median time per call, busbw = algbw * 2(n-1)/n (Gbit/s), and the
+ratios switch/ring and switch/link, then, nccl-tests style, per size the count, type and
+redop, every column's time per call in us with algbw and busbw in GB/s (Gbit/s / 8) and
+#wrong (elements outside the algorithm's bound, all ranks and jobs), the round trip and
+each algorithm's time in round trips; --json and --plot write them
+(netreduce.tools.bench.results says the JSON schema; the plot has algbw and time per call
+against size). `--sweep` is the latency sweep: sizes 4 B .. 16 MiB by
 powers of 4 (unless --sizes says otherwise; sizes also take MIN:MAX:FACTOR ranges as
 nccl-tests' -b/-e/-f), --iters auto and --rtt. `--tenants T` runs T such jobs at once on
 disjoint shares of the hosts, each under its own principal, and adds each one's share of

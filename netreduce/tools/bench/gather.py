@@ -26,7 +26,7 @@ class RankLines(io.TextIOBase):
     def __init__(self, plan: BenchPlan, progress: Progress, label: str = "") -> None:
         self.plan, self.progress, self.label = plan, progress, label
         self.collector = Collector(plan.workers)
-        self.results = {(algo, size): Result(algo, size, plan.workers)
+        self.results = {(algo, size): Result(algo, size, plan.workers, dtype=plan.dtype)
                         for size in plan.sizes for algo in plan.columns}
         self._partial = ""
 

@@ -59,10 +59,10 @@ class LinkProbe:
         self._stream.transfer(Outgoing(self._memory.local().slice(0, n),
                                        self._successor.slice(0, n)), recv_nbytes=n)
 
-    def check(self) -> bool:
-        """Whether the predecessor's bytes arrived intact."""
+    def wrong(self) -> int:
+        """How many of the predecessor's bytes did not arrive as sent (0: intact)."""
         got = self._memory.view()[self._max:self._max + self._nbytes]
-        return bool(np.array_equal(got, self._expected[:self._nbytes]))
+        return int(np.count_nonzero(got != self._expected[:self._nbytes]))
 
     def close(self) -> None:
         self._memory.close()

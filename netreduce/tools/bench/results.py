@@ -1,13 +1,25 @@
 """Benchmark results: the records ranks send, jobs aggregated over ranks, statistics, the
 SwitchML-style lines, the summary table, the JSON document and its schema.
 
-Units: durations in ns, rates in Gbit/s (decimal: bytes * 8 / ns). A job's duration is the
-longest any rank took from the barrier that started it, divided by the calls it made (a job
-of several calls back to back, `Record.calls`, reports its time per call). algbw = M /
-median time per call; busbw = algbw * 2(n-1)/n for an allreduce (what a ring moves per rank)
-and = algbw for the link (one plain transfer per rank). The "rtt" column is one RC round trip
-of RTT_BYTES between ranks 0 and 1 whatever the row's size (no rate): the reference the
-other columns' time per call is counted in.
+Units: durations in ns, rates in Gbit/s (decimal: bytes * 8 / ns; SwitchML's lines and the
+rates table) and in GB/s (decimal: bytes / ns = Gbit/s / 8; nccl-tests' unit, the latency
+table). A job's duration is the longest any rank took from the barrier that started it,
+divided by the calls it made (a job of several calls back to back, `Record.calls`, reports
+its time per call). algbw = M / median time per call; busbw = algbw * 2(n-1)/n for an
+allreduce (what a ring moves per rank) and = algbw for the link (one plain transfer per
+rank). The "rtt" column is one RC round trip of RTT_BYTES between ranks 0 and 1 whatever the
+row's size (no rate): the reference the other columns' time per call is counted in.
+
+As nccl-tests, each row has a `type`, a `redop` and a `#wrong`: an allreduce column's type
+is the benchmark's dtype, its redop "sum", its count M / itemsize elements; the link's are
+"uint8", "none" and M bytes; the rtt's "uint64", "none" and 1 (the ping number). #wrong
+counts the elements that came out wrong (an allreduce: outside the bound of its algorithm,
+netreduce.tools.reference; int32 not exact), summed over every rank and job (warmup
+included); a result is verified when it is 0.
+
+The JSON document (`document`; `validate` checks its shape): {"meta": META_KEYS, "results":
+[RESULT_KEYS, one per column and size, with the rxe counters, the lab's CPU shares and, on
+a fabric, "spine_bytes_per_call"], "link_gbps", "rtt_us", "ratios": [RATIO_KEYS per size]}.
 """
 from __future__ import annotations
 
@@ -16,6 +28,8 @@ import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from netreduce.tools.bench.runplan import LINK, RTT, RTT_BYTES, format_size
 from netreduce.tools.reference import SWITCH_PER_CALL
@@ -26,14 +40,24 @@ SPINE = "spine_bytes"      # Record.counters key: bytes over a fabric's ToR-spin
 
 
 def gbps(nbytes: int, ns: float) -> float:
+    """Gbit/s."""
     return nbytes * 8 / ns if ns > 0 else 0.0
+
+
+def gigabytes(gbit_per_s: float) -> float:
+    """GB/s (decimal, nccl-tests' unit) of a rate in Gbit/s."""
+    return gbit_per_s / 8
+
+
+LINK_TYPE = ("uint8", "none")       # the link's row: bytes, no reduction
+RTT_TYPE = ("uint64", "none")       # the rtt's row: the 8-byte ping number
 
 
 @dataclass(frozen=True)
 class Record:
     """One rank's view of one job, or, joined over the ranks by `Collector`, the job itself:
-    the slowest rank's `ns`, `ok` on every rank, `counters` summed. `job` < 0 is a warmup
-    job. `counters`: what moved during the job: the rank's rxe hw_counters (its barrier
+    the slowest rank's `ns`, `wrong` (elements that came out wrong, module doc) and
+    `counters` summed. `job` < 0 is a warmup job. `counters`: what moved during the job: the rank's rxe hw_counters (its barrier
     included: sent_pkts, rcvd_seq_err, completer_retry_err, ...; `calls` the calls the job
     made back to back, `ns` their total) and, from rank 0 only, the
     lab's CPU time by state over the timed part (`CPU` + user/system/softirq/idle/..., clock
@@ -46,13 +70,17 @@ class Record:
     size: int
     job: int
     ns: int
-    ok: bool
+    wrong: int
     counters: dict[str, int] = field(default_factory=dict)
     calls: int = 1
 
     @property
     def warmup(self) -> bool:
         return self.job < 0
+
+    @property
+    def ok(self) -> bool:
+        return self.wrong == 0
 
     @property
     def per_call_ns(self) -> int:
@@ -88,7 +116,7 @@ class Collector:
         for r in got.values():
             counters.update(r.counters)
         return Record(record.algo, record.size, record.job, max(r.ns for r in got.values()),
-                      all(r.ok for r in got.values()), dict(sorted(counters.items())),
+                      sum(r.wrong for r in got.values()), dict(sorted(counters.items())),
                       record.calls)
 
 
@@ -112,24 +140,49 @@ class Summary:
 @dataclass
 class Result:
     """The timed jobs of one algorithm at one size (one row of the JSON `results`): `jobs`
-    holds each timed job's time per call (ns), `per_job` the calls each job made."""
+    holds each timed job's time per call (ns), `per_job` the calls each job made, `wrong`
+    the elements that came out wrong in every job (module doc), `dtype` the benchmark's."""
 
     algo: str
     size_bytes: int
     workers: int
     jobs: list[int] = field(default_factory=list)
-    verified: bool = True
+    wrong: int = 0                                             # every job, warmup included
     counters: Counter[str] = field(default_factory=Counter)    # summed over every job
     calls: int = 0                                             # every job, warmup included
     per_job: int = 1
+    dtype: str = "int32"
 
     def add(self, job: Record) -> None:
-        self.verified = self.verified and job.ok
+        self.wrong += job.wrong
         self.counters.update(job.counters)
         self.calls += job.calls
         self.per_job = job.calls
         if not job.warmup:
             self.jobs.append(job.per_call_ns)
+
+    @property
+    def verified(self) -> bool:
+        return self.wrong == 0
+
+    @property
+    def type_redop(self) -> tuple[str, str]:
+        """nccl-tests' type of the row's elements and its reduction (module doc)."""
+        return LINK_TYPE if self.algo == LINK else RTT_TYPE if self.algo == RTT \
+            else (self.dtype, "sum")
+
+    @property
+    def type(self) -> str:
+        return self.type_redop[0]
+
+    @property
+    def redop(self) -> str:
+        return self.type_redop[1]
+
+    @property
+    def count(self) -> int:
+        """Elements of `type` one call moves per rank."""
+        return self.moved_bytes // np.dtype(self.type).itemsize
 
     @property
     def rxe(self) -> dict[str, int]:
@@ -180,8 +233,9 @@ class Result:
         """Min/Max/Median/Mean/Std dev of the durations, and the goodput they mean."""
         s = Summary.of([float(ns) for ns in self.jobs])
         calls = f" of {self.per_job} calls" if self.per_job > 1 else ""
+        failed = "" if self.verified else f", VERIFICATION FAILED: #wrong {self.wrong}"
         lines = [f"{self.algo} {format_size(self.size_bytes)} ({len(self.jobs)} jobs{calls}, "
-                 f"{self.workers} workers{'' if self.verified else ', VERIFICATION FAILED'}):"]
+                 f"{self.workers} workers{failed}):"]
         for name, ns in (("Min", s.min), ("Max", s.max), ("Median", s.median),
                          ("Mean", s.mean)):
             lines.append(f"  {name}: #{ns:.0f}# ns Goodput: #{gbps(self.moved_bytes, ns):.4f}# "
@@ -196,10 +250,13 @@ class Result:
         return lines
 
     def to_json(self) -> dict[str, Any]:
-        return {"algo": self.algo, "size_bytes": self.size_bytes, "jobs": list(self.jobs),
+        return {"algo": self.algo, "size_bytes": self.size_bytes, "count": self.count,
+                "type": self.type, "redop": self.redop, "jobs": list(self.jobs),
                 "calls_per_job": self.per_job,
                 "median_ns": self.median_ns, "algbw_gbps": self.algbw_gbps,
-                "busbw_gbps": self.busbw_gbps, "verified": self.verified,
+                "busbw_gbps": self.busbw_gbps, "algbw_GBps": gigabytes(self.algbw_gbps),
+                "busbw_GBps": gigabytes(self.busbw_gbps), "wrong": self.wrong,
+                "verified": self.verified,
                 "rxe": self.rxe, "vm_cpu": self.vm_cpu,
                 "spine_bytes_per_call": self.spine_bytes_per_call}
 
@@ -326,28 +383,35 @@ def table(results: list[Result]) -> list[str]:
     return lines
 
 
-def latency_table(results: list[Result], itemsize: int = 4) -> list[str]:
-    """nccl-tests style, per size: elements, every column's median time per call (µs),
-    each algorithm's algbw and busbw (Gbit/s), and with the rtt column the RC round trip
-    (µs) and each algorithm's time per call in round trips."""
+def latency_table(results: list[Result]) -> list[str]:
+    """nccl-tests style, per size: elements, their type and the reduction, the link's time
+    per call (µs), each algorithm's time per call (µs), algbw and busbw in GB/s (nccl-tests'
+    unit) and #wrong, and with the rtt column the RC round trip (µs) and each algorithm's
+    time per call in round trips."""
     algos = list(dict.fromkeys(r.algo for r in results if r.algo not in (LINK, RTT)))
     has_link = any(r.algo == LINK for r in results)
     has_rtt = any(r.algo == RTT for r in results)
-    head = f"{'size':>9}{'count':>10}" + (f"{'link us':>12}" if has_link else "")
-    head += "".join(f"{a + ' us':>12}{'algbw':>9}{'busbw':>9}" for a in algos)
+    head = f"{'size':>9}{'count':>10}{'type':>9}{'redop':>6}"
+    head += f"{'link us':>12}" if has_link else ""
+    head += "".join(f"{a + ' us':>12}{'algbw':>10}{'busbw':>10}{'#wrong':>7}" for a in algos)
     if has_rtt:
         head += f"{'rtt us':>10}" + "".join(f"{a + '/rtt':>12}" for a in algos)
-    lines = ["Time per call (median; us) and rates (Gbit/s); rtt: one RC round trip of "
-             "8 B, rank 0 <-> rank 1, through the switch:", head]
+    lines = ["Time per call (median; us), rates in GB/s (nccl-tests' unit: Gbit/s / 8), "
+             "#wrong: elements outside the bound, all ranks and jobs; rtt: one RC round "
+             "trip of 8 B, rank 0 <-> rank 1, through the switch:", head]
     for size in sorted({r.size_bytes for r in results}):
-        row = f"{format_size(size):>9}{size // itemsize:>10}"
+        first = next((r for a in algos for r in [_find(results, a, size)] if r), None)
+        row = f"{format_size(size):>9}{_fmt(first and first.count, 'd'):>10}"
+        row += f"{first.type if first else '-':>9}{first.redop if first else '-':>6}"
         if has_link:
             link = _find(results, LINK, size)
             row += f"{_fmt(link and link.median_us, ',.0f'):>12}"
         for a in algos:
             r = _find(results, a, size)
-            row += (f"{_fmt(r and r.median_us, ',.0f'):>12}{_fmt(r and r.algbw_gbps, '.4f'):>9}"
-                    f"{_fmt(r and r.busbw_gbps, '.4f'):>9}")
+            row += (f"{_fmt(r and r.median_us, ',.0f'):>12}"
+                    f"{_fmt(r and gigabytes(r.algbw_gbps), '.4f'):>10}"
+                    f"{_fmt(r and gigabytes(r.busbw_gbps), '.4f'):>10}"
+                    f"{_fmt(r and r.wrong, 'd'):>7}")
         if has_rtt:
             rtt = _find(results, RTT, size)
             row += f"{_fmt(rtt and rtt.median_us, ',.0f'):>10}"
@@ -360,9 +424,10 @@ def latency_table(results: list[Result], itemsize: int = 4) -> list[str]:
 META_KEYS = {"workers": int, "dtype": str, "mtu": int, "window": int, "msg_size": int,
              "kernel": str, "git_commit": (str, type(None)), "git_dirty": bool,
              "started_at": str}
-RESULT_KEYS = {"algo": str, "size_bytes": int, "jobs": list, "median_ns": (int, float),
-               "algbw_gbps": float, "busbw_gbps": float, "verified": bool, "rxe": dict,
-               "vm_cpu": dict}
+RESULT_KEYS = {"algo": str, "size_bytes": int, "count": int, "type": str, "redop": str,
+               "jobs": list, "median_ns": (int, float), "algbw_gbps": float,
+               "busbw_gbps": float, "algbw_GBps": float, "busbw_GBps": float, "wrong": int,
+               "verified": bool, "rxe": dict, "vm_cpu": dict}
 RATIO_KEYS = {"size_bytes": int, "switch_over_ring": (float, type(None)),
               "switch_over_link": (float, type(None)),
               "switch_over_per_call": (float, type(None)), "switch_rtts": (float, type(None)),
@@ -390,6 +455,9 @@ def validate(doc: Any) -> None:
         _check(r, RESULT_KEYS, f"results[{i}]")
         if not r["jobs"] or not all(isinstance(ns, int) and ns > 0 for ns in r["jobs"]):
             raise ValueError(f"bench JSON: results[{i}].jobs must be positive ns: {r['jobs']}")
+        if r["verified"] != (r["wrong"] == 0):
+            raise ValueError(f"bench JSON: results[{i}]: verified {r['verified']} with "
+                             f"#wrong {r['wrong']}")
     for i, r in enumerate(doc["ratios"]):
         _check(r, RATIO_KEYS, f"ratios[{i}]")
         _check(r["per_round"], PER_ROUND_KEYS, f"ratios[{i}].per_round")

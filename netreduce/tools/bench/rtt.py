@@ -95,13 +95,14 @@ class PingPong:
         while self._unacked:                    # every WRITE of the job acknowledged
             self._progress(deadline, "the last send completion", receive=False)
 
-    def check(self) -> bool:
-        """Whether the last message from the peer carried its last ping number."""
+    def wrong(self) -> int:
+        """1 when the last message from the peer did not carry its last ping number, else 0
+        (the 8-byte number is the one element checked)."""
         if not self.active:
-            return True
+            return 0
         assert self._memory is not None
         got = self._memory.view()[RTT_BYTES:2 * RTT_BYTES].tobytes()
-        return int.from_bytes(got, "little") == self.pings
+        return int(int.from_bytes(got, "little") != self.pings)
 
     def _write(self) -> None:
         assert self._link is not None and self._memory is not None

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return launched.exit_code
     results = sink.measured()
     print()
-    for line in table(results) + [""] + latency_table(results, plan.itemsize):
+    for line in table(results) + [""] + latency_table(results):
         print(line)
     if args.json:
         args.json.write_text(json.dumps(document(meta(plan, started), results), indent=2)

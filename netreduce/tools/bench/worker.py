@@ -50,11 +50,12 @@ def size_reference(plan: BenchPlan, world_size: int, size: int) -> Reference:
 
 class Measured(Protocol):
     """One kind of job at one size: set up (untimed), run `calls` calls (timed), verify
-    (untimed)."""
+    (untimed): `wrong` counts the elements of the job's type (results.Result.type) that
+    came out wrong on this rank, nccl-tests' #wrong."""
 
     def prepare(self) -> None: ...
     def run(self, calls: int) -> None: ...
-    def check(self) -> bool: ...
+    def wrong(self) -> int: ...
 
 
 class AllreduceJob:
@@ -79,8 +80,9 @@ class AllreduceJob:
                     raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator "
                                        f"ran {self.comm.last_algo!r}")
 
-    def check(self) -> bool:
-        return self.reference.failure(self.out, self.column) is None
+    def wrong(self) -> int:
+        """Elements outside the bound of the column's algorithm (int32: not exact)."""
+        return int(self.reference.wrong(self.out, self.column).size)
 
 
 class LinkJob:
@@ -94,8 +96,8 @@ class LinkJob:
         for _ in range(calls):
             self.probe.run()
 
-    def check(self) -> bool:
-        return self.probe.check()
+    def wrong(self) -> int:
+        return self.probe.wrong()
 
 
 class RoundTripJob:
@@ -110,8 +112,8 @@ class RoundTripJob:
     def run(self, calls: int) -> None:
         self.pingpong.run(calls)
 
-    def check(self) -> bool:
-        return self.pingpong.check()
+    def wrong(self) -> int:
+        return self.pingpong.wrong()
 
 
 def lab_cpu() -> dict[str, int]:
@@ -194,7 +196,7 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
                     comm.allreduce(token, algo="ring")           # every rank is done
                     crossed = _moved(crossed, spine.read())
                     now = hw_counters(comm.device)
-                    emit(Record(column, size, i, ns, job.check(),
+                    emit(Record(column, size, i, ns, job.wrong(),
                                 _moved(counters, now) | cpu | crossed, n_calls))
                     counters = now
     finally:
