@@ -56,9 +56,11 @@ SPINE_CONTROL = "127.0.0.1:50199"
 SPINE_GRPC_PORT, SPINE_THRIFT_PORT = 9659, 9190   # a BMv2 spine's (not the lab BMv2's)
 TOR_GRPC_PORT, TOR_THRIFT_PORT = 9700, 9200        # BMv2 ToR j's: + j
 START_TIMEOUT = 60.0
-BMV2_START_TIMEOUT = 280.0    # a stale build/p4-spine compiles first (lab.sh waits 300 s)
-# tor.p4 takes longer (~7.5 min of a loaded 2-core machine, switch/p4/README.md): lab.sh's
-# 300 s wait needs build/p4-tor fresh (scripts/test.sh compiles it before the lab stages)
+# A BMv2 child's start; run alone, a stale build compiles first (tor.p4: ~4 min here, ~7.5 min
+# of a loaded 2-core machine, switch/p4/README.md). scripts/lab.sh compiles both programs
+# before its 300 s wait for the fabric (scripts/lab_switch.sh: p4_build), so there they start
+# from fresh builds.
+BMV2_START_TIMEOUT = 280.0
 BMV2_TOR_START_TIMEOUT = 600.0
 # The pace a fabric with a BMv2 switch publishes: its own, not one BMv2 switch's 2^17 x
 # 4.096 us = 537 ms (labswitches/bmv2_lab.py). A slot there costs the CPU of two or three BMv2
@@ -242,7 +244,7 @@ class Fabric:
                              "--token-file", str(self.switch_token)])
         for j, argv in enumerate(tor_args):
             if a.tor_target == "bmv2":
-                # tor.p4 on BMv2 (its first start compiles it: minutes); it cannot lose
+                # tor.p4 on BMv2 (lab.sh compiled it; alone, its first start does); it cannot lose
                 # frames on purpose: its uplink's veth does (lossy_egress)
                 self.spawn(f"tor{j}", [*argv, "--grpc-port", str(TOR_GRPC_PORT + j),
                                        "--thrift-port", str(TOR_THRIFT_PORT + j),
@@ -261,7 +263,7 @@ class Fabric:
             pace = ["--ack-timeout", str(max(a.ack_timeout, BMV2_FABRIC_ACK_TIMEOUT)),
                     "--max-in-flight", str(BMV2_MAX_IN_FLIGHT)]
         if a.spine_target == "bmv2":
-            # spine.p4 on BMv2 (its first start compiles it: minutes); it cannot lose frames
+            # spine.p4 on BMv2 (compiled as tor.p4 above); it cannot lose frames
             # on purpose: its ports' veths do (lossy_egress)
             self.spawn("spine", [*spine, "--grpc-port", str(SPINE_GRPC_PORT),
                                  "--thrift-port", str(SPINE_THRIFT_PORT),

@@ -30,7 +30,9 @@
 # --switch bridge joins the same ports with a kernel bridge instead of the
 # switch process (a reference for what forwarding costs; no controller, no aggregation);
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
-# and BMv2 on PATH; rings through it must use RoCE path MTU 256).
+# and BMv2 on PATH; rings through it must use RoCE path MTU 256). A BMv2 switch's programs
+# are compiled before it starts, p4c's progress shown: minutes on a fresh clone, nothing
+# once build/p4* are fresh (scripts/lab_switch.sh).
 # --racks R (R >= 2) runs a two-tier fabric instead of the one switch (docs/multirack.md,
 # labswitches/fabric_lab.py): the hosts spread over R racks as evenly as possible in host order
 # (the host table says which rack), one ToR process per rack on its hosts' ports, one spine
@@ -38,8 +40,8 @@
 # controller on the same address; --link-loss PCT loses PCT % of the frames on every
 # ToR-spine link, both ways. --racks R --switch bmv2 runs the ToRs as tor.p4 and the spine
 # as spine.p4 on BMv2 (rings must span racks; BMv2 cannot lose frames on purpose, so the
-# loss is tc's on its veths: labswitches/fabric_lab.py; build/p4-tor should be fresh: p4c takes
-# minutes). The hosts' side
+# loss is tc's on its veths: labswitches/fabric_lab.py; p4c compiles tor.p4, ~4 min here, and
+# spine.p4 first). The hosts' side
 # may also restart the switch as kind "racks:R[:PCT[:SPINE[:TORS]]]" with SPINE and TORS
 # soft (default) or bmv2, e.g. racks:2:0:bmv2 (a BMv2 spine under software ToRs), and back
 # to soft. --racks 1 is the single-switch lab.
@@ -196,94 +198,11 @@ else
 fi
 ports+=(--port "$((hosts + 1))=nrctlp" --mac "$CTL_MAC=$((hosts + 1))")
 
-# --- the switch and its supervisor ----------------------------------------------------------
-# The switch (soft: python -m switch; bmv2: python -m labswitches.bmv2_lab) runs in a session of its
-# own (its pid is its process group: stopping it also ends simple_switch_grpc); its pid is in
-# $LABDIR/switch.pid, its kind in $LABDIR/switch.kind. The supervisor lets the hosts' side
-# restart it (tests/lab/labswitch.py): the guest writes "ID KIND" to $LABDIR/switch.request;
-# the supervisor stops the switch, starts KIND on the same ports with the same controller
-# address and token (fresh state) and, once it is ready, answers "ID ok KIND PID" in
-# $LABDIR/switch.reply, or "ID error WHY" (both files are replaced by a rename).
-SWITCH_START_TIMEOUT=300    # s; the first bmv2 start compiles switch/p4 (p4c: ~165 s here)
+# --- the switch and its supervisor: scripts/lab_switch.sh ----------------------------------
 # Every host's MAC is configured: the software switch maps ring ports statically, BMv2 learns none.
 for ((i = 0; i < hosts; i++)); do ports+=(--mac "$(printf '02:4e:52:00:00:%02x' $((i + 1)))=$((i + 1))"); done
-switch_error=""
-switch_start() {  # KIND: start it and wait until it is ready; else 1 with $switch_error set
-  local kind=$1 module extra=() pid
-  case $kind in
-    soft) module=switch ;;
-    bmv2) module=labswitches.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") ;;  # rings: RoCE path MTU 256
-    racks:*)   # racks:R[:PCT[:SPINE[:TORS]]]: the two-tier fabric, PCT % loss on its
-               # ToR-spine links, the spine and the ToRs soft (default) or bmv2 (spine.p4, tor.p4)
-      local r loss spine tors
-      IFS=: read -r r loss spine tors <<< "${kind#racks:}"
-      loss=${loss:-0} spine=${spine:-soft} tors=${tors:-soft}
-      if ! [[ $r =~ ^[0-9]+$ && $r -ge 2 && $r -le $hosts && $loss =~ ^[0-9]+(\.[0-9]+)?$ \
-              && $spine =~ ^(soft|bmv2)$ && $tors =~ ^(soft|bmv2)$ ]]; then
-        switch_error="switch kind '$kind': racks:R[:PCT[:soft|bmv2[:soft|bmv2]]] with R in 2..$hosts"; return 1
-      fi
-      module=labswitches.fabric_lab
-      extra=(--racks "$r" --link-loss "$loss" --spine-target "$spine" --tor-target "$tors"
-             --spine-port "$((hosts + 1))" --workdir "$LABDIR") ;;
-    *) switch_error="unknown switch kind '$kind' (soft, bmv2 or racks:R[:PCT[:SPINE[:TORS]]])"; return 1 ;;
-  esac
-  rm -f "$LABDIR/switch.ready"
-  echo "---- $(date -u +%T) starting the $kind switch" >> "$LABDIR/switch.log"
-  # labswitches/ is not an installed package: python -m labswitches.NAME finds it through the root
-  setsid ip netns exec "$SWNS" env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-    "$PY" -m "$module" "${ports[@]}" "${extra[@]}" \
-    --controller "$CTL_IP:$CTL_PORT" --token-file "$LABDIR/controller.token" \
-    --hosts-policy "$LABDIR/hosts.policy" \
-    --tls-cert "$LABDIR/controller.pem" --tls-key "$LABDIR/controller.key" \
-    --ready-file "$LABDIR/switch.ready" --stats-file "$LABDIR/switch-stats.json" \
-    >>"$LABDIR/switch.log" 2>&1 &
-  pid=$!
-  echo "$pid" > "$LABDIR/switch.pid"
-  echo "$kind" > "$LABDIR/switch.kind"
-  for _ in $(seq $((SWITCH_START_TIMEOUT * 10))); do
-    if [ -f "$LABDIR/switch.ready" ]; then say "switch $kind up (pid $pid): ${ports[*]}"; return 0; fi
-    if ! kill -0 "$pid" 2>/dev/null; then
-      switch_error="the $kind switch exited at start: $(tail -3 "$LABDIR/switch.log" | tr '\n' ' ')"
-      rm -f "$LABDIR/switch.pid"; return 1
-    fi
-    sleep 0.1
-  done
-  switch_stop
-  switch_error="the $kind switch did not become ready in $SWITCH_START_TIMEOUT s (see $LABDIR/switch.log)"
-  return 1
-}
-switch_stop() {  # TERM (it prints and writes its counters), up to 10 s, then KILL its group
-  local pid
-  pid=$(cat "$LABDIR/switch.pid" 2>/dev/null) || return 0
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -f "$LABDIR/switch.pid"
-}
-switch_supervise() {  # serves $LABDIR/switch.request until TERM
-  trap - EXIT
-  trap 'exit 0' TERM INT
-  local id kind reply
-  while :; do
-    if [ -f "$LABDIR/switch.request" ]; then
-      read -r id kind < "$LABDIR/switch.request" || true
-      rm -f "$LABDIR/switch.request"
-      say "switch: restart as '$kind' asked by the hosts' side (request $id)"
-      if [ "$switch" = bridge ]; then
-        reply="$id error the lab runs --switch bridge: no switch process to restart"
-      else
-        switch_stop
-        if switch_start "$kind"; then reply="$id ok $kind $(cat "$LABDIR/switch.pid")"
-        else reply="$id error $switch_error"; fi
-      fi
-      echo "$reply" > "$LABDIR/switch.reply.tmp"
-      mv -f "$LABDIR/switch.reply.tmp" "$LABDIR/switch.reply"
-    fi
-    sleep 0.2
-  done
-}
+. "$ROOT/scripts/lab_switch.sh"
+
 case $switch in
   bridge)
     ip -n "$SWNS" link add nrbr type bridge

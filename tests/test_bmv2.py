@@ -319,11 +319,43 @@ def test_a_second_caller_waits_for_the_compile_under_way(tmp_path: Path,
         while not (tmp_path / "started").exists():
             assert first.poll() is None and time.monotonic() < deadline, "p4c never started"
             time.sleep(0.05)
-        assert p4program.compile_program(out) == build_paths(out)
+        said: list[str] = []
+        assert p4program.compile_program(out, progress=said.append) == build_paths(out)
         assert (tmp_path / "calls").read_text() == "call\n"      # the first one's, done
+        assert said == [f"netreduce.p4 -> {out}: another process compiles it: waiting for it",
+                        f"netreduce.p4 -> {out}: up to date (its sources did not change)"]
     finally:
         assert first.wait(timeout=30) == 0
     assert (tmp_path / "calls").read_text() == "call\n"
+
+
+def test_compile_says_what_happens_while_p4c_runs_with_a_fake_p4c(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What scripts/lab.sh shows while a fresh clone compiles (`--progress`): p4c starts,
+    runs on (every PROGRESS_EVERY s), ends; a later run finds the build fresh; p4c's
+    messages are in the log and, when it fails, in the error."""
+    out = tmp_path / "out"
+    fake_tool(tmp_path, "p4c", f'echo "p4c says hello"; sleep 1\n'
+                               f'touch {out}/tor.json {out}/tor.p4info.txtpb')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(p4program, "PROGRESS_EVERY", 0.3)
+    said: list[str] = []
+    assert p4program.compile_program(out, p4program.TOR_MAIN, said.append) == \
+        build_paths(out, p4program.TOR_MAIN)
+    what = f"tor.p4 -> {out}: "
+    assert said[0] == what + "compiling with p4c (a first build takes minutes; later runs " \
+                             "reuse it)"
+    assert 2 <= len(said[1:-1]) <= 4 and all(
+        s.startswith(what + "p4c still compiling (") for s in said[1:-1]), said
+    assert said[-1] in (what + "p4c done in 1 s", what + "p4c done in 2 s"), said
+    assert (out / "p4c.log").read_text() == "p4c says hello\n"
+    said.clear()
+    p4program.compile_program(out, p4program.TOR_MAIN, said.append)
+    assert said == [what + "up to date (its sources did not change)"]
+    fake_tool(tmp_path, "p4c", 'echo "tor.p4(3): syntax error" >&2; exit 1')
+    with pytest.raises(RuntimeError, match=r"p4c failed \(1\):\ntor.p4\(3\): syntax error"):
+        p4program.compile_program(tmp_path / "other", p4program.TOR_MAIN, said.append)
+    assert said[-1] == f"tor.p4 -> {tmp_path / 'other'}: p4c FAILED in 0 s"
 
 
 def test_the_shell_session_names_the_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:

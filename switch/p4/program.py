@@ -4,6 +4,9 @@ Three programs share the sources: `netreduce.p4`, the single switch (built into 
 `spine.p4`, the spine role of a two-tier fabric (build/p4-spine: the same files compiled
 with NR_ROLE_SPINE plus the spine_*.p4, iscrc.p4 and interswitch.p4 controls), and
 `tor.p4`, its ToR role (build/p4-tor: compiled with NR_ROLE_TOR plus the tor_*.p4 controls).
+p4c takes minutes on a fresh clone (tor.p4 ~4 min on this 2-core machine): scripts/lab.sh
+compiles what a BMv2 switch needs before it starts the switch's readiness clock, with
+`--progress`, and every later start finds the build fresh.
 `contract()` reads switch/p4/limits.p4, the one place the programs' limits and the ids
 the controller must agree on (multicast groups, counter ids) are stated, so the Python
 side never restates them. `generated_sources` writes the per-payload-length actions P4
@@ -12,7 +15,7 @@ switch/p4/iscrc_words.p4 (the inter-switch CRC32's, see iscrc.p4) and switch/p4/
 (an emission's valid payload words, see emit.p4). `compile_program` runs p4c's BMv2
 backend.
 
-    python -m switch.p4.program [--spine | --tor] [--out DIR]   # compile; prints the paths
+    python -m switch.p4.program [--spine | --tor] [--out DIR] [--progress]  # compile; the paths
     python -m switch.p4.program --generate              # rewrite the generated switch/p4 files
 """
 from __future__ import annotations
@@ -24,10 +27,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import IO, Callable, Optional, Sequence
 
 P4_DIR = Path(__file__).resolve().parent
 MAIN = P4_DIR / "netreduce.p4"
@@ -266,9 +270,52 @@ def inputs_digest(out_dir: Path, main: Path = MAIN) -> str:
 
 #: in a build directory: inputs_digest() of the build there
 INPUTS_FILE = "inputs.sha256"
+#: with a `progress` callback: seconds between the lines saying p4c (or a wait) goes on
+PROGRESS_EVERY = 30.0
 
 
-def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN) -> Build:
+def _quiet(message: str) -> None:
+    """compile_program's default `progress`: says nothing."""
+
+
+def _lock(lock: IO[str], what: str, progress: Callable[[str], None]) -> None:
+    """Take `lock` (exclusive), saying so every PROGRESS_EVERY s while another holds it."""
+    t0, said = time.monotonic(), None
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if said is None:
+            progress(f"{what}: another process compiles it: waiting for it")
+            said = now
+        elif now - said >= PROGRESS_EVERY:
+            progress(f"{what}: still waiting for the other compile ({now - t0:.0f} s)")
+            said = now
+        time.sleep(0.2)
+
+
+def _run_p4c(command: list[str], log: Path, what: str,
+             progress: Callable[[str], None]) -> int:
+    """p4c's exit code, its messages in `log`, saying every PROGRESS_EVERY s that it runs."""
+    progress(f"{what}: compiling with p4c (a first build takes minutes; later runs reuse it)")
+    t0 = last = time.monotonic()
+    with open(log, "w") as out:
+        p4c = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        while p4c.poll() is None:
+            time.sleep(0.2)
+            if time.monotonic() - last >= PROGRESS_EVERY:
+                last = time.monotonic()
+                progress(f"{what}: p4c still compiling ({last - t0:.0f} s)")
+    progress(f"{what}: p4c {'done' if p4c.returncode == 0 else 'FAILED'} in "
+             f"{time.monotonic() - t0:.0f} s")
+    return p4c.returncode
+
+
+def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN,
+                    progress: Callable[[str], None] = _quiet) -> Build:
     """Compile the program `main` (switch/p4/netreduce.p4, or spine.p4 / tor.p4 into its own
     out_dir, e.g. DEFAULT_SPINE_BUILD / DEFAULT_TOR_BUILD) with p4c into out_dir, skipped when
     out_dir holds a build of the same inputs (`inputs_digest`: the sources' bytes, not their
@@ -276,25 +323,28 @@ def compile_program(out_dir: Path = DEFAULT_BUILD, main: Path = MAIN) -> Build:
     `log`; RuntimeError carries them on a failure.
     One compile at a time per out_dir (a lock file in it): a caller that comes while another
     process compiles waits for it and then finds the build fresh, so a test run may start
-    p4c in the background and let the tests that need the build wait for it."""
+    p4c in the background and let the tests that need the build wait for it.
+    `progress` is told what happens, one line each: the build is fresh; p4c starts, goes on
+    (every PROGRESS_EVERY s) and ends; or another process's compile is waited for."""
     if shutil.which(P4C) is None:
         raise RuntimeError(f"{P4C} is not on PATH: it comes with p4lang/p4c (not packaged "
                            "for Debian or PyPI); see switch/p4/README.md")
     b = build_paths(out_dir, main)
+    what = f"{main.name} -> {out_dir}"
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".compile.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock(lock, what, progress)
         digest, stamp = inputs_digest(out_dir, main), out_dir / INPUTS_FILE
         if all(p.exists() for p in (b.json, b.p4info, b.log)) and stamp.exists() \
                 and stamp.read_text().strip() == digest:
+            progress(f"{what}: up to date (its sources did not change)")
             return b
         stamp.unlink(missing_ok=True)
-        run = subprocess.run(compile_command(out_dir, main), capture_output=True, text=True)
-        b.log.write_text(run.stdout + run.stderr)
-        if run.returncode == 0:
+        code = _run_p4c(compile_command(out_dir, main), b.log, what, progress)
+        if code == 0:
             stamp.write_text(digest + "\n")
-    if run.returncode != 0:
-        raise RuntimeError(f"p4c failed ({run.returncode}):\n{run.stdout}{run.stderr}")
+    if code != 0:
+        raise RuntimeError(f"p4c failed ({code}):\n{b.log.read_text()}")
     return b
 
 
@@ -313,19 +363,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--generate", action="store_true",
                     help=f"rewrite {ICRC_WORDS.name}, {ISCRC_WORDS.name} and {PL_VALID.name} "
                          "from limits.p4 instead of compiling")
+    ap.add_argument("--progress", action="store_true",
+                    help="say on stderr what happens: fresh, compiling (every "
+                         f"{PROGRESS_EVERY:g} s while p4c runs), done")
     args = ap.parse_args(argv)
     if args.generate:
         for path, text in generated_sources(contract()).items():
             path.write_text(text)
             print(path)
         return 0
+    def say(message: str) -> None:
+        print(f"p4program: {message}", file=sys.stderr, flush=True)
+    progress = say if args.progress else _quiet
     try:
         if args.spine:
-            b = compile_program(args.out or DEFAULT_SPINE_BUILD, SPINE_MAIN)
+            b = compile_program(args.out or DEFAULT_SPINE_BUILD, SPINE_MAIN, progress)
         elif args.tor:
-            b = compile_program(args.out or DEFAULT_TOR_BUILD, TOR_MAIN)
+            b = compile_program(args.out or DEFAULT_TOR_BUILD, TOR_MAIN, progress)
         else:
-            b = compile_program(args.out or DEFAULT_BUILD)
+            b = compile_program(args.out or DEFAULT_BUILD, progress=progress)
     except RuntimeError as e:
         print(f"p4program: {e}", file=sys.stderr)
         return 1
