@@ -7,13 +7,11 @@ CI=true (tests/p4tools.py).
 """
 from __future__ import annotations
 
-from typing import Iterator
-
 import pytest
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
-from tests.conformance.check import check_vector
+from tests.conformance.check import check_vector, harness_fixture
 from tests.conformance.format import Harness, Vector, from_json, per_port, to_json
 from tests.conformance.software_harness import SoftwareHarness
 from tests.conformance.vectors import all_vectors, every_opcode_every_length
@@ -37,13 +35,7 @@ def native_harness() -> Harness:
 HARNESSES = {"software": SoftwareHarness, "native": native_harness, "bmv2": bmv2_harness}
 
 
-@pytest.fixture(scope="module", params=list(HARNESSES))
-def target(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    harness = HARNESSES[request.param]()
-    try:
-        yield harness
-    finally:
-        harness.close()
+target = harness_fixture(HARNESSES)
 
 
 @pytest.mark.parametrize("vector", VECTORS, ids=[v.name for v in VECTORS])

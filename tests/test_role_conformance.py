@@ -27,7 +27,7 @@ from switch.control.fabric import SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineSwitch, TorSwitch
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Endpoint
-from tests.conformance.check import check_vector
+from tests.conformance.check import check_vector, harness_fixture
 from tests.conformance.format import (ANY_PAYLOAD_LENGTH, Harness, Vector, from_json, per_port,
                                       to_json)
 from tests.conformance.role_harness import RoleHarness, spine_args, tor_args
@@ -45,13 +45,7 @@ def bmv2_role_harness() -> Harness:
     return create_role_harness()
 
 
-@pytest.fixture(scope="module", params=["software", "bmv2"])
-def target(request: pytest.FixtureRequest) -> Iterator[Harness]:
-    harness = RoleHarness() if request.param == "software" else bmv2_role_harness()
-    try:
-        yield harness
-    finally:
-        harness.close()
+target = harness_fixture({"software": RoleHarness, "bmv2": bmv2_role_harness})
 
 
 @pytest.mark.parametrize("vector", VECTORS, ids=[v.name for v in VECTORS])

@@ -4,6 +4,8 @@ for byte; then the ring/connection counters must equal the vector's. A vector ne
 capability the target lacks is skipped, naming it."""
 from __future__ import annotations
 
+from typing import Any, Callable, Iterator
+
 import pytest
 from scapy.layers.l2 import Ether
 
@@ -28,3 +30,16 @@ def check_vector(target: Harness, vector: Vector) -> None:
         assert got == want, (f"step {i} ({step.note}): sent {describe(got)}, "
                              f"expected {describe(want)}")
     assert target.counters() == vector.counters
+
+
+def harness_fixture(factories: dict[str, Callable[[], Harness]]) -> Any:
+    """A module-scoped `target` fixture: one harness per factory's name, closed after the
+    module's tests ran on it (every conformance test module's parametrization)."""
+    @pytest.fixture(scope="module", params=list(factories))
+    def target(request: pytest.FixtureRequest) -> Iterator[Harness]:
+        harness = factories[request.param]()
+        try:
+            yield harness
+        finally:
+            harness.close()
+    return target

@@ -124,6 +124,22 @@ class RoleModel:
         self.plan: dict[int, tuple[int, dict[str, Any]]] = {}     # k -> opcode, kw of all ranks
         self.setup: dict[str, Any] = {}
 
+    def first_refusal(self, msg: Any, corrupt: bool) -> str:
+        """The refusal every role makes before its own checks ('' if none): a frame mangled
+        so decode refuses it, or one of another ring."""
+        if corrupt:
+            return "drop_corrupt"
+        if msg.ring != self.tag:
+            return "drop_unknown_ring"
+        return ""
+
+    def record(self, outcome: str, expect: str, counters: dict[str, int], port: int,
+               frame: bytes, out: list[tuple[int, bytes]], note: str) -> None:
+        """Count the model's outcome (it must be `expect`, when given) and keep the step."""
+        assert not expect or expect == outcome, f"{self.name}: {expect} != model's {outcome}"
+        counters[outcome] += 1
+        self.steps.append(Step(port, frame, tuple(out), note))
+
     def op(self, k: int, opcode: int, **kw: Any) -> None:
         """Every rank's packet at k has this opcode and these write_frame arguments."""
         self.plan[k] = (opcode, kw)

@@ -76,21 +76,18 @@ class SpineModel(RoleModel):
         port = self.tor_port.get(tor, 1) if port is None else port
         msg = interswitch.decode(memoryview(frame))
         out: list[tuple[int, bytes]] = []
-        if corrupt:
-            outcome = "drop_corrupt"
-        elif msg.ring != self.tag:
-            outcome = "drop_unknown_ring"
-        elif tor not in self.tor_ids:
-            outcome = "drop_unknown_tor"
-        elif port != self.tor_port[tor] or msg.kind != Kind.PARTIAL:
-            outcome = "drop_wrong_port"
-        else:
-            outcome = self._offer(tor, k, np.frombuffer(msg.payload, "<i4").astype(np.int32),
-                                  [(r, bytes(h)) for r, h in msg.carried], out)
-        assert not expect or expect == outcome, f"{self.name}: {expect} != model's {outcome}"
-        (self.inter if outcome in SPINE_INTERSWITCH else self.lane[tor])[outcome] += 1
-        self.steps.append(Step(port, mangle(frame), tuple(out),
-                               note or f"tor{tor} partial k={k}: {outcome}"))
+        outcome = self.first_refusal(msg, corrupt)
+        if not outcome:
+            if tor not in self.tor_ids:
+                outcome = "drop_unknown_tor"
+            elif port != self.tor_port[tor] or msg.kind != Kind.PARTIAL:
+                outcome = "drop_wrong_port"
+            else:
+                outcome = self._offer(tor, k, np.frombuffer(msg.payload, "<i4").astype(np.int32),
+                                      [(r, bytes(h)) for r, h in msg.carried], out)
+        self.record(outcome, expect,
+                    self.inter if outcome in SPINE_INTERSWITCH else self.lane[tor], port,
+                    mangle(frame), out, note or f"tor{tor} partial k={k}: {outcome}")
 
     def _offer(self, tor: int, k: int, payload: np.ndarray, carried: list[tuple[int, bytes]],
                out: list[tuple[int, bytes]]) -> str:

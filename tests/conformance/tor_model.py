@@ -219,19 +219,16 @@ class TorModel(RoleModel):
         frame, payload, entering = self.total_frame(k, **frame_kw)
         msg = interswitch.decode(memoryview(frame))
         out: list[tuple[int, bytes]] = []
-        if corrupt:
-            outcome = "drop_corrupt"
-        elif msg.ring != self.tag:
-            outcome = "drop_unknown_ring"
-        elif port != UPLINK or msg.kind != Kind.TOTAL or msg.tor != self.tor:
-            outcome = "drop_total_misdirected"
-        else:
-            outcome = self._accept(k, payload, [(r, bytes(h)) for r, h in msg.carried],
-                                   entering, out)
-        assert not expect or expect == outcome, f"{self.name}: {expect} != model's {outcome}"
-        (self.inter if outcome in TOR_INTERSWITCH else self.tor_counts)[outcome] += 1
-        self.steps.append(Step(port, mangle(frame), tuple(out),
-                               note or f"total k={k}: {outcome}"))
+        outcome = self.first_refusal(msg, corrupt)
+        if not outcome:
+            if port != UPLINK or msg.kind != Kind.TOTAL or msg.tor != self.tor:
+                outcome = "drop_total_misdirected"
+            else:
+                outcome = self._accept(k, payload, [(r, bytes(h)) for r, h in msg.carried],
+                                       entering, out)
+        self.record(outcome, expect,
+                    self.inter if outcome in TOR_INTERSWITCH else self.tor_counts, port,
+                    mangle(frame), out, note or f"total k={k}: {outcome}")
 
     def _accept(self, k: int, payload: np.ndarray, carried: list[tuple[int, bytes]],
                 entering: dict[int, Held], out: list[tuple[int, bytes]]) -> str:
