@@ -30,9 +30,9 @@ from nr_contract.distribution import HelpFormatter, add_version
 from switch.control import credentials
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
-from switch.control.service import (DEFAULT_CALLS_PER_SECOND, DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS,
-                                    DEFAULT_MAX_SLOT_MEMORY, MAX_RINGS_CEILING, ControllerConfig,
-                                    TlsFiles, serve)
+from switch.control.config import (DEFAULT_CALLS_PER_SECOND, DEFAULT_LEASE_MS, DEFAULT_MAX_RINGS,
+                                   DEFAULT_MAX_SLOT_MEMORY, MAX_RINGS_CEILING, ControllerConfig)
+from switch.control.service import TlsFiles, serve
 from switch.control.target import SoftwareTarget, Target
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.pipeline import AggregationPipeline

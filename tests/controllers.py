@@ -11,7 +11,8 @@ from typing import Callable, Iterator
 import pytest
 
 from nr_contract.client import ControllerClient, ControllerError
-from switch.control.service import ControllerConfig, TlsFiles, serve
+from switch.control.config import ControllerConfig
+from switch.control.service import TlsFiles, serve
 from switch.control.target import SoftwareTarget
 from switch.dataplane.pipeline import AggregationPipeline
 from tests.roce_layers import mac_ports

@@ -18,7 +18,8 @@ from nr_contract.client import ControllerClient
 from nr_contract.spec import CONN_COUNTERS, RING_COUNTERS
 from switch.control.bmv2 import Bmv2Target, McGroup, ShellSession, TableEntry, plan_ring
 from switch.control.bmv2_registers import ThriftRegisters
-from switch.control.service import ControllerConfig, serve
+from switch.control.config import ControllerConfig
+from switch.control.service import serve
 from switch.control.target import SoftwareTarget
 from switch.dataplane.pipeline import AggregationPipeline
 from switch.dataplane.ports import format_port_table

@@ -18,8 +18,8 @@ import pytest
 from nr_contract import control_pb2 as pb
 from nr_contract.client import ControllerClient, ControllerError, spec_message
 from switch import ctl
-from switch.control.service import (MAX_MESSAGE, SERVICE, ControllerConfig, ControllerService,
-                                    serve)
+from switch.control.config import ControllerConfig
+from switch.control.service import MAX_MESSAGE, SERVICE, ControllerService, serve
 from switch.control.target import SoftwareTarget, resolve_ports
 from switch.dataplane.pipeline import AggregationPipeline
 from tests.controllers import ALICE, BOB, Start, refused

@@ -16,7 +16,8 @@ from typing import Iterator
 import pytest
 
 from nr_contract.client import ControllerClient, ControllerError
-from switch.control.service import ControllerConfig, TlsFiles, serve
+from switch.control.config import ControllerConfig
+from switch.control.service import TlsFiles, serve
 from switch.control.target import SoftwareTarget
 from switch.dataplane.pipeline import AggregationPipeline
 from tests.controllers import ALICE, BOB, EVERYWHERE, Start, config_of, refused

@@ -15,7 +15,8 @@ import pytest
 from nr_contract.client import ControllerClient, ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
 from switch.control.fabric_rpc import SpineClient, SpineSwitch, TorClient, TorSwitch
-from switch.control.service import ControllerConfig, serve
+from switch.control.config import ControllerConfig
+from switch.control.service import serve
 from tests.fabricsim import Faults, Sim
 
 

@@ -17,7 +17,8 @@ from scapy.packet import Raw
 
 from nr_contract.client import ControllerClient, ControllerError
 from switch.control.fabric import FabricTarget, SpineTarget, TorTarget
-from switch.control.service import ControllerConfig, serve
+from switch.control.config import ControllerConfig
+from switch.control.service import serve
 from switch.dataplane import interswitch
 from switch.dataplane.interswitch import Corrupt, Kind, ring_tag
 from switch.dataplane.spine import SpineConfig, SpinePipeline
