@@ -17,13 +17,14 @@ so many words, serves without credentials or in clear text to the network.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Optional
 
 from nr_contract.client import ControllerError, local_address
 from nr_contract.distribution import HelpFormatter, add_version
@@ -36,6 +37,7 @@ from switch.control.service import TlsFiles, serve
 from switch.control.target import SoftwareTarget, Target
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.pipeline import AggregationPipeline
+from switch.dataplane.router import PHYSICAL_PORT, Router, parse_mac
 from switch.dataplane.ports import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, DataPlane
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
@@ -57,6 +59,18 @@ def _mac_arg(text: str) -> tuple[str, int]:
     if not sep or not num.isdigit():
         raise argparse.ArgumentTypeError(f"expected MAC=PORT, got {text!r}")
     return mac.lower(), int(num)
+
+
+def _neighbor_arg(text: str) -> tuple[str, str]:
+    ip, sep, mac = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected IP=MAC")
+    try:
+        ipaddress.IPv4Address(ip)
+        parse_mac(mac)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return ip, mac
 
 
 def _loss_arg(text: str) -> tuple[int, float]:
@@ -108,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mac", action="append", type=_mac_arg, default=[], metavar="MAC=PORT",
                     help="a static MAC table entry: never moved by learning, and the only way "
                          "a ring's ports are found (give every host's MAC)")
+    ap.add_argument("--one-armed", action="store_true",
+                    help="run as a one-armed aggregation server reached by routing "
+                         "(docs/switch.md): one port, --port 1=IFNAME; frames addressed to "
+                         "IFNAME's MAC are aggregated or routed on to the registered rings' "
+                         "hosts (and --neighbor); IFNAME's kernel must not forward IPv4")
+    ap.add_argument("--neighbor", action="append", type=_neighbor_arg, default=[],
+                    metavar="IP=MAC",
+                    help="with --one-armed: a host routed to even when no registered ring "
+                         "names it (repeatable)")
     ap.add_argument("--controller", metavar="ADDR:PORT",
                     help="serve the controller's gRPC API here and aggregate registered rings; "
                          "without it the switch only forwards")
@@ -218,13 +241,26 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
             "tls": tls}
 
 
+def one_armed_router(args: argparse.Namespace, ports: dict[int, str]) -> Optional[Router]:
+    """--one-armed's Router (None without it); ValueError names what is wrong."""
+    if not args.one_armed:
+        if args.neighbor:
+            raise ValueError("--neighbor needs --one-armed")
+        return None
+    if args.role != "switch":
+        raise ValueError(f"--one-armed: a single aggregation server, not --role {args.role}")
+    if list(ports) != [PHYSICAL_PORT]:
+        raise ValueError(f"--one-armed: exactly one port, --port {PHYSICAL_PORT}=IFNAME")
+    return Router.for_interface(ports[PHYSICAL_PORT], dict(args.neighbor))
+
+
 def role_pipeline(args: argparse.Namespace, dp: DataPlane) -> tuple[Any, Target]:
     """The pipeline and controller target of --role switch/tor/spine; ValueError: a missing
     or inconsistent role option, named."""
     if args.role == "switch":
         pipeline = AggregationPipeline()
         target = SoftwareTarget(pipeline, dp.static_port_of_mac, dp.port_counters,
-                                dp.switch_counters)
+                                dp.switch_counters, router=dp.router)
         dp.describe_connection = target.describe_connection
         return pipeline, target
     if args.role == "tor":
@@ -312,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
+        router = one_armed_router(args, ports)
         dp = DataPlane(ports, static_macs=dict(args.mac), mac_table_size=args.mac_table_size,
-                       mac_ageing=args.mac_ageing, tx_loss=dict(args.tx_loss))
+                       mac_ageing=args.mac_ageing, tx_loss=dict(args.tx_loss), router=router)
     except ValueError as e:
         print(f"switch: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from nr_contract.spec import MAX_RANKS, MAX_SLOTS, PATH_MTUS, RingSpec
 from switch.dataplane.pipeline import AggregationPipeline
+from switch.dataplane.router import Router
 
 PortOfMac = Callable[[str], Optional[int]]
 
@@ -101,26 +102,38 @@ class SoftwareTarget(Target):
     """The Python switch: an AggregationPipeline plus what its dataplane knows of ports.
 
     `port_of_mac` must answer from the static port map only (DataPlane.static_port_of_mac);
-    `switch_counters` (DataPlane.switch_counters) become the counters' "switch" entry.
+    `switch_counters` (DataPlane.switch_counters) become the counters' "switch" entry. In
+    one-armed mode (`router`, switch/dataplane/router.py) a ring's hosts become the router's
+    neighbours while it is registered, and their ports are its neighbour ports.
     """
 
     name = "software"
 
     def __init__(self, pipeline: AggregationPipeline, port_of_mac: PortOfMac,
                  port_counters: Callable[[], dict[Any, dict[str, Any]]] = dict,
-                 switch_counters: Optional[Callable[[], dict[str, int]]] = None):
+                 switch_counters: Optional[Callable[[], dict[str, int]]] = None,
+                 router: Optional[Router] = None):
         self.pipeline = pipeline
-        self._port_of_mac = port_of_mac
+        self.router = router
+        self._port_of_mac = router.port_of_mac if router is not None else port_of_mac
         self._port_counters = port_counters
         self._switch_counters = switch_counters
 
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
-        ports = resolve_ports(spec, self._port_of_mac)
-        self.pipeline.register_ring(spec, ports, slots)
+        learned = self.router is not None and self.router.add_ring(spec)
+        try:
+            ports = resolve_ports(spec, self._port_of_mac)
+            self.pipeline.register_ring(spec, ports, slots)
+        except ValueError:
+            if learned:
+                self.router.remove_ring(spec.ring_id)
+            raise
         return {"ring_id": spec.ring_id, "slots": slots, "ports": ports}
 
     def unregister_ring(self, ring_id: str) -> None:
         self.pipeline.unregister_ring(ring_id)
+        if self.router is not None:
+            self.router.remove_ring(ring_id)
 
     def counters(self) -> dict[str, Any]:
         out = {"target": self.name, "rings": self.pipeline.counters(),

@@ -4,7 +4,9 @@ Every RoCEv2 frame (UDP 4791) and inter-switch frame of a two-tier fabric (UDP 4
 docs/multirack.md) received on a port is first offered to the pipeline (if one is
 installed: the single switch's, a ToR's or the spine's); whatever the pipeline does not consume is forwarded by L2 exactly as received.
 Invariants:
-- a frame never leaves by the port it arrived on (no reflection, no loops on one port);
+- a frame never leaves by the port it arrived on (no reflection, no loops on one port),
+  except in one-armed mode (`router`: switch/dataplane/router.py), where the one port
+  takes in only frames addressed to the server's MAC and sends them on routed;
 - static MAC entries (`--mac`) never move; learning fills at most `mac_table_size` other
   entries, which age out after `mac_ageing` s unseen; a frame whose source MAC cannot be
   learned (a static MAC seen on another port, or the table full) counts `mac_learn_refused`;
@@ -32,6 +34,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from nr_contract.spec import PSN_MASK
 from switch.dataplane.interswitch import is_interswitch
 from switch.dataplane.packets import parse
+from switch.dataplane.router import PHYSICAL_PORT, Router
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -138,9 +141,13 @@ class DataPlane:
                  mac_table_size: int = DEFAULT_MAC_TABLE_SIZE,
                  mac_ageing: float = DEFAULT_MAC_AGEING,
                  describe_connection: Callable[[int], Optional[str]] | None = None,
-                 tx_loss: dict[int, float] | None = None) -> None:
+                 tx_loss: dict[int, float] | None = None,
+                 router: Router | None = None) -> None:
         if not ports:
             raise ValueError("a switch needs at least one port")
+        if router is not None and (list(ports) != [PHYSICAL_PORT] or static_macs):
+            raise ValueError(f"one-armed mode: exactly one port, numbered {PHYSICAL_PORT}, and "
+                             "no static MACs (the neighbours are the registered rings' hosts)")
         if mac_table_size < 0 or mac_ageing <= 0:
             raise ValueError(f"MAC table size {mac_table_size} / ageing {mac_ageing} s")
         static = {parse_mac(mac): port for mac, port in (static_macs or {}).items()}
@@ -167,6 +174,7 @@ class DataPlane:
         self._faulty: set[int] = set()                    # connection keys logged as faulty
         self.describe_connection = describe_connection
         self.pipeline = pipeline
+        self.router = router
         self._stop = threading.Event()
 
     # -- lookups the controller uses -------------------------------------------------------
@@ -175,7 +183,9 @@ class DataPlane:
         return self._static.get(parse_mac(mac))
 
     def switch_counters(self) -> dict[str, int]:
-        return {**dataclasses.asdict(self.counters), "mac_table_learned": len(self._seen)}
+        routed = dataclasses.asdict(self.router.counters) if self.router is not None else {}
+        return {**dataclasses.asdict(self.counters), "mac_table_learned": len(self._seen),
+                **routed}
 
     def port_counters(self) -> dict[str, dict[str, int | str]]:
         for p in self.ports.values():
@@ -220,6 +230,9 @@ class DataPlane:
         c.rx_bytes += len(frame)
         if len(frame) < 14:
             return
+        if self.router is not None:
+            self._handle_routed(frame, port)
+            return
         src = frame[6:12].tobytes()
         if src in self._seen:                      # a learned MAC: refresh (it may move)
             self._seen[src] = self._tick
@@ -247,6 +260,37 @@ class DataPlane:
                     self._send(p, frame)
         elif out != port.number:
             self._send(self.ports[out], frame)
+
+    def _handle_routed(self, frame: memoryview, port: Port) -> None:
+        """One-armed mode: a frame for this server goes to the pipeline from its source MAC's
+        neighbour port, and what the pipeline does not take is routed on; any other frame
+        (broadcasts, other hosts' traffic) is the server's kernel's, not forwarded."""
+        router = self.router
+        assert router is not None
+        if not router.for_me(frame):
+            router.counters.not_for_router += 1
+            return
+        fields = parse(frame)
+        if fields is not None:
+            port.counters.roce_packets += 1
+            if self.pipeline is not None:
+                try:
+                    if self.pipeline.process(frame, router.source_port(frame),
+                                             self._emit_routed):
+                        return
+                except Exception as e:  # noqa: BLE001 - one frame's fault stays that frame's
+                    self._pipeline_failed(fields[0], port.number, e)
+                    return
+        out = router.forward(frame)
+        if out is not None:
+            self.emit(PHYSICAL_PORT, out)
+
+    def _emit_routed(self, port: int, parts: Sequence[Buffer]) -> None:
+        """The pipeline's emit in one-armed mode: `port` is a neighbour's (router.py)."""
+        assert self.router is not None
+        out = self.router.to_neighbour(port, parts)
+        if out is not None:
+            self.emit(PHYSICAL_PORT, out)
 
     def _learn_new(self, src: bytes, port: int) -> None:
         """A unicast source MAC neither learned nor static on `port`: learn it if it is not
