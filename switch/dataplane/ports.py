@@ -34,7 +34,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from nr_contract.spec import PSN_MASK
 from switch.dataplane.interswitch import is_interswitch
 from switch.dataplane.packets import parse
-from switch.dataplane.router import PHYSICAL_PORT, Router
+from switch.dataplane.router import PHYSICAL_PORT, Router, parse_mac
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -121,12 +121,6 @@ def describe_key(key: int) -> str:
 def format_mac(mac: bytes) -> str:
     return ":".join(f"{b:02x}" for b in mac)
 
-
-def parse_mac(text: str) -> bytes:
-    mac = bytes(int(x, 16) for x in text.split(":"))
-    if len(mac) != 6:
-        raise ValueError(f"not a MAC address: {text!r}")
-    return mac
 
 
 class DataPlane:
