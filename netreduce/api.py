@@ -42,7 +42,8 @@ def log_to_stderr(level: int = logging.INFO) -> None:
 
 def init(rank: int | None = None, world_size: int | None = None,
          master_addr: str | None = None, master_port: int | None = None, *,
-         device: str | None = None, local_addr: str | None = None, mtu: int | None = None,
+         device: str | None = None, local_addr: str | None = None,
+         inc_addr: str | None = None, mtu: int | None = None,
          msg_size: int | None = None, window: int | None = None,
          ack_timeout: int | None = None, recv_depth: int = 1024,
          collective_timeout: float = 1800.0, switch: str | None = None,
@@ -58,6 +59,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     left unset are fitted to what the switch's target aggregates (through BMv2: path MTU
     256, 4 KiB messages and a 1.07 s ACK timeout: its pace), and the registration line says
     what was chosen; a knob given here that the target cannot take is an error naming both.
+    `inc_addr` (else $NR_INC_ADDR): the "inc" ring's own address on this device, e.g. one
+    routed through a one-armed aggregator (docs/switch.md; the host ring keeps `local_addr`).
     `switch`: the switch controller's HOST:PORT (None: $NR_CONTROLLER, which the lab sets;
     "": no switch). `collective_timeout`: how long a call waits without any progress while
     every peer is alive (default 30 min, as torch.distributed's default process-group
@@ -73,7 +76,7 @@ def init(rank: int | None = None, world_size: int | None = None,
                                ("ack_timeout", ack_timeout)) if v is not None}
     config = FlowConfig(**knobs, recv_depth=recv_depth, collective_timeout=collective_timeout)
     _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
-                                   local_addr=local_addr, config=config,
+                                   local_addr=local_addr, inc_addr=inc_addr, config=config,
                                    pinned=frozenset(knobs), switch=switch, timeout=timeout)
     if exit_on_sigterm:
         _exit_on_sigterm()

@@ -25,6 +25,7 @@ the host ring from its untouched input; later calls run there ("auto"; algo="swi
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -45,7 +46,7 @@ from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, SwitchStatus, controller_client,
                                     fit_inc_ring, register_inc_ring, switch_address,
                                     unregister)
-from netreduce.rings import Host, RingQPsLike, connect_rings, inc_ring_spec
+from netreduce.rings import INC_ADDR_ENV, Host, RingQPsLike, connect_rings, inc_ring_spec
 from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, candidates, check_request,
                                route)
 from netreduce.tensors import as_ndarray, torch_store_in_use
@@ -103,6 +104,7 @@ class Communicator:
     def create(cls, rank: int | None = None, world_size: int | None = None,
                master_addr: str | None = None, master_port: int | None = None, *,
                device: str | None = None, local_addr: str | None = None,
+               inc_addr: str | None = None,
                config: FlowConfig = FlowConfig(), pinned: frozenset[str] = frozenset(),
                switch: str | None = None, timeout: float = DEFAULT_TIMEOUT,
                port_exchange: PortExchange | None = None) -> "Communicator":
@@ -112,7 +114,10 @@ class Communicator:
         through `port_exchange`, see `Rendezvous.join`), open
         this rank's rxe device (`device`, else the one holding
         `local_addr` as a RoCEv2 GID; `local_addr` defaults to the address this host
-        reaches MASTER_ADDR from) and connect both rings. `switch` is the switch
+        reaches MASTER_ADDR from) and connect both rings. `inc_addr` (else $NR_INC_ADDR):
+        another address of the same device for the "inc" ring's QPs, e.g. one routed
+        through a one-armed aggregator (docs/switch.md); the host ring keeps `local_addr`.
+        `switch` is the switch
         controller's HOST:PORT (None: $NR_CONTROLLER; "" or unset: no switch; rank 0's
         decides): the "inc" ring is fitted to its target (the knobs named in `pinned` were
         set by the user and are never changed) and registered with it; a refusal is an
@@ -136,7 +141,8 @@ class Communicator:
             if rdzv.rank in LEASE_RANKS and addr is not None:
                 controller = controller_client(addr, min(10.0, timeout / 2),
                                                min(30.0, timeout / 2), rdzv.rank)
-            host = RdmaHost(ip, device, config)
+            inc_addr = inc_addr or os.environ.get(INC_ADDR_ENV) or None
+            host = RdmaHost(ip, device, config, {"inc": inc_addr} if inc_addr else {})
             comm = cls.connect(rendezvous, host, config, controller, pinned)
         except BaseException as exc:
             if not isinstance(exc, RendezvousError):    # the others could not know: tell them

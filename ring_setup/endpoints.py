@@ -23,18 +23,32 @@ class QPEndpoint:
 
 
 @dataclass(frozen=True)
+class RingAddress:
+    """The address a ring's QPs use when it is not the host's: another IPv4 address (and
+    its RoCEv2 GID) of the same device, e.g. one whose routes lead through a one-armed
+    aggregator (docs/switch.md, "One-armed mode")."""
+
+    ip: str
+    mac: str
+    gid: str            # RoCEv2 IPv4-mapped GID, sysfs notation
+
+
+@dataclass(frozen=True)
 class RingEndpoint:
-    """One rank's QPs in one ring."""
+    """One rank's QPs in one ring, and their address if it is not the host's."""
 
     send: QPEndpoint    # requester, connected to the successor's `recv`
     recv: QPEndpoint    # responder, connected to the predecessor's `send`
+    addr: Optional[RingAddress] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RingEndpoint":
-        return cls(QPEndpoint(**d["send"]), QPEndpoint(**d["recv"]))
+        addr = d.get("addr")
+        return cls(QPEndpoint(**d["send"]), QPEndpoint(**d["recv"]),
+                   RingAddress(**addr) if addr is not None else None)
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,10 @@ class HostEndpoint:
     def from_dict(cls, d: dict[str, Any]) -> "HostEndpoint":
         rings = {name: RingEndpoint.from_dict(r) for name, r in d["rings"].items()}
         return cls(**{**d, "control": RemoteBuffer(**d["control"]), "rings": rings})
+
+    def address(self, ring: str) -> RingAddress:
+        """The address ring `ring`'s QPs of this rank use: the ring's own, else the host's."""
+        return self.rings[ring].addr or RingAddress(self.ip, self.mac, self.gid)
 
 
 def check_agreement(endpoints: list[HostEndpoint]) -> None:
@@ -89,10 +107,12 @@ def ring_spec(endpoints: list[HostEndpoint], ring: str, ring_id: str,
     """The switch's view of ring `ring`: connection r from rank r to rank r+1."""
     n = len(endpoints)
     conns = []
-    for r, src in enumerate(endpoints):
-        dst = endpoints[(r + 1) % n]
+    for r, src_ep in enumerate(endpoints):
+        dst_ep = endpoints[(r + 1) % n]
+        src, dst = src_ep.address(ring), dst_ep.address(ring)
         conns.append(Connection(rank=r, src_ip=src.ip, dst_ip=dst.ip, src_mac=src.mac,
-                                dst_mac=dst.mac, src_qpn=src.rings[ring].send.qpn,
-                                dst_qpn=dst.rings[ring].recv.qpn, psn0=src.rings[ring].send.psn))
+                                dst_mac=dst.mac, src_qpn=src_ep.rings[ring].send.qpn,
+                                dst_qpn=dst_ep.rings[ring].recv.qpn,
+                                psn0=src_ep.rings[ring].send.psn))
     return RingSpec(ring_id=ring_id, world_size=n, mtu=config.mtu, msg_size=config.msg_size,
                     window=config.window, connections=tuple(conns))

@@ -30,7 +30,7 @@ import numpy as np
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import IMM_MODULUS, FlowConfig
 from ring_setup.device import ipv4_gid
-from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
+from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingAddress, RingEndpoint
 from nr_contract.spec import RingSpec
 
 
@@ -77,8 +77,12 @@ class FakeRegion:
 
 
 class FakeHost:
-    def __init__(self, fabric: FakeFabric, rank: int) -> None:
+    """A rank's device; `ring_addrs` (ring -> IPv4) as RdmaHost's: rings on another address."""
+
+    def __init__(self, fabric: FakeFabric, rank: int,
+                 ring_addrs: dict[str, str] | None = None) -> None:
         self.fabric = fabric
+        self.ring_addrs = dict(ring_addrs or {})
         self.ip = f"10.99.0.{rank + 1}"
         self.mac = f"02:99:00:00:00:{rank + 1:02x}"
         self.gid = ipv4_gid(self.ip)
@@ -92,7 +96,9 @@ class FakeHost:
         return region
 
     def create_ring(self, name: str, config: FlowConfig) -> "FakeRingQPs":
-        self.rings[name] = FakeRingQPs(self.fabric, name, config)
+        addr = self.ring_addrs.get(name)
+        self.rings[name] = FakeRingQPs(self.fabric, name, config, None if addr is None else
+                                       RingAddress(addr, self.mac, ipv4_gid(addr)))
         return self.rings[name]
 
     def close(self) -> None:
@@ -101,8 +107,9 @@ class FakeHost:
 
 
 class FakeRingQPs:
-    def __init__(self, fabric: FakeFabric, name: str, config: FlowConfig) -> None:
-        self.fabric, self.name, self.config = fabric, name, config
+    def __init__(self, fabric: FakeFabric, name: str, config: FlowConfig,
+                 addr: RingAddress | None = None) -> None:
+        self.fabric, self.name, self.config, self.addr = fabric, name, config, addr
         self.send_qpn, self.recv_qpn = fabric.new_id(), fabric.new_id()
         self.send_psn, self.recv_psn = random.getrandbits(24), random.getrandbits(24)
         self.dest_qpn: int | None = None
@@ -111,7 +118,7 @@ class FakeRingQPs:
 
     def local(self) -> RingEndpoint:
         return RingEndpoint(QPEndpoint(self.send_qpn, self.send_psn),
-                            QPEndpoint(self.recv_qpn, self.recv_psn))
+                            QPEndpoint(self.recv_qpn, self.recv_psn), self.addr)
 
     def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None:
         self.dest_qpn = successor.rings[self.name].recv.qpn

@@ -23,17 +23,18 @@ def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowCo
               fabric: FakeFabric | None = None,
               controller: FakeController | None = None,
               pinned: frozenset[str] = frozenset(),
-              controller_ranks: tuple[int, ...] = (0,)) -> list[Any]:
+              controller_ranks: tuple[int, ...] = (0,),
+              ring_addrs: Callable[[int], dict[str, str]] = lambda rank: {}) -> list[Any]:
     """Connect n ranks over one fake fabric (rank 0 fitting the "inc" ring to `controller`,
     if given, leaving the knobs in `pinned` alone, and registering it; the other ranks of
-    `controller_ranks` get it too: they renew the lease), run `body` on each; results or
-    exceptions."""
+    `controller_ranks` get it too: they renew the lease; rank r's rings on the addresses
+    `ring_addrs(r)` names), run `body` on each; results or exceptions."""
     fabric = fabric or FakeFabric()
     port = free_port()
     out: list[Any] = [None] * n
 
     def worker(rank: int) -> None:
-        host = FakeHost(fabric, rank)
+        host = FakeHost(fabric, rank, ring_addrs(rank))
         rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10,
                                            secret=b"secret-of-the-comm-tests")).join()
         try:

@@ -308,3 +308,30 @@ def test_the_wire_words_survive_the_next_call_growing_the_workspace() -> None:
         assert not isinstance(got, BaseException), got
         assert got == ([(True, "switch"), (True, "switch"), (True, "ring")],
                        {"fallbacks": 1, "returns": 0, "recovered": 1}), got
+
+
+def test_the_inc_ring_keeps_its_own_address_when_rebuilt_on_the_fake_fabric() -> None:
+    """Every rank's "inc" ring on a second address (as routed through a one-armed
+    aggregator, docs/switch.md), the host ring on the host's: both registrations of the
+    ring (before and after the switch's restart) name the "inc" addresses, and every call
+    is exact."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    inc_ip = "10.98.0.{}".format
+
+    def before(comm: Communicator, c: int) -> None:
+        if c == 1 and comm.rank == 0:
+            controller.restart()
+        if c == 1:
+            time.sleep(0.5)
+        wait_back(comm, c)
+
+    results = run_ranks(3, job(5, before), cfg=CFG, fabric=fabric, controller=controller,
+                        ring_addrs=lambda rank: {"inc": inc_ip(rank + 1)})
+    for r, got in enumerate(results):
+        assert not isinstance(got, BaseException), (r, got)
+        assert [y for y, _, _ in got[0]] == [want(3, c) for c in range(5)]
+    assert len(controller.registered) == 2
+    for spec in controller.registered:
+        assert [(c.src_ip, c.dst_ip) for c in spec.connections] == \
+            [(inc_ip(r + 1), inc_ip((r + 1) % 3 + 1)) for r in range(3)]

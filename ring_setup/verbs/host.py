@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import random
 import time
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 import pyverbs.enums as e
@@ -31,7 +33,7 @@ from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
 from ring_setup.device import (DeviceError, RoceGid, find_roce_gid, hw_counters, netdev_mac,
                                netdev_mtu)
-from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint
+from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingAddress, RingEndpoint
 from ring_setup.verbs.verbs_link import EventCQ, VerbsLink
 
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
@@ -116,13 +118,24 @@ class RegisteredBuffer:
 
 class RdmaHost:
     """The opened rxe device holding `ip` as a RoCEv2 GID (or the named `device`), its PD,
-    and what peers need to reach it. Checks that the port is active and fits `config.mtu`."""
+    and what peers need to reach it. Checks that the port is active and fits `config.mtu`.
+    `ring_addrs`: rings whose QPs use another address of the same device and port (ring
+    name -> IPv4 address; its RoCEv2 GID must exist: DeviceError names what is missing)."""
 
-    def __init__(self, ip: str, device: str | None, config: FlowConfig) -> None:
+    def __init__(self, ip: str, device: str | None, config: FlowConfig,
+                 ring_addrs: Mapping[str, str] = MappingProxyType({})) -> None:
         gid = find_roce_gid(ip, device)
         self.ip = ip
         self.mac = netdev_mac(gid.netdev)
         self.roce_gid: RoceGid = gid
+        self.ring_addrs = dict(ring_addrs)
+        self.ring_gids: dict[str, RoceGid] = {}
+        for ring, addr in ring_addrs.items():
+            other = find_roce_gid(addr, gid.device)
+            if other.port != gid.port:
+                raise DeviceError(f"ring {ring!r}: address {addr} is on {other.device} port "
+                                  f"{other.port}, not on port {gid.port} with {ip}")
+            self.ring_gids[ring] = other
         self.life = DeviceLife(gid.device)
         self.ctx = open_context(gid.device)
         try:
@@ -151,6 +164,12 @@ class RdmaHost:
     def register(self, nbytes: int) -> RegisteredBuffer:
         return RegisteredBuffer(self.pd, nbytes, self.life)
 
+    def ring_address(self, ring: str) -> RingAddress | None:
+        """Ring `ring`'s own address (None: the host's)."""
+        gid = self.ring_gids.get(ring)
+        return None if gid is None else RingAddress(self.ring_addrs[ring], netdev_mac(gid.netdev),
+                                                    gid.gid)
+
     def create_ring(self, name: str, config: FlowConfig) -> "RingQPs":
         self.life.check(f"creating ring {name!r}")
         return RingQPs(self, name, config)
@@ -178,6 +197,7 @@ class RingQPs:
 
     def __init__(self, host: RdmaHost, name: str, config: FlowConfig) -> None:
         self.host, self.name, self.config = host, name, config
+        self.roce_gid = host.ring_gids.get(name, host.roce_gid)     # the source address
         self.send_cq = EventCQ(host.ctx, config.window, host.life)
         self.recv_cq = EventCQ(host.ctx, config.recv_depth, host.life)
         self.send_qp = self._create_qp(self.send_cq, QPCap(max_send_wr=config.window,
@@ -198,21 +218,22 @@ class RingQPs:
     def local(self) -> RingEndpoint:
         self.host.life.check(f"ring {self.name!r}: reading QP numbers")
         return RingEndpoint(send=QPEndpoint(self.send_qp.qp_num, self.send_psn),
-                            recv=QPEndpoint(self.recv_qp.qp_num, self.recv_psn))
+                            recv=QPEndpoint(self.recv_qp.qp_num, self.recv_psn),
+                            addr=self.host.ring_address(self.name))
 
     def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None:
         """INIT -> RTR -> RTS for both QPs: send_qp to the successor's recv QP, recv_qp to
         the predecessor's send QP."""
         self.host.life.check(f"ring {self.name!r}: connecting")
         peer_recv = successor.rings[self.name].recv
-        self._to_rts(self.send_qp, successor.gid, peer_recv.qpn, rq_psn=peer_recv.psn,
-                     sq_psn=self.send_psn)
+        self._to_rts(self.send_qp, successor.address(self.name).gid, peer_recv.qpn,
+                     rq_psn=peer_recv.psn, sq_psn=self.send_psn)
         peer_send = predecessor.rings[self.name].send
-        self._to_rts(self.recv_qp, predecessor.gid, peer_send.qpn, rq_psn=peer_send.psn,
-                     sq_psn=self.recv_psn)
+        self._to_rts(self.recv_qp, predecessor.address(self.name).gid, peer_send.qpn,
+                     rq_psn=peer_send.psn, sq_psn=self.recv_psn)
 
     def _to_rts(self, qp: QP, dgid: str, dest_qpn: int, rq_psn: int, sq_psn: int) -> None:
-        gid = self.host.roce_gid
+        gid = self.roce_gid
         attr = QPAttr(port_num=gid.port)
         attr.path_mtu = PATH_MTU_ENUM[self.config.mtu]
         attr.dest_qp_num = dest_qpn
