@@ -138,6 +138,18 @@ def wait_back(comm: Communicator, c: int) -> None:
         time.sleep(0.6)
 
 
+def restart_before_call_1(controller: FakeController) -> Any:
+    """A job's `before`: rank 0 restarts the fake switch before call 1 (every rank then
+    waits a little), and from then on each rank waits for the switch as `wait_back` does."""
+    def before(comm: Communicator, c: int) -> None:
+        if c == 1 and comm.rank == 0:
+            controller.restart()
+        if c == 1:
+            time.sleep(0.5)
+        wait_back(comm, c)
+    return before
+
+
 @pytest.mark.parametrize("lease_ms", [0, 300])
 def test_a_fake_switch_restarted_between_calls_costs_nothing_and_the_ring_returns(
         lease_ms: int, caplog: pytest.LogCaptureFixture) -> None:
@@ -149,12 +161,7 @@ def test_a_fake_switch_restarted_between_calls_costs_nothing_and_the_ring_return
     fabric = FakeFabric()
     controller = FakeController(fabric, lease_ms=lease_ms)
 
-    def before(comm: Communicator, c: int) -> None:
-        if c == 1 and comm.rank == 0:
-            controller.restart()
-        if c == 1:
-            time.sleep(0.5)
-        wait_back(comm, c)
+    before = restart_before_call_1(controller)
 
     caplog.set_level(logging.WARNING, "netreduce")
     results = run_ranks(3, job(6, before), cfg=CFG, fabric=fabric, controller=controller,
@@ -319,12 +326,7 @@ def test_the_inc_ring_keeps_its_own_address_when_rebuilt_on_the_fake_fabric() ->
     controller = FakeController(fabric)
     inc_ip = "10.98.0.{}".format
 
-    def before(comm: Communicator, c: int) -> None:
-        if c == 1 and comm.rank == 0:
-            controller.restart()
-        if c == 1:
-            time.sleep(0.5)
-        wait_back(comm, c)
+    before = restart_before_call_1(controller)
 
     results = run_ranks(3, job(5, before), cfg=CFG, fabric=fabric, controller=controller,
                         ring_addrs=lambda rank: {"inc": inc_ip(rank + 1)})
