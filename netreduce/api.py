@@ -59,8 +59,9 @@ def init(rank: int | None = None, world_size: int | None = None,
     left unset are fitted to what the switch's target aggregates (through BMv2: path MTU
     256, 4 KiB messages and a 1.07 s ACK timeout: its pace), and the registration line says
     what was chosen; a knob given here that the target cannot take is an error naming both.
-    `inc_addr` (else $NR_INC_ADDR): the "inc" ring's own address on this device, e.g. one
-    routed through a one-armed aggregator (docs/switch.md; the host ring keeps `local_addr`).
+    `inc_addr` (else $NR_INC_ADDR): the "inc" ring's own address on this device, or a
+    network naming this device's one address in it (10.78.0.0/24: one setting for every
+    rank), e.g. one routed through a one-armed aggregator (docs/switch.md; the host ring keeps `local_addr`).
     `switch`: the switch controller's HOST:PORT (None: $NR_CONTROLLER, which the lab sets;
     "": no switch). `collective_timeout`: how long a call waits without any progress while
     every peer is alive (default 30 min, as torch.distributed's default process-group

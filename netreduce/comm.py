@@ -115,7 +115,8 @@ class Communicator:
         this rank's rxe device (`device`, else the one holding
         `local_addr` as a RoCEv2 GID; `local_addr` defaults to the address this host
         reaches MASTER_ADDR from) and connect both rings. `inc_addr` (else $NR_INC_ADDR):
-        another address of the same device for the "inc" ring's QPs, e.g. one routed
+        another address of the same device for the "inc" ring's QPs (or a network: the
+        device's one address in it), e.g. one routed
         through a one-armed aggregator (docs/switch.md); the host ring keeps `local_addr`.
         `switch` is the switch
         controller's HOST:PORT (None: $NR_CONTROLLER; "" or unset: no switch; rank 0's

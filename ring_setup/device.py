@@ -34,10 +34,13 @@ class RoceGid:
     netdev: str
 
 
+IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"     # an IPv4-mapped GID's first 96 bits
+
+
 def ipv4_gid(ip: str) -> str:
     """The IPv4-mapped GID of `ip` in sysfs notation."""
     b = ipaddress.IPv4Address(ip).packed
-    return f"0000:0000:0000:0000:0000:ffff:{b[0]:02x}{b[1]:02x}:{b[2]:02x}{b[3]:02x}"
+    return f"{IPV4_MAPPED}{b[0]:02x}{b[1]:02x}:{b[2]:02x}{b[3]:02x}"
 
 
 def _read(path: Path) -> str | None:
@@ -77,6 +80,28 @@ def find_roce_gid(ip: str, device: str | None = None, sysfs: Path = SYSFS) -> Ro
     where = f"device {device}" if device is not None else f"devices {', '.join(devices)}"
     raise DeviceError(f"no RoCEv2 GID for {ip} on {where}: is the rxe device bound to the "
                       f"netdev holding {ip}?")
+
+
+def roce_ipv4_in(network: str, device: str, sysfs: Path = SYSFS) -> str:
+    """The one IPv4 address in `network` (e.g. '10.78.0.0/24') that `device` holds as a
+    RoCEv2 GID: how every rank names its own address of a ring with one setting.
+    DeviceError if it holds none or several (named)."""
+    net = ipaddress.IPv4Network(network, strict=False)
+    found = set()
+    for port_dir in (sysfs / "class" / "infiniband" / device / "ports").iterdir():
+        for gid_file in (port_dir / "gids").iterdir():
+            gid = _read(gid_file)
+            if gid is None or not gid.startswith(IPV4_MAPPED) or \
+                    _read(port_dir / "gid_attrs" / "types" / gid_file.name) != ROCE_V2:
+                continue
+            ip = ipaddress.IPv4Address(bytes.fromhex(gid[len(IPV4_MAPPED):].replace(":", "")))
+            if ip in net:
+                found.add(str(ip))
+    if len(found) != 1:
+        raise DeviceError(f"{device} holds {'no' if not found else len(found)} RoCEv2 "
+                          f"address(es) in {net}{': ' + ', '.join(sorted(found)) if found else ''}"
+                          " (give the ring's address itself)")
+    return found.pop()
 
 
 def netdev_of_ipv4(ip: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ring_setup.device import (DeviceError, RoceGid, find_roce_gid, hw_counters, ipv4_gid,
-                               netdev_mac, source_ipv4_towards)
+                               netdev_mac, roce_ipv4_in, source_ipv4_towards)
 
 LINK_LOCAL = "fe80:0000:0000:0000:004e:52ff:fe00:0001"
 
@@ -94,3 +94,17 @@ def test_counters_in_a_namespace_come_from_rdma_statistic(
 
 def test_source_address_towards_localhost() -> None:
     assert source_ipv4_towards("127.0.0.1") == "127.0.0.1"
+
+
+def test_a_rings_network_names_the_devices_one_address_in_it(sysfs: Path) -> None:
+    gids = sysfs / "class" / "infiniband" / "rxe0" / "ports" / "1"
+    for i, kind in ((5, "IB/RoCE v1"), (6, "RoCE v2")):      # a second address, 10.78.0.1
+        (gids / "gids" / str(i)).write_text(ipv4_gid("10.78.0.1") + "\n")
+        (gids / "gid_attrs" / "types" / str(i)).write_text(kind + "\n")
+    assert roce_ipv4_in("10.78.0.0/24", "rxe0", sysfs) == "10.78.0.1"
+    assert roce_ipv4_in("10.77.0.0/16", "rxe0", sysfs) == "10.77.0.1"
+    with pytest.raises(DeviceError, match=r"rxe1 holds no RoCEv2 address\(es\) in 10\.78\.0\.0/24"):
+        roce_ipv4_in("10.78.0.0/24", "rxe1", sysfs)
+    with pytest.raises(DeviceError, match=r"rxe0 holds 2 RoCEv2 address\(es\) in 10\.0\.0\.0/8: "
+                                          r"10\.77\.0\.1, 10\.78\.0\.1"):
+        roce_ipv4_in("10.0.0.0/8", "rxe0", sysfs)

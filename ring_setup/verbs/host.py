@@ -32,7 +32,7 @@ from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
 from ring_setup.device import (DeviceError, RoceGid, find_roce_gid, hw_counters, netdev_mac,
-                               netdev_mtu)
+                               netdev_mtu, roce_ipv4_in)
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingAddress, RingEndpoint
 from ring_setup.verbs.verbs_link import EventCQ, VerbsLink
 
@@ -120,7 +120,8 @@ class RdmaHost:
     """The opened rxe device holding `ip` as a RoCEv2 GID (or the named `device`), its PD,
     and what peers need to reach it. Checks that the port is active and fits `config.mtu`.
     `ring_addrs`: rings whose QPs use another address of the same device and port (ring
-    name -> IPv4 address; its RoCEv2 GID must exist: DeviceError names what is missing)."""
+    name -> IPv4 address, or a network naming this device's one address in it; its RoCEv2
+    GID must exist: DeviceError names what is missing)."""
 
     def __init__(self, ip: str, device: str | None, config: FlowConfig,
                  ring_addrs: Mapping[str, str] = MappingProxyType({})) -> None:
@@ -128,14 +129,16 @@ class RdmaHost:
         self.ip = ip
         self.mac = netdev_mac(gid.netdev)
         self.roce_gid: RoceGid = gid
-        self.ring_addrs = dict(ring_addrs)
+        self.ring_addrs: dict[str, str] = {}
         self.ring_gids: dict[str, RoceGid] = {}
         for ring, addr in ring_addrs.items():
+            if "/" in addr:                         # a network: this device's one address in it
+                addr = roce_ipv4_in(addr, gid.device)
             other = find_roce_gid(addr, gid.device)
             if other.port != gid.port:
                 raise DeviceError(f"ring {ring!r}: address {addr} is on {other.device} port "
                                   f"{other.port}, not on port {gid.port} with {ip}")
-            self.ring_gids[ring] = other
+            self.ring_addrs[ring], self.ring_gids[ring] = addr, other
         self.life = DeviceLife(gid.device)
         self.ctx = open_context(gid.device)
         try:
