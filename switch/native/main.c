@@ -145,6 +145,9 @@ static void *worker_main(void *arg)
     struct worker *w = arg;
     struct nrio *io = w->io;
     w->st.tid = (int32_t)syscall(SYS_gettid);
+    char name[16];
+    snprintf(name, sizeof name, "nrio-w%u", w->index);
+    pthread_setname_np(pthread_self(), name);         /* what perf and top show */
     w->st.cpu = -1;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (io->cfg.cpu_base >= 0 && ncpu > 0) {

@@ -69,6 +69,32 @@ uint32_t nrdp_crc32(uint32_t crc, const uint8_t *buf, uint64_t len)
     return crc32_gzip_refl(crc, buf, len);
 }
 
+/* a * b mod P in the reflected representation (bit 31 is x^0), P = 0xEDB88320. */
+static uint32_t crc_mul(uint32_t a, uint32_t b)
+{
+    uint32_t prod = 0;
+    for (uint32_t m = 1u << 31; m; m >>= 1) {
+        if (a & m)
+            prod ^= b;
+        b = b & 1 ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+    }
+    return prod;
+}
+
+uint32_t nrdp_crc32_xpow(uint64_t n)
+{
+    uint32_t r = 1u << 31, p = 1u << 23;          /* x^0, x^8 */
+    for (; n; n >>= 1, p = crc_mul(p, p))
+        if (n & 1)
+            r = crc_mul(r, p);
+    return r;
+}
+
+uint32_t nrdp_crc32_shift(uint32_t crc, uint32_t xn)
+{
+    return crc_mul(crc, xn);
+}
+
 uint32_t nrdp_icrc(const uint8_t *frame, uint32_t end)
 {
     uint8_t masked[NRDP_EXT_OFF - NRDP_IP_OFF + 8];
@@ -80,5 +106,5 @@ uint32_t nrdp_icrc(const uint8_t *frame, uint32_t end)
     for (unsigned i = 0; i < sizeof ones; i++)
         masked[ones[i] - NRDP_IP_OFF + 8] = 0xFF;
     uint32_t crc = nrdp_crc32(0, masked, sizeof masked);
-    return nrdp_crc32(crc, frame + NRDP_EXT_OFF, end - NRDP_EXT_OFF);
+    return end > NRDP_EXT_OFF ? nrdp_crc32(crc, frame + NRDP_EXT_OFF, end - NRDP_EXT_OFF) : crc;
 }

@@ -71,6 +71,12 @@ uint32_t nrdp_crc32(uint32_t crc, const uint8_t *buf, uint64_t len);
  * byte 4) count as ones. Its value once `end` reaches the ICRC is the wire ICRC. */
 uint32_t nrdp_icrc(const uint8_t *frame, uint32_t end);
 
+/* CRC-32 concatenation: nrdp_crc32(a, B, n) == nrdp_crc32_shift(a, xn) ^ nrdp_crc32(0, B, n)
+ * with xn = nrdp_crc32_xpow(n) (x^(8n) mod the CRC-32 polynomial; the CRC is affine in its
+ * state). One CRC pass over a payload thus serves every header it is sent under. */
+uint32_t nrdp_crc32_xpow(uint64_t n);
+uint32_t nrdp_crc32_shift(uint32_t crc, uint32_t xn);
+
 static inline uint32_t nrdp_get_be(const uint8_t *p, int n)
 {
     uint32_t v = 0;

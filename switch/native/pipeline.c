@@ -2,12 +2,14 @@
  * switch/dataplane/pipeline.py (AggregationPipeline, AggregatorPool, Recut) step by step.
  *
  * Invariants (the Python pool's): slot i holds relative PSN tag[i] (≡ i mod N) or is empty
- * (-1); bitmap[i] names the ranks whose contribution (header + payload, UDP checksum 0) it
- * holds, each stored once; ready[i]: the wrapping int32 sum is formed; emitted[i] is set
- * only once every slot before tag[i] was emitted; next_emit is the first relative PSN not
- * emitted. Rank r's contribution to slot i sits in its lane buffer with the payload at the
- * fixed offset PAYLOAD_OFF (16-byte aligned) and the header right before it; a result is
- * written over it (sum, the lane's PSN psn0 + shift + k, its ICRC) and leaves from there.
+ * (-1); bitmap[i] names the ranks whose contribution it holds, each added once: the
+ * header (UDP checksum 0) in the rank's lane buffer, right before the fixed offset
+ * PAYLOAD_OFF (16-byte aligned), the payload added into the slot's wrapping int32 sum (the
+ * first one copied); ready[i]: every contribution is in the sum; emitted[i] is set only
+ * once every slot before tag[i] was emitted; next_emit is the first relative PSN not
+ * emitted. A result is the lane's header (its PSN psn0 + shift + k) with the sum written
+ * after it at PAYLOAD_OFF and its ICRC, and leaves from there; the sum's CRC is computed
+ * once per slot and joined to each lane's header CRC (nrdp_crc32_shift).
  * Only a packet with a valid IPv4 checksum and ICRC that is not a fragment is added or
  * served. The connection tables are open-addressed, linear probing, fixed capacity (twice
  * the pipe's max_conns), deleted by backward shift: a packet only looks up.
@@ -21,6 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "packet.h"
 
@@ -48,6 +53,7 @@ struct ring {
     uint8_t *emitted, *ready, *opcode, *hdr_end;
     uint8_t *bufs;                     /* slots x world lane buffers of `stride` bytes */
     uint32_t *sums;                    /* slots x mtu/4 */
+    uint32_t xpow_len, xpow;           /* nrdp_crc32_xpow(xpow_len), cached */
 };
 
 struct entry {
@@ -163,6 +169,42 @@ static void put_out(struct nrdp_out_batch *out, uint32_t port, uint32_t len,
     out->out[out->n++] = (struct nrdp_out){port, len, data};
 }
 
+/* x^(8 plen) for the CRC concatenation: cached per ring (plen is the MTU but for last
+ * packets of a message). */
+static uint32_t xpow_of(struct ring *r, uint32_t plen)
+{
+    if (r->xpow_len != plen) {
+        r->xpow = nrdp_crc32_xpow(plen);
+        r->xpow_len = plen;
+    }
+    return r->xpow;
+}
+
+/* sum[0:n) += the n little-endian int32 at p (any alignment), wrapping. */
+static void add_into(uint32_t *restrict sum, const uint8_t *restrict p, uint32_t n)
+{
+    uint32_t j = 0;
+#ifdef __SSE2__
+    for (; j + 16 <= n; j += 16) {
+        __m128i *s = (__m128i *)(sum + j);
+        const __m128i *q = (const __m128i *)(p + 4 * j);
+        __m128i a0 = _mm_add_epi32(_mm_load_si128(s), _mm_loadu_si128(q));
+        __m128i a1 = _mm_add_epi32(_mm_load_si128(s + 1), _mm_loadu_si128(q + 1));
+        __m128i a2 = _mm_add_epi32(_mm_load_si128(s + 2), _mm_loadu_si128(q + 2));
+        __m128i a3 = _mm_add_epi32(_mm_load_si128(s + 3), _mm_loadu_si128(q + 3));
+        _mm_store_si128(s, a0);
+        _mm_store_si128(s + 1, a1);
+        _mm_store_si128(s + 2, a2);
+        _mm_store_si128(s + 3, a3);
+    }
+#endif
+    for (; j < n; j++) {
+        uint32_t v;
+        memcpy(&v, p + 4 * j, 4);
+        sum[j] += v;
+    }
+}
+
 /* Send next_emit and every ready slot that follows it without a gap. */
 static void emit_in_order(struct ring *r, struct nrdp_out_batch *out)
 {
@@ -170,6 +212,7 @@ static void emit_in_order(struct ring *r, struct nrdp_out_batch *out)
     while (r->tag[i] == (int32_t)k && r->ready[i] && !r->emitted[i]) {
         uint32_t plen = r->plen[i], he = r->hdr_end[i];
         const uint8_t *sum = sum_of(r, i);
+        uint32_t sum_crc = nrdp_crc32(0, sum, plen), xn = xpow_of(r, plen);
         for (uint32_t lane = 0; lane < r->world; lane++) {
             uint8_t *f = lane_buf(r, i, lane) + PAYLOAD_OFF - he;
             uint32_t psn = (r->psn0[lane] + r->shift[lane] + k) & NRDP_PSN_MASK;
@@ -177,7 +220,8 @@ static void emit_in_order(struct ring *r, struct nrdp_out_batch *out)
             f[NRDP_PSN_OFF] = (uint8_t)(psn >> 16);
             f[NRDP_PSN_OFF + 1] = (uint8_t)(psn >> 8);
             f[NRDP_PSN_OFF + 2] = (uint8_t)psn;
-            nrdp_put_le32(f + he + plen, nrdp_icrc(f, he + plen));
+            nrdp_put_le32(f + he + plen,
+                          nrdp_crc32_shift(nrdp_icrc(f, he), xn) ^ sum_crc);
             put_out(out, r->out_port[lane], he + plen + NRDP_ICRC_LEN, f);
         }
         r->emitted[i] = 1;
@@ -187,19 +231,6 @@ static void emit_in_order(struct ring *r, struct nrdp_out_batch *out)
         i = k & r->mask;
     }
     r->next_emit = k;
-}
-
-/* The wrapping int32 sum of slot i's contributions (all present). */
-static void sum_slot(struct ring *r, uint32_t i)
-{
-    uint32_t n = r->plen[i] >> 2;
-    uint32_t *s = r->sums + (size_t)i * (r->mtu >> 2);
-    memcpy(s, lane_buf(r, i, 0) + PAYLOAD_OFF, n * 4);
-    for (uint32_t lane = 1; lane < r->world; lane++) {
-        const uint32_t *p = (const uint32_t *)(lane_buf(r, i, lane) + PAYLOAD_OFF);
-        for (uint32_t j = 0; j < n; j++)
-            s[j] += p[j];
-    }
 }
 
 /* Rule 7 for verified packet k of `rank`: the outcome it counts. */
@@ -234,11 +265,14 @@ static int offer(struct nrdp_pipe *pipe, struct ring *r, uint32_t rank, uint32_t
         r->hdr_end[i] = (uint8_t)he;
     }
     uint8_t *f = lane_buf(r, i, rank) + PAYLOAD_OFF - he;
-    memcpy(f, frame, he + plen);
+    memcpy(f, frame, he);
     f[NRDP_UDP_CSUM_OFF] = f[NRDP_UDP_CSUM_OFF + 1] = 0;
+    if (r->bitmap[i])
+        add_into(r->sums + (size_t)i * (r->mtu >> 2), frame + he, plen >> 2);
+    else
+        memcpy(sum_of(r, i), frame + he, plen);
     r->bitmap[i] |= 1u << rank;
     if (r->bitmap[i] == r->full) {
-        sum_slot(r, i);
         r->ready[i] = 1;
         if (k == r->next_emit)
             emit_in_order(r, out);
@@ -437,6 +471,8 @@ static int alloc_ring(struct ring *r)
         r->tag[i] = EMPTY;
         r->plen[i] = r->mtu;
     }
+    r->xpow_len = r->mtu;
+    r->xpow = nrdp_crc32_xpow(r->mtu);
     return 0;
 }
 
