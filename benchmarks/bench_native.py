@@ -254,8 +254,9 @@ def pipelines(mode: str, load: Workload, workers: int
 
 
 def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[str, str]],
-               todo: Sequence[tuple[int, bytes]]) -> Optional[Run]:
-    """One run of the native target: ring g's ports on worker g mod workers."""
+               todo: Sequence[tuple[int, bytes]], io_mode: str = "auto") -> Optional[Run]:
+    """One run of the native target: ring g's ports on worker g mod workers, its ports in
+    `io_mode` (nrio.MODES: auto is driver XDP where the driver has it)."""
     pipes, library, owners, why = pipelines(mode, load, workers)
     if why:
         print(f"native {mode}: skipped: {why}", flush=True)
@@ -268,7 +269,7 @@ def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[s
     ring = 1 << (2 * load.packets * pieces - 1).bit_length()
     io = nrio.NativeIO({p: sw for p, (sw, _) in links.items()}, workers=workers,
                        worker_of=worker_of, ring_size=ring, cpu_base=base, idle_poll_us=0,
-                       library=library)
+                       mode=io_mode, library=library)
     try:
         kernel = Kernel(links, cpu_of_port)
         os.sched_setaffinity(0, {0})

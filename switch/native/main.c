@@ -284,6 +284,7 @@ nrio_t *nrio_create(const struct nrio_port_spec *specs, uint32_t nports,
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
+        memset(w->scratch, 0, (size_t)io->cfg.batch * io->cfg.max_frame);  /* no faults later */
         if (w->nports && io->cfg.xdp_mode != NRIO_AFPACKET) {
             uint64_t nrx = (uint64_t)w->nports * io->cfg.ring_size * 2;
             uint64_t ntx = (uint64_t)w->nports * io->cfg.ring_size / 2;

@@ -471,6 +471,8 @@ static int alloc_ring(struct ring *r)
         r->tag[i] = EMPTY;
         r->plen[i] = r->mtu;
     }
+    memset(r->bufs, 0, cells * r->stride);      /* touched now: no page faults on the data path */
+    memset(r->sums, 0, (size_t)r->slots * r->mtu);
     r->xpow_len = r->mtu;
     r->xpow = nrdp_crc32_xpow(r->mtu);
     return 0;

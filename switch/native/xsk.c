@@ -2,9 +2,11 @@
  * a worker sharing that worker's UMEM (XDP_SHARED_UMEM), so a frame received on one port
  * leaves by another without a copy. Copy mode (XDP_COPY: veth and tap have no zero-copy)
  * with multi-buffer frames (XDP_USE_SG: a chunk is at most PAGE_SIZE, a path MTU 4096
- * frame needs two). libxdp attaches its default program, which redirects every frame of
- * the queue to the socket; with no bpffs mounted it does so without its dispatcher
- * (switch/native/README.md says why none is mounted).
+ * frame needs two). Each port runs an XDP program of its own (xdp_prog_attach: five
+ * instructions redirecting every frame of queue 0 to the socket), loaded as frags-aware
+ * (BPF_F_XDP_HAS_FRAGS): veth then takes it in driver mode at any MTU, and generic mode
+ * does not linearise a frame first. libxdp only makes the socket (its program load
+ * inhibited), so no bpffs is needed (switch/native/README.md).
  *
  * UMEM layout of a worker: chunks [0, nrx) are received into (the fill rings' supply);
  * chunks [nrx, nchunks) form TX buffers of `txspan` contiguous chunks each, which frames
@@ -21,7 +23,10 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <linux/bpf.h>
 #include <linux/if_link.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
 #include <xdp/xsk.h>
 
 #include "io.h"
@@ -30,6 +35,8 @@
 
 struct xsk_port {
     struct xsk_socket *xsk;
+    int map_fd, prog_fd;          /* the port's XSKMAP and XDP program, -1: none */
+    uint32_t xdp_flags;           /* how the program is attached (0: not attached) */
     struct xsk_ring_cons rx, cq;
     struct xsk_ring_prod tx, fq;
     uint32_t tx_pending;          /* descriptors submitted since the last kick */
@@ -320,12 +327,62 @@ static void xsk_flush(struct port *p)
     refill(p);
 }
 
+/* Queue 0's frames to the socket in the XSKMAP (else the stack): r2 = ctx->rx_queue_index;
+ * return bpf_redirect_map(map, r2, XDP_PASS). Loaded frags-aware, attached in `xdp_flags`'
+ * mode; the map and program fds in x. 0, or -1 with the reason in err. */
+static int xdp_prog_attach(struct xsk_port *x, int ifindex, uint32_t xdp_flags, char *err,
+                           size_t errlen)
+{
+    x->map_fd = bpf_map_create(BPF_MAP_TYPE_XSKMAP, "nrio_xsks", 4, 4, 1, NULL);
+    if (x->map_fd < 0) {
+        snprintf(err, errlen, "XSKMAP: %s", strerror(errno));
+        return -1;
+    }
+    struct bpf_insn insns[] = {
+        {.code = BPF_LDX | BPF_MEM | BPF_W, .dst_reg = BPF_REG_2, .src_reg = BPF_REG_1,
+         .off = offsetof(struct xdp_md, rx_queue_index)},
+        {.code = BPF_LD | BPF_DW | BPF_IMM, .dst_reg = BPF_REG_1,
+         .src_reg = BPF_PSEUDO_MAP_FD, .imm = x->map_fd},
+        {0},
+        {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_3, .imm = XDP_PASS},
+        {.code = BPF_JMP | BPF_CALL, .imm = BPF_FUNC_redirect_map},
+        {.code = BPF_JMP | BPF_EXIT},
+    };
+    LIBBPF_OPTS(bpf_prog_load_opts, opts, .prog_flags = BPF_F_XDP_HAS_FRAGS);
+    x->prog_fd = bpf_prog_load(BPF_PROG_TYPE_XDP, "nrio_xsk", "GPL", insns,
+                               sizeof insns / sizeof insns[0], &opts);
+    if (x->prog_fd < 0) {
+        snprintf(err, errlen, "XDP program: %s", strerror(errno));
+        return -1;
+    }
+    int r = bpf_xdp_attach(ifindex, x->prog_fd, xdp_flags, NULL);
+    if (r < 0) {
+        snprintf(err, errlen, "XDP attach (%s mode): %s",
+                 xdp_flags & XDP_FLAGS_DRV_MODE ? "driver" : "generic", strerror(-r));
+        return -1;
+    }
+    x->xdp_flags = xdp_flags;
+    return 0;
+}
+
+/* Undoes xdp_prog_attach and the socket (each part that exists). */
+static void xsk_release(struct xsk_port *x, int ifindex)
+{
+    if (x->xsk)
+        xsk_socket__delete(x->xsk);
+    if (x->xdp_flags)
+        bpf_xdp_detach(ifindex, x->xdp_flags, NULL);
+    if (x->prog_fd >= 0)
+        close(x->prog_fd);
+    if (x->map_fd >= 0)
+        close(x->map_fd);
+    free(x);
+}
+
 static void xsk_close(struct port *p)
 {
-    struct xsk_port *x = p->impl;
-    if (x && x->xsk)
-        xsk_socket__delete(x->xsk);
-    free(x);
+    if (p->impl)
+        xsk_release(p->impl, p->ifindex);
     p->impl = NULL;
 }
 
@@ -350,6 +407,14 @@ int xsk_port_open(struct port *p, struct umem_pool *pool, int kind, char *err, s
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    x->map_fd = x->prog_fd = -1;
+    uint32_t xdp_flags = kind == NRIO_XSK_DRV ? XDP_FLAGS_DRV_MODE : XDP_FLAGS_SKB_MODE;
+    char why[160];
+    if (xdp_prog_attach(x, p->ifindex, xdp_flags, why, sizeof why) < 0) {
+        snprintf(err, errlen, "%s: %s", p->ifname, why);
+        xsk_release(x, p->ifindex);
+        return -1;
+    }
     int r = 0, created = !pool->umem;
     if (created) {
         struct xsk_umem_config uc = {
@@ -361,13 +426,13 @@ int xsk_port_open(struct port *p, struct umem_pool *pool, int kind, char *err, s
         if (r) {
             snprintf(err, errlen, "xsk_umem__create: %s", strerror(-r));
             pool->umem = NULL;
-            free(x);
+            xsk_release(x, p->ifindex);
             return -1;
         }
     }
     struct xsk_socket_config sc = {
-        .rx_size = p->ring_size, .tx_size = p->ring_size, .libxdp_flags = 0,
-        .xdp_flags = kind == NRIO_XSK_DRV ? XDP_FLAGS_DRV_MODE : XDP_FLAGS_SKB_MODE,
+        .rx_size = p->ring_size, .tx_size = p->ring_size,
+        .libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD, .xdp_flags = xdp_flags,
         .bind_flags = XDP_COPY | XDP_USE_SG,
     };
     /* A socket closed on this queue just before (a failed driver-mode try) frees it from
@@ -386,7 +451,14 @@ int xsk_port_open(struct port *p, struct umem_pool *pool, int kind, char *err, s
             xsk_umem__delete(pool->umem);
             pool->umem = NULL;
         }
-        free(x);
+        x->xsk = NULL;
+        xsk_release(x, p->ifindex);
+        return -1;
+    }
+    int zero = 0, fd = xsk_socket__fd(x->xsk);
+    if (bpf_map_update_elem(x->map_fd, &zero, &fd, 0) < 0) {
+        snprintf(err, errlen, "%s: XSKMAP entry: %s", p->ifname, strerror(errno));
+        xsk_release(x, p->ifindex);      /* the UMEM stays the pool's (umem_pool_free) */
         return -1;
     }
     p->impl = x;
