@@ -77,6 +77,27 @@ static struct port *nrio_port_by_number(struct nrio *io, uint32_t number)
     return &io->ports[io->by_number[number]];
 }
 
+/* The pipeline's nrdp_tx_alloc_fn: a result for one of w's AF_XDP ports is built straight
+ * in a TX buffer of w's UMEM (FREE -> APP; nrio_send passes it to the kernel), else NULL. */
+static uint8_t *worker_tx_alloc(void *ctx, uint32_t number, uint32_t len)
+{
+    struct worker *w = ctx;
+    struct port *q = nrio_port_by_number(w->io, number);
+    uint64_t addr;
+    if (!q || q->worker != w->index || q->pool != &w->pool || !w->has_pool ||
+        len > w->pool.txspan * NRIO_CHUNK)
+        return NULL;
+    return umem_tx_buffer(&w->pool, &addr);
+}
+
+/* Is data a TX buffer of w's UMEM (a result worker_tx_alloc gave)? */
+static int in_tx_buffers(const struct worker *w, const uint8_t *data)
+{
+    const struct umem_pool *pool = &w->pool;
+    return w->has_pool && data >= pool->area + pool->nrx * NRIO_CHUNK &&
+           data < pool->area + pool->nchunks * NRIO_CHUNK;
+}
+
 /* Sends len bytes out of `port` for worker w: its own port's ring, or the slow path. */
 static int nrio_send(struct worker *w, struct port *from, uint32_t number, const uint8_t *data,
               uint32_t len, struct rx_frame *whole)
@@ -85,6 +106,8 @@ static int nrio_send(struct worker *w, struct port *from, uint32_t number, const
     if (!q)
         return -1;
     CNT_ADD(w->st.outputs, 1);
+    if (in_tx_buffers(w, data))          /* worker_tx_alloc checked q is w's AF_XDP port */
+        return xsk_tx_buffer(q, (uint64_t)(data - w->pool.area), len);
     if (q->worker != w->index) {
         int fd = w->io->slow_fd[q - w->io->ports];
         return fd >= 0 && send(fd, data, len, MSG_DONTWAIT) == (ssize_t)len ? 0 : -1;
@@ -317,9 +340,11 @@ int nrio_start(nrio_t *io, void *const *pipes)
     for (uint32_t k = 0; k < io->cfg.workers; k++) {
         struct worker *w = &io->workers[k];
         w->pipe = pipes[k];
+        nrdp_set_tx_alloc(w->pipe, worker_tx_alloc, w);
         memset(&w->st, 0, sizeof(w->st));
         int r = pthread_create(&w->thread, NULL, worker_main, w);
         if (r) {
+            nrdp_set_tx_alloc(w->pipe, NULL, NULL);
             nrio_stop(io);
             return -r;
         }
@@ -336,6 +361,7 @@ int nrio_stop(nrio_t *io)
         if (w->running) {
             pthread_join(w->thread, NULL);
             w->running = 0;
+            nrdp_set_tx_alloc(w->pipe, NULL, NULL);    /* the pipe may outlive the ports */
         }
     }
     return 0;

@@ -69,6 +69,8 @@ struct nrdp_pipe {
     struct conn *conns;
     struct entry *req, *resp;          /* by the requester's key, by its responder's */
     struct nrdp_l2 l2;                 /* for the I/O layer only (nrdp_l2_of) */
+    nrdp_tx_alloc_fn tx_alloc;         /* results built in the I/O layer's buffers, or NULL */
+    void *tx_ctx;
     uint8_t scratch[PAYLOAD_OFF + NRDP_MAX_MTU + NRDP_ICRC_LEN];
 };
 
@@ -206,7 +208,7 @@ static void add_into(uint32_t *restrict sum, const uint8_t *restrict p, uint32_t
 }
 
 /* Send next_emit and every ready slot that follows it without a gap. */
-static void emit_in_order(struct ring *r, struct nrdp_out_batch *out)
+static void emit_in_order(struct nrdp_pipe *pipe, struct ring *r, struct nrdp_out_batch *out)
 {
     uint32_t k = r->next_emit, i = k & r->mask;
     while (r->tag[i] == (int32_t)k && r->ready[i] && !r->emitted[i]) {
@@ -216,6 +218,12 @@ static void emit_in_order(struct ring *r, struct nrdp_out_batch *out)
         for (uint32_t lane = 0; lane < r->world; lane++) {
             uint8_t *f = lane_buf(r, i, lane) + PAYLOAD_OFF - he;
             uint32_t psn = (r->psn0[lane] + r->shift[lane] + k) & NRDP_PSN_MASK;
+            uint8_t *dst = pipe->tx_alloc ? pipe->tx_alloc(pipe->tx_ctx, r->out_port[lane],
+                                                           he + plen + NRDP_ICRC_LEN) : NULL;
+            if (dst) {                 /* the lane's header, the result after it, there */
+                memcpy(dst, f, he);
+                f = dst;
+            }
             memcpy(f + he, sum, plen);
             f[NRDP_PSN_OFF] = (uint8_t)(psn >> 16);
             f[NRDP_PSN_OFF + 1] = (uint8_t)(psn >> 8);
@@ -275,7 +283,7 @@ static int offer(struct nrdp_pipe *pipe, struct ring *r, uint32_t rank, uint32_t
     if (r->bitmap[i] == r->full) {
         r->ready[i] = 1;
         if (k == r->next_emit)
-            emit_in_order(r, out);
+            emit_in_order(pipe, r, out);
     }
     return NRDP_AGGREGATED;
 }
@@ -422,6 +430,14 @@ void nrdp_destroy(struct nrdp_pipe *pipe)
     free(pipe->req);
     free(pipe->resp);
     free(pipe);
+}
+
+void nrdp_set_tx_alloc(struct nrdp_pipe *pipe, nrdp_tx_alloc_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&pipe->lock);
+    pipe->tx_alloc = fn;
+    pipe->tx_ctx = ctx;
+    pthread_mutex_unlock(&pipe->lock);
 }
 
 void nrdp_set_l2(struct nrdp_pipe *pipe, const struct nrdp_l2 *l2)

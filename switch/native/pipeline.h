@@ -90,6 +90,12 @@ const char *nrdp_counter_name(uint32_t index);
  * pipe's worker starts; nrdp_l2_of reads it without the lock. */
 void nrdp_set_l2(struct nrdp_pipe *pipe, const struct nrdp_l2 *l2);
 const struct nrdp_l2 *nrdp_l2_of(struct nrdp_pipe *pipe);
+/* Where results are built (the I/O layer's send buffers, so a result leaves without a
+ * copy): fn(ctx, port, len) gives a buffer of len bytes the output then points at, whose
+ * ownership passes to the caller with the output; NULL: the pipe's own buffer. Set (or
+ * cleared with fn NULL) while no process() runs, like nrdp_set_l2. */
+typedef uint8_t *(*nrdp_tx_alloc_fn)(void *ctx, uint32_t port, uint32_t len);
+void nrdp_set_tx_alloc(struct nrdp_pipe *pipe, nrdp_tx_alloc_fn fn, void *ctx);
 /* For bindings: sizes[0..4) = sizeof nrdp_out_batch, nrdp_conn_desc, nrdp_ring_desc,
  * nrdp_ring_stats; sizes[4] = sizeof nrdp_conn_stats. */
 void nrdp_abi_sizes(size_t sizes[5]);
