@@ -4,7 +4,7 @@ competing for their cores.
 
     python -m benchmarks.bench_dataplane [--targets python,native] [--modes forward,aggregate]
         [--workers 1,2] [--mtus 4096,1024] [--ranks 4,8] [--packets 1024] [--repeat 3]
-        [--recv recv_into|recvmmsg|both] [--io auto,generic] [--callgrind] [--profile]
+        [--recv recv_into|recvmmsg|both] [--io auto,generic] [--batch 64] [--callgrind] [--profile]
         [--json FILE]   (root)
 
 In a network namespace of its own (`nrxbn0`, made and removed here; veth pairs
@@ -200,7 +200,8 @@ def measure(args: argparse.Namespace, mtu: int, ranks: int,
             todo = load.frames()
             sub = {p: links[p] for p in range(1, ranks * workers + 1)}
             for io_mode in args.io.split(","):
-                runs = [r for r in (bn.run_native(mode, load, workers, sub, todo, io_mode)
+                runs = [r for r in (bn.run_native(mode, load, workers, sub, todo, io_mode,
+                                                  args.batch)
                                     for _ in range(args.repeat)) if r is not None]
                 if runs:
                     results.append(median(runs))
@@ -261,6 +262,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--io", default="auto",
                     help="the native ports' modes, each measured (switch.native.nrio.MODES: "
                          "auto = driver XDP where the driver has it, driver, generic, af_packet)")
+    ap.add_argument("--batch", type=int, default=64,
+                    help="native: frames taken per port and round (1..256)")
     ap.add_argument("--callgrind", action="store_true",
                     help="also count the compute-only loop's instructions under callgrind")
     ap.add_argument("--json", type=Path)

@@ -254,9 +254,11 @@ def pipelines(mode: str, load: Workload, workers: int
 
 
 def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[str, str]],
-               todo: Sequence[tuple[int, bytes]], io_mode: str = "auto") -> Optional[Run]:
+               todo: Sequence[tuple[int, bytes]], io_mode: str = "auto", batch: int = 64
+               ) -> Optional[Run]:
     """One run of the native target: ring g's ports on worker g mod workers, its ports in
-    `io_mode` (nrio.MODES: auto is driver XDP where the driver has it)."""
+    `io_mode` (nrio.MODES: auto is driver XDP where the driver has it), up to `batch`
+    frames per port and round."""
     pipes, library, owners, why = pipelines(mode, load, workers)
     if why:
         print(f"native {mode}: skipped: {why}", flush=True)
@@ -266,10 +268,10 @@ def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[s
     base = 1 if workers == 1 and cpus() > 1 else 0
     cpu_of_port = {p: (base + w) % cpus() for p, w in worker_of.items()}
     pieces = -(-(load.mtu + 100) // 3840)
-    ring = 1 << (2 * load.packets * pieces - 1).bit_length()
+    ring = 1 << (max(2 * load.packets * pieces, 2 * batch) - 1).bit_length()
     io = nrio.NativeIO({p: sw for p, (sw, _) in links.items()}, workers=workers,
                        worker_of=worker_of, ring_size=ring, cpu_base=base, idle_poll_us=0,
-                       mode=io_mode, library=library)
+                       mode=io_mode, batch=batch, library=library)
     try:
         kernel = Kernel(links, cpu_of_port)
         os.sched_setaffinity(0, {0})

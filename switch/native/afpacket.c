@@ -42,9 +42,8 @@ static struct tpacket_block_desc *block_at(struct afp_port *a, uint32_t i)
     return (struct tpacket_block_desc *)(a->ring + (size_t)i * BLOCK_SIZE);
 }
 
-static uint32_t afp_rx(struct port *p, struct rx_frame *out, uint32_t max, uint8_t *scratch)
+static uint32_t afp_rx(struct port *p, struct rx_frame *out, uint32_t max)
 {
-    (void)scratch;
     struct afp_port *a = p->impl;
     uint32_t n = 0;
     while (n < max) {

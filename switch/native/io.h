@@ -58,8 +58,8 @@ struct rx_frame {
 
 struct port;
 struct port_ops {
-    /* Up to max frames; gathering multi-chunk frames into scratch (max_frame bytes each). */
-    uint32_t (*rx)(struct port *p, struct rx_frame *out, uint32_t max, uint8_t *scratch);
+    /* Up to max frames; a multi-chunk frame's data is NULL until xsk_rx_gather. */
+    uint32_t (*rx)(struct port *p, struct rx_frame *out, uint32_t max);
     /* Every frame rx returned was handled: release what is still the ring's. */
     void (*rx_done)(struct port *p, struct rx_frame *f, uint32_t n);
     /* Send len bytes at data (a copy is made); 0, or -1 counted as tx_errors. */
@@ -90,6 +90,10 @@ int umem_pool_init(struct umem_pool *pool, uint64_t nrx, uint64_t ntx, uint32_t 
 /* A free TX buffer (txspan contiguous chunks) and its UMEM address, or NULL if none. */
 uint8_t *umem_tx_buffer(struct umem_pool *pool, uint64_t *addr);
 void umem_tx_buffer_put(struct umem_pool *pool, uint64_t addr);
+/* A multi-chunk frame made contiguous in scratch (max_frame bytes), just before it is
+ * handled (so the copy is still in cache when process() reads it): f->data, counted as
+ * rx_gathered. Its chunks stay the frame's. */
+void xsk_rx_gather(struct port *p, struct rx_frame *f, uint8_t *scratch);
 /* Sends len bytes of the TX buffer at addr from AF_XDP port p (ownership passes). */
 int xsk_tx_buffer(struct port *p, uint64_t addr, uint32_t len);
 void umem_pool_free(struct umem_pool *pool);

@@ -44,7 +44,7 @@ struct worker {
     uint32_t nports;
     struct umem_pool pool;
     int has_pool;
-    uint8_t *scratch;             /* batch frames of max_frame bytes: gathered frames */
+    uint8_t *scratch;             /* max_frame bytes: the multi-chunk frame being handled */
     struct rx_frame *frames;
     struct nrdp_pipe *pipe;
     struct nrdp_out_batch out;
@@ -141,10 +141,12 @@ static void run_round(struct worker *w, int *busy)
     uint32_t total = 0;
     for (uint32_t i = 0; i < w->nports; i++) {
         struct port *p = w->ports[i];
-        uint32_t n = p->ops->rx(p, w->frames, p->batch, w->scratch);
+        uint32_t n = p->ops->rx(p, w->frames, p->batch);
         for (uint32_t k = 0; k < n; k++) {
             CNT_ADD(p->c.rx_packets, 1);
             CNT_ADD(p->c.rx_bytes, w->frames[k].len);
+            if (!w->frames[k].data)
+                xsk_rx_gather(p, &w->frames[k], w->scratch);
             process_frame(w, p, &w->frames[k]);
         }
         if (n)
@@ -301,13 +303,13 @@ nrio_t *nrio_create(const struct nrio_port_spec *specs, uint32_t nports,
         struct worker *w = &io->workers[k];
         w->io = io;
         w->index = k;
-        w->scratch = malloc((size_t)io->cfg.batch * io->cfg.max_frame);
+        w->scratch = malloc(io->cfg.max_frame);
         w->frames = calloc(io->cfg.batch, sizeof(struct rx_frame));
         if (!w->scratch || !w->frames) {
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
-        memset(w->scratch, 0, (size_t)io->cfg.batch * io->cfg.max_frame);  /* no faults later */
+        memset(w->scratch, 0, io->cfg.max_frame);       /* no page faults later */
         if (w->nports && io->cfg.xdp_mode != NRIO_AFPACKET) {
             uint64_t nrx = (uint64_t)w->nports * io->cfg.ring_size * 2;
             uint64_t ntx = (uint64_t)w->nports * io->cfg.ring_size / 2;

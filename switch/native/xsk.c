@@ -174,7 +174,7 @@ static void kick(struct port *p)
     x->tx_pending = 0;
 }
 
-static uint32_t xsk_rx(struct port *p, struct rx_frame *out, uint32_t max, uint8_t *scratch)
+static uint32_t xsk_rx(struct port *p, struct rx_frame *out, uint32_t max)
 {
     struct xsk_port *x = p->impl;
     struct umem_pool *pool = p->pool;
@@ -216,16 +216,7 @@ static uint32_t xsk_rx(struct port *p, struct rx_frame *out, uint32_t max, uint8
         }
         f->npieces = pieces;
         f->len = len;
-        if (pieces == 1) {
-            f->data = xsk_umem__get_data(pool->area, f->piece[0]);
-        } else {
-            uint8_t *dst = scratch + (size_t)n * p->max_frame;
-            for (uint32_t k = 0, off = 0; k < pieces; off += f->piece_len[k++])
-                memcpy(dst + off, xsk_umem__get_data(pool->area, f->piece[k]),
-                       f->piece_len[k]);
-            f->data = dst;
-            CNT_ADD(p->c.rx_gathered, 1);
-        }
+        f->data = pieces == 1 ? xsk_umem__get_data(pool->area, f->piece[0]) : NULL;
         n++;
     }
     if (used)
@@ -233,6 +224,14 @@ static uint32_t xsk_rx(struct port *p, struct rx_frame *out, uint32_t max, uint8
     if (got > used)
         xsk_ring_cons__cancel(&x->rx, got - used);
     return n;
+}
+
+void xsk_rx_gather(struct port *p, struct rx_frame *f, uint8_t *scratch)
+{
+    for (uint32_t k = 0, off = 0; k < f->npieces; off += f->piece_len[k++])
+        memcpy(scratch + off, xsk_umem__get_data(p->pool->area, f->piece[k]), f->piece_len[k]);
+    f->data = scratch;
+    CNT_ADD(p->c.rx_gathered, 1);
 }
 
 static void xsk_rx_done(struct port *p, struct rx_frame *f, uint32_t n)
