@@ -4,8 +4,8 @@ competing for their cores.
 
     python -m benchmarks.bench_dataplane [--targets python,native] [--modes forward,aggregate]
         [--workers 1,2] [--mtus 4096,1024] [--ranks 4,8] [--packets 1024] [--repeat 3]
-        [--recv recv_into|recvmmsg|both] [--io auto,generic] [--batch 64] [--callgrind] [--profile]
-        [--json FILE]   (root)
+        [--recv recv_into|recvmmsg|both] [--io auto,generic] [--batch 256] [--callgrind]
+        [--profile] [--json FILE]   (root)
 
 In a network namespace of its own (`nrxbn0`, made and removed here; veth pairs
 `nrxbn<P>s`/`nrxbn<P>h`, benchmarks.bench_native), for every path MTU and ring size, the
@@ -262,7 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--io", default="auto",
                     help="the native ports' modes, each measured (switch.native.nrio.MODES: "
                          "auto = driver XDP where the driver has it, driver, generic, af_packet)")
-    ap.add_argument("--batch", type=int, default=64,
+    ap.add_argument("--batch", type=int, default=256,
                     help="native: frames taken per port and round (1..256)")
     ap.add_argument("--callgrind", action="store_true",
                     help="also count the compute-only loop's instructions under callgrind")

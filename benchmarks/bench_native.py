@@ -254,7 +254,7 @@ def pipelines(mode: str, load: Workload, workers: int
 
 
 def run_native(mode: str, load: Workload, workers: int, links: dict[int, tuple[str, str]],
-               todo: Sequence[tuple[int, bytes]], io_mode: str = "auto", batch: int = 64
+               todo: Sequence[tuple[int, bytes]], io_mode: str = "auto", batch: int = 256
                ) -> Optional[Run]:
     """One run of the native target: ring g's ports on worker g mod workers, its ports in
     `io_mode` (nrio.MODES: auto is driver XDP where the driver has it), up to `batch`
