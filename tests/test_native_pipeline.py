@@ -15,6 +15,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,18 @@ def test_differential_against_the_python_pipeline() -> None:
     differential()
     assert len(RUNS) >= 250
     assert sum(RUNS) > 0
+
+
+@given(st.binary(max_size=300), st.binary(max_size=5000), st.integers(0, 2**32 - 1))
+@settings(max_examples=200, deadline=None)
+def test_crc32_shift_concatenates_as_zlib_does(a: bytes, b: bytes, seed: int) -> None:
+    """What a result's ICRC rests on (one CRC pass per slot): zlib's CRC-32 of a + b equals
+    nrdp_crc32_shift(crc(a), nrdp_crc32_xpow(len b)) ^ crc(b), with zlib as the oracle."""
+    lib = ctypes.CDLL(str(LIBRARY))
+    lib.nrdp_crc32_xpow.restype = lib.nrdp_crc32_shift.restype = ctypes.c_uint32
+    lib.nrdp_crc32_xpow.argtypes = [ctypes.c_uint64]
+    lib.nrdp_crc32_shift.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    start = zlib.crc32(seed.to_bytes(4, "little"))      # any state, as a header's CRC is
+    head = zlib.crc32(a, start)
+    want = zlib.crc32(b, head)
+    assert lib.nrdp_crc32_shift(head, lib.nrdp_crc32_xpow(len(b))) ^ zlib.crc32(b) == want
