@@ -3,7 +3,7 @@
 #
 #   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
 #                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] [--tcg single|multi]
-#                  [--name NAME] [--preload MOD,...] -- CMD [ARGS...]
+#                  [--name NAME] [--preload MOD,...] [--aggregators K] -- CMD [ARGS...]
 #
 # The lab: hosts h0..hN-1 (network namespaces, rxe device each, 10.77.0.(I+1)), every host
 # cabled to a port of one switch; the switch process (python -m switch, with its controller
@@ -56,6 +56,12 @@
 # --preload MOD,... : modules the hosts' fork servers import once more, beside numpy and
 # netreduce (docs/lab.md, "Warm starts"), e.g. torch,torch.distributed when CMD launches
 # torch ranks several times (each cold import of torch costs ~45 s of emulated CPU per rank).
+# --aggregators K (1..4): no switch between the hosts but a kernel bridge (a plain L2
+# network) with K one-armed aggregation servers on it (python -m switch --one-armed, each in
+# a namespace of its own: scripts/lab_aggregators.sh); each host routes 10.78.J.0/24 via
+# aggregator J (scripts/setup_rxe.sh --aggregators), and CMD gets NR_CONTROLLER (aggregator
+# 0's), NR_INC_ADDR=10.78.0.0/24 and NR_LAB_AGGREGATORS=K; CMD may restart aggregator J with
+# kind "agg:J" (tests/lab/labswitch.py).
 # Default: --hosts 4 --mtu 9000 --switch soft --tcg multi, --native when possible, else --vm.
 set -euo pipefail
 
@@ -65,6 +71,7 @@ PY=$VENV/bin/python
 lab_name=${NR_LAB_NAME:-nrlab}
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
 hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi preload=
+aggregators=0
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }
@@ -84,6 +91,7 @@ while [ $# -gt 0 ]; do
     --tcg) tcg=$2; shift 2 ;;
     --name) lab_name=$2; shift 2 ;;
     --preload) preload=$2; shift 2 ;;
+    --aggregators) aggregators=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option $1 (see --help)" ;;
@@ -99,6 +107,11 @@ case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $link_loss =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-loss must be a percentage"
 [[ $lab_name =~ ^[a-z0-9-]{2,12}$ ]] || die "--name must be 2..12 of [a-z0-9-]"
 [[ $preload =~ ^[A-Za-z0-9_.,]*$ ]] || die "--preload takes module names, comma-separated"
+[[ $aggregators =~ ^[0-4]$ ]] || die "--aggregators must be 0..4"
+if [ "$aggregators" -gt 0 ]; then
+  [ "$racks" = 1 ] && [ "$switch" = soft ] || die "--aggregators: the hosts are on a plain bridge with one-armed aggregators (no --racks, no --switch)"
+  switch=aggregators
+fi
 SWNS=$lab_name
 if [ "$lab_name" = nrlab ]; then LABDIR=$ROOT/.lab; LOCK=/run/lock/netreduce-lab.lock
 else LABDIR=$ROOT/.lab-$lab_name; LOCK=/run/lock/netreduce-lab-$lab_name.lock; fi
@@ -144,16 +157,19 @@ for ((t = 0; t < TENANTS; t++)); do tenant_tokens+="${tenant_tokens:+:}$LABDIR/t
 # still belongs to one principal's registered ring at a time. A shared switch gives each
 # principal its own hosts instead.
 { echo "# principal  hosts (written by scripts/lab.sh)"
-  for who in lab $(seq -f 'tenant%g' 0 $((TENANTS - 1))); do echo "$who 10.77.0.0/24"; done
+  for who in lab $(seq -f 'tenant%g' 0 $((TENANTS - 1))); do
+    echo "$who 10.77.0.0/24$([ "$aggregators" -gt 0 ] && echo " 10.78.0.0/16")"
+  done
 } > "$LABDIR/hosts.policy"
 # ... which travels only over TLS: the controller's certificate from a CA made for this run
-"$ROOT/scripts/lab_tls.sh" "$LABDIR" "$CTL_IP" 127.0.0.1 || die "scripts/lab_tls.sh: cannot make the lab's TLS certificate (openssl)"
+"$ROOT/scripts/lab_tls.sh" "$LABDIR" "$CTL_IP" 127.0.0.1 $(for ((j = 0; j < aggregators; j++)); do echo "10.77.0.$((200 + j))"; done) || die "scripts/lab_tls.sh: cannot make the lab's TLS certificate (openssl)"
 
 supervisor_pid=""
 cleanup() {
   set +e
   if [ -n "$supervisor_pid" ]; then kill -TERM "$supervisor_pid" 2>/dev/null; wait "$supervisor_pid" 2>/dev/null; fi
   declare -F switch_stop >/dev/null && switch_stop
+  declare -F aggregators_down >/dev/null && aggregators_down
   if [ -s "$LABDIR/switch.log" ]; then say "switch log and counters:"; sed 's/^/[switch] /' "$LABDIR/switch.log" >&2; fi
   [ $mode = native ] && "$ROOT/scripts/setup_rxe.sh" down --switch-ns "$SWNS" >/dev/null 2>&1
   ip netns del "$SWNS" 2>/dev/null
@@ -176,7 +192,8 @@ ports=()
 if [ $mode = native ]; then
   say "native lab: kernel $(uname -r), $hosts hosts on veths"
   "$ROOT/scripts/setup_rxe.sh" down --switch-ns "$SWNS" >/dev/null 2>&1 || true
-  "$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --switch-ns "$SWNS" --racks "$racks" >&2
+  "$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --switch-ns "$SWNS" --racks "$racks" \
+    --aggregators "$aggregators" >&2
   for ((i = 0; i < hosts; i++)); do ports+=(--port "$((i + 1))=nrp$i"); done
 else
   kver=$(ls -d /lib/modules/*/vmlinuz 2>/dev/null | sed 's|/lib/modules/||; s|/vmlinuz||' | sort -V | tail -1)
@@ -213,6 +230,12 @@ case $switch in
     done
     echo bridge > "$LABDIR/switch.kind"
     say "kernel bridge nrbr up: ${ports[*]}" ;;
+  aggregators)
+    . "$ROOT/scripts/lab_aggregators.sh"
+    aggregators_up "${ports[@]}"
+    echo "aggregators:$aggregators" > "$LABDIR/switch.kind"
+    for ((j = 0; j < aggregators; j++)); do aggregator_start "$j" || die "$agg_error"; done
+    say "kernel bridge nrbr joins the hosts and $aggregators one-armed aggregator(s)" ;;
   *) switch_start "$switch" || die "$switch_error" ;;
 esac
 switch_supervise &
@@ -227,7 +250,12 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
   printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$racks" "$tenant_tokens"
   printf 'export NR_FORKSERVERS=/run/netreduce-forkservers\n'
-  printf 'export NR_LAB_VENV=%q NR_LAB_PRELOAD=%q\n' "$VENV" "$preload"
+  # one variable a line: lab_guest.sh reads NR_LAB_VENV and NR_LAB_AGGREGATORS with sed
+  printf 'export NR_LAB_VENV=%q\nexport NR_LAB_PRELOAD=%q\nexport NR_LAB_AGGREGATORS=%q\n' \
+    "$VENV" "$preload" "$aggregators"
+  if [ "$aggregators" -gt 0 ]; then
+    printf 'export NR_CONTROLLER=%q NR_INC_ADDR=10.78.0.0/24\n' "10.77.0.200:$CTL_PORT"
+  fi
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
   done

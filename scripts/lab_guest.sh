@@ -34,11 +34,13 @@ cached_views() {
   done
 }
 NR_LAB_VENV=$(sed -n 's/^export NR_LAB_VENV=//p' "$LABDIR/env")
+aggregators=$(sed -n 's/^export NR_LAB_AGGREGATORS=//p' "$LABDIR/env")
 cached_views
 
 nics=()
 for ((i = 0; i < hosts; i++)); do nics+=(--nic "$i=$(printf '02:4e:52:00:00:%02x' $((i + 1)))"); done
-if ! out=$("$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --racks "$racks" "${nics[@]}" 2>&1); then
+if ! out=$("$ROOT/scripts/setup_rxe.sh" up --hosts "$hosts" --mtu "$mtu" --racks "$racks" \
+           --aggregators "${aggregators:-0}" "${nics[@]}" 2>&1); then
   echo "$out" >&2
   echo "[lab-guest] error: setup_rxe.sh up failed" >&2
   exit

@@ -93,8 +93,17 @@ switch_supervise() {  # serves $LABDIR/switch.request until TERM
       read -r id kind < "$LABDIR/switch.request" || true
       rm -f "$LABDIR/switch.request"
       say "switch: restart as '$kind' asked by the hosts' side (request $id)"
-      if [ "$switch" = bridge ]; then
-        reply="$id error the lab runs --switch bridge: no switch process to restart"
+      if [[ $kind == agg:* ]]; then
+        local j=${kind#agg:}
+        if [[ $j =~ ^[0-9]$ ]] && [ "$j" -lt "${aggregators:-0}" ]; then
+          aggregator_stop "$j"
+          if aggregator_start "$j"; then reply="$id ok $kind $(cat "$LABDIR/agg$j.pid")"
+          else reply="$id error $agg_error"; fi
+        else
+          reply="$id error no aggregator '$j' in this lab (--aggregators ${aggregators:-0})"
+        fi
+      elif [ "$switch" = bridge ] || [ "$switch" = aggregators ]; then
+        reply="$id error the lab runs --switch $switch: no switch process to restart"
       else
         switch_stop
         if switch_start "$kind"; then reply="$id ok $kind $(cat "$LABDIR/switch.pid")"

@@ -2,6 +2,7 @@
 # setup_rxe.sh — the host side of the NetReduce lab on a Linux with per-namespace rxe (>= 7.1).
 #
 #   setup_rxe.sh up --hosts N [--mtu M] [--nic I=IFNAME|MAC ...] [--switch-ns NS] [--racks R]
+#                   [--aggregators K]
 #   setup_rxe.sh down [--switch-ns NS]
 #   setup_rxe.sh status [--switch-ns NS]
 #
@@ -14,6 +15,10 @@
 #     looked up in the root namespace, waiting a few seconds for one that is coming back).
 #     Idempotent: what exists already is kept and checked. Returns once every rxeI opens
 #     through libibverbs from hI with its port ACTIVE (up to 30 s, else an error naming them).
+#     --aggregators K: one-armed aggregators on the hosts' network (scripts/lab.sh
+#     --aggregators): host I also holds 10.78.J.(I+1)/32 (a RoCEv2 GID of rxeI) for each
+#     aggregator J < K, with 10.78.J.0/24 routed via aggregator J at 10.77.0.(200+J), so a
+#     ring on that address (NR_INC_ADDR=10.78.J.0/24) goes through aggregator J.
 # down: removes the hosts' rxe devices and namespaces (veth peers go with them).
 # status: hosts, addresses, rxe devices, RoCEv2 GIDs, switch ports; with --racks R (R > 1,
 #     the lab's two-tier fabric) also each host's rack: N hosts spread over R racks as evenly
@@ -22,7 +27,8 @@ set -euo pipefail
 
 SUBNET=10.77.0
 MIN_KERNEL=7.1
-mtu=9000 hosts="" switch_ns=nrlab racks=1
+mtu=9000 hosts="" switch_ns=nrlab racks=1 aggregators=0
+AGG_NET=10.78 AGG_BASE=200    # aggregator J: 10.77.0.(AGG_BASE+J); the hosts' ring addresses 10.78.J.0/24
 declare -A nic=()
 
 die() { echo "setup_rxe.sh: $*" >&2; exit 1; }
@@ -103,6 +109,12 @@ host_up() {  # I
   fi
   local got; got=$(in_ns "$ns" rdma link show "rxe$i/1" | grep -o 'netdev [^ ]*' | cut -d' ' -f2 || true)
   [ "$got" = nr0 ] || die "host h$i: rxe$i exists but is bound to '${got:-?}', not nr0 of h$i"
+  local j
+  for ((j = 0; j < aggregators; j++)); do
+    in_ns "$ns" ip -4 addr replace "$AGG_NET.$j.$((i + 1))/32" dev nr0
+    in_ns "$ns" ip route replace "$AGG_NET.$j.0/24" via "$SUBNET.$((AGG_BASE + j))" dev nr0 \
+      src "$AGG_NET.$j.$((i + 1))"
+  done
 }
 
 rocev2_ipv4_gid() {  # dev: the first RoCE v2 GID that maps an IPv4 address
@@ -226,11 +238,13 @@ while [ $# -gt 0 ]; do
     --switch-ns) switch_ns=$2; shift 2 ;;
     --racks) racks=$2; shift 2 ;;
     --nic) nic[${2%%=*}]=${2#*=}; shift 2 ;;
+    --aggregators) aggregators=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 [[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] || die "--racks must be a positive number"
+[[ $aggregators =~ ^[0-9]$ ]] || die "--aggregators must be 0..9"
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, rdma link)"
 case $cmd in
   up) cmd_up ;;

@@ -2,8 +2,9 @@
 # test.sh — every test: unit tests on this machine; with p4c and BMv2 (always under CI=true):
 # switch/p4 compiled by p4c (the switch, the spine and the ToR program) and the conformance
 # vectors (the switch's, the spine's and the ToR's) run on BMv2, none skipped; every lab test,
-# in two lab boots (scripts/lab_suites.sh: lab A, 4 hosts, beside p4c and the unit tests from
-# the start; lab C, 6 hosts in 2 racks, alone once they are done). Extra arguments go to the
+# in three lab boots (scripts/lab_suites.sh: lab A, 4 hosts, beside p4c and the unit tests
+# from the start; lab C, 6 hosts in 2 racks, and lab D, 4 hosts on a bridge with a one-armed
+# aggregator, alone once they are done). Extra arguments go to the
 # unit and lab pytest runs (e.g. -x; a -k that selects nothing in a lab fails it). Prints a
 # table of its stages and their seconds at the end (scripts/stages.sh). Exit code: non-zero
 # when any test failed or none ran.
@@ -86,11 +87,14 @@ $with_p4 || echo "==> [test] p4c / BMv2 not installed: the switch/p4 compile and
 # race, docs/roce.md, under the go-back-N storms that load brings: docs/tests.md, "CI time").
 # Its lines come prefixed "[lab C] ".
 [ "$unit_rc" = 0 ] || echo "test.sh: the unit tests failed (rc $unit_rc): see above" >&2
-lab_a_rc=0 lab_c_rc=0
+lab_a_rc=0 lab_c_rc=0 lab_d_rc=0
 wait "$lab_a_pid" || lab_a_rc=$?
 ( set -o pipefail; "$ROOT/scripts/lab_suites.sh" c "$@" 2>&1 | sed -u 's/^/[lab C] /' \
   | tee -a "$TESTLOG" ) || lab_c_rc=$?
+( set -o pipefail; "$ROOT/scripts/lab_suites.sh" d "$@" 2>&1 | sed -u 's/^/[lab D] /' \
+  | tee -a "$TESTLOG" ) || lab_d_rc=$?
 [ "$lab_a_rc" = 0 ] || echo "test.sh: lab A failed: see its lines ([lab A] ...) above" >&2
 [ "$lab_c_rc" = 0 ] || echo "test.sh: lab C failed: see its lines ([lab C] ...) above" >&2
+[ "$lab_d_rc" = 0 ] || echo "test.sh: lab D failed: see its lines ([lab D] ...) above" >&2
 failures
-[ "$unit_rc" = 0 ] && [ "$lab_a_rc" = 0 ] && [ "$lab_c_rc" = 0 ]
+[ "$unit_rc" = 0 ] && [ "$lab_a_rc" = 0 ] && [ "$lab_c_rc" = 0 ] && [ "$lab_d_rc" = 0 ]
