@@ -1,13 +1,21 @@
-"""NativeTarget (switch/control/native_target.py).
+"""NativeTarget (switch/control/native_target.py) and `python -m switch --target native`.
 
 Rings registered through the target aggregate scapy-built WRITEs to numpy's wrapping sums
 (with scapy's ICRC on every result); its counters are the software target's for the same
 frames. Without root the frames go through the worker's NativePipeline directly behind a
-fake I/O (tests named `fake_io`).
-
+fake I/O (tests named `fake_io`); as root, through libnrio on veth pairs in namespace nrxnl0
+and through the switch process itself.
 """
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +30,8 @@ from switch.native.binding import NativePipeline
 from tests.roce_layers import (WRITE_FIRST, WRITE_MIDDLE, icrc_ok, ip_ports, lab_mac,
                                mac_ports, make_ring, wrapping_sum, write_frame)
 
+ROOT = Path(__file__).resolve().parents[1]
+NETNS = "nrxnl0"
 
 
 class FakeIO:
@@ -119,3 +129,115 @@ def test_unknown_macs_ports_and_the_ring_limit_are_refused_fake_io() -> None:
     missing = NativeTarget(FakeIO({1: 0}), [NativePipeline()], mac_ports(2), max_rings=1)
     with pytest.raises(ValueError, match="not ports of this switch's I/O"):
         missing.register_ring(make_ring(2), 16)
+
+
+def _switch(*args: str, netns: str | None = None, **kw: Any) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "switch", "--target", "native", *args]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("args,rc,why", [
+    (["--port", "1=nrxnl-nosuch"], 1, "no such interface: 1=nrxnl-nosuch"),
+    (["--port", "1=lo", "--tx-loss", "1=5"], 2, "emulate loss with tc netem"),
+    (["--port", "1=lo", "--role", "tor", "--controller", "127.0.0.1:1", "--insecure"], 2,
+     "--role switch only"),
+    (["--port", "1=lo", "--port-worker", "2=0"], 2, r"port\(s\) \[2\] not a --port"),
+    (["--port", "1=lo", "--workers", "0"], 2, "at least 1")])
+def test_the_native_switch_refuses_bad_command_lines(args: list[str], rc: int, why: str) -> None:
+    p = _switch(*args)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == rc, err
+    assert re.search(why, err), err
+
+
+@pytest.fixture
+def netns() -> Any:
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("needs root (a network namespace, veth pairs, AF_XDP sockets)")
+        pytest.skip("needs root (a network namespace, veth pairs, AF_XDP sockets)")
+    from tests.test_native_io_root_afxdp import in_netns
+    gen = in_netns(NETNS)
+    next(gen)
+    yield
+    next(gen, None)
+
+
+@pytest.mark.parametrize("mode", ["generic", "af_packet"])
+def test_the_native_switch_aggregates_and_reports_on_veth_root_afxdp(
+        netns: None, mode: str, tmp_path: Path) -> None:
+    from switch.dataplane.ports import open_port
+    from tests.test_native_io_root_afxdp import collect, veths
+    links = veths([1, 2, 3], 9000, prefix="nrxnl")
+    drivers = {p: open_port(p, drv) for p, (_, drv) in links.items()}
+    stats, ready = tmp_path / "stats.json", tmp_path / "ready"
+    tmp_path.chmod(0o700)
+    ports = [a for p, (sw, _) in links.items() for a in ("--port", f"{p}={sw}")]
+    macs = [a for m, p in mac_ports(3).items() for a in ("--mac", f"{m}={p}")]
+    # the controller is served in-process by the test below: here the switch forwards only
+    p = _switch(*ports, *macs, "--xdp-mode", mode, "--stats-file", str(stats),
+                "--ready-file", str(ready))
+    try:
+        for _ in range(200):
+            if ready.exists() or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert ready.exists(), p.communicate(timeout=10)
+        spec = make_ring(3, mtu=1024)
+        frame = write_frame(spec.connections[0], 0, WRITE_FIRST, np.arange(256, dtype=np.int32))
+        drivers[1].sock.send(frame)
+        got = collect({n: d.sock for n, d in drivers.items()}, 1)
+        assert got == [(2, frame)]                     # by the static MAC table, unchanged
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        for d in drivers.values():
+            d.sock.close()
+    assert p.returncode == 0, err
+    doc = json.loads(stats.read_text())
+    assert doc["target"] == "native" and doc["rings"] == {}
+    assert doc["ports"]["1"]["rx_packets"] >= 1 and doc["ports"]["2"]["tx_packets"] >= 1
+    want = "af_packet" if mode == "af_packet" else "af_xdp-generic"
+    assert {c["kind"] for c in doc["ports"].values()} == {want}
+    assert doc["switch"]["fallback_ports"] == 0        # chosen by --xdp-mode: no fallback
+    assert f"1=nrxnl1s ({want}, worker 0)" in err
+
+
+def test_a_ring_registered_through_the_target_aggregates_on_veth_root_afxdp(
+        netns: None) -> None:
+    from switch.dataplane.ports import open_port
+    from switch.native.nrio import NativeIO
+    from tests.test_native_io_root_afxdp import collect, veths
+    links = veths([1, 2, 3], 9000, prefix="nrxnl")
+    drivers = {p: open_port(p, drv) for p, (_, drv) in links.items()}
+    spec = make_ring(3, mtu=4096)
+    rounds, sums = _writes(spec, messages=2, seed=6)
+    pipes = [NativePipeline()]
+    try:
+        with NativeIO({p: sw for p, (sw, _) in links.items()}, mode="generic",
+                      ring_size=512, idle_poll_us=100) as io:
+            target = NativeTarget(io, pipes, mac_ports(3), max_rings=4)
+            pipes[0].set_l2(mac_ports(3), [1, 2, 3])
+            io.start([pipes[0].address])
+            target.register_ring(spec, 16)
+            for frames, want in zip(rounds, sums):
+                for port, frame in frames:
+                    drivers[port].sock.send(frame)
+                got = collect({n: d.sock for n, d in drivers.items()}, 3)
+                assert sorted(p for p, _ in got) == [1, 2, 3]
+                for port, frame in got:
+                    assert icrc_ok(frame) and Ether(frame).dst == lab_mac(port - 1)
+                    np.testing.assert_array_equal(_payload(frame), want)
+            io.stop()
+            counters = target.counters()
+    finally:
+        for d in drivers.values():
+            d.sock.close()
+        pipes[0].close()
+    ring = counters["rings"]["ring"]["counters"]
+    assert ring["aggregated"] == 3 * len(rounds) and ring["completed"] == len(rounds)
+    assert counters["switch"]["ownership_errors"] == 0
+    assert sum(int(c["rx_gathered"]) for c in counters["ports"].values()) == 3 * len(rounds)
