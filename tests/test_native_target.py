@@ -200,6 +200,7 @@ def test_the_native_switch_aggregates_and_reports_on_veth_root_afxdp(
     doc = json.loads(stats.read_text())
     assert doc["target"] == "native" and doc["rings"] == {}
     assert doc["ports"]["1"]["rx_packets"] >= 1 and doc["ports"]["2"]["tx_packets"] >= 1
+    assert doc["ports"]["1"]["roce_packets"] == 1 and doc["ports"]["2"]["roce_packets"] == 0
     want = "af_packet" if mode == "af_packet" else "af_xdp-generic"
     assert {c["kind"] for c in doc["ports"].values()} == {want}
     assert doc["switch"]["fallback_ports"] == 0        # chosen by --xdp-mode: no fallback
@@ -240,4 +241,6 @@ def test_a_ring_registered_through_the_target_aggregates_on_veth_root_afxdp(
     ring = counters["rings"]["ring"]["counters"]
     assert ring["aggregated"] == 3 * len(rounds) and ring["completed"] == len(rounds)
     assert counters["switch"]["ownership_errors"] == 0
+    for port in (1, 2, 3):                 # every frame in was RoCE (scapy's IPv4/UDP 4791)
+        assert counters["ports"][str(port)]["roce_packets"] == len(rounds)
     assert sum(int(c["rx_gathered"]) for c in counters["ports"].values()) == 3 * len(rounds)

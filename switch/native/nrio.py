@@ -37,7 +37,7 @@ class Config(ctypes.Structure):
 
 PORT_COUNTERS = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "tx_errors",
                  "rx_dropped", "rx_fill_empty", "rx_gathered", "rx_oversize", "tx_copied",
-                 "fallback", "kind")
+                 "fallback", "kind", "roce_packets")
 
 
 class PortCounters(ctypes.Structure):
