@@ -97,13 +97,28 @@ def test_native_target_aggregates_as_numpy_and_counts_as_software_fake_io() -> N
     assert counters["rings"] == oracle.counters()["rings"]
     assert counters["rings"]["ring"]["counters"]["aggregated"] == 3 * len(rounds)
     assert counters["target"] == "native"
-    assert counters["ports"]["2"]["kind"] == "af_packet"
+    assert counters["ports"]["2"]["kind"] == 3 and counters["ports"]["1"]["kind"] == 2
     assert counters["switch"] == {"workers": 1, "frames": 10, "outputs": 3,
                                   "ownership_errors": 0, "fallback_ports": 1}
     target.unregister_ring("ring")
     assert target.counters()["rings"] == {}
     with pytest.raises(KeyError, match="ring is not registered"):
         target.unregister_ring("ring")
+
+
+def test_the_counters_rpc_carries_the_native_counters_fake_io() -> None:
+    """The controller's Counters reply (protobuf: integer port counters) of a native
+    target, as a client reads it."""
+    from nr_contract import control_pb2 as pb
+    from switch.control.service import ControllerConfig, ControllerService
+    target = NativeTarget(FakeIO({1: 0, 2: 0}), [NativePipeline()], mac_ports(2), max_rings=4)
+    service = ControllerService(target, ControllerConfig(insecure=True))
+    reply = service.counters(pb.CountersRequest(), "anyone")
+    assert reply.target == "native"
+    assert {p.port: (p.ifname, dict(p.counters)) for p in reply.ports} == {
+        1: ("veth1", {"rx_packets": 7, "fallback": 0, "kind": 2}),
+        2: ("veth2", {"rx_packets": 7, "fallback": 1, "kind": 3})}
+    assert reply.switch["fallback_ports"] == 1 and reply.switch["frames"] == 10
 
 
 def test_a_ring_over_two_workers_is_refused_and_others_go_to_their_worker_fake_io() -> None:
@@ -202,7 +217,7 @@ def test_the_native_switch_aggregates_and_reports_on_veth_root_afxdp(
     assert doc["ports"]["1"]["rx_packets"] >= 1 and doc["ports"]["2"]["tx_packets"] >= 1
     assert doc["ports"]["1"]["roce_packets"] == 1 and doc["ports"]["2"]["roce_packets"] == 0
     want = "af_packet" if mode == "af_packet" else "af_xdp-generic"
-    assert {c["kind"] for c in doc["ports"].values()} == {want}
+    assert {c["kind"] for c in doc["ports"].values()} == {3 if mode == "af_packet" else 2}
     assert doc["switch"]["fallback_ports"] == 0        # chosen by --xdp-mode: no fallback
     assert f"1=nrxnl1s ({want}, worker 0)" in err
 

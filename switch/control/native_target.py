@@ -14,7 +14,12 @@ from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from switch.control.target import Target, normalize_mac, resolve_ports
 from switch.native.binding import NativePipeline
+from switch.native.nrio import KINDS
 from nr_contract.spec import RingSpec
+
+
+KIND_CODES = {name: code for code, name in KINDS.items()}   # af_xdp-driver 1, -generic 2,
+                                                            # af_packet 3 (nrio.h)
 
 
 class PortIO(Protocol):
@@ -90,11 +95,13 @@ class NativeTarget(Target):
 
     def counters(self) -> dict[str, Any]:
         """SoftwareTarget's shape; "switch" sums the workers' frames and outputs and counts
-        the ports on the AF_PACKET fallback (each port's own "kind" says which it is)."""
+        the ports on the AF_PACKET fallback. A port's counters are integers but its ifname
+        (the Counters RPC's PortCounters): its "kind" is libnrio's code, `KIND_CODES`."""
         rings: dict[str, Any] = {}
         for pipe in self.pipes:
             rings.update(pipe.counters())
-        ports = {str(n): c for n, c in self.io.port_counters().items()}
+        ports = {str(n): {**c, "kind": KIND_CODES[str(c["kind"])]}
+                 for n, c in self.io.port_counters().items()}
         stats = self.io.worker_stats()
         switch = {"workers": len(stats),
                   "frames": sum(s["frames"] for s in stats),
