@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lab.sh — run a command on the NetReduce lab's hosts side, with the switch up.
 #
-#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
+#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|native|bridge|bmv2]
 #                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] [--tcg single|multi]
 #                  [--name NAME] [--preload MOD,...] -- CMD [ARGS...]
 #
@@ -16,17 +16,19 @@
 #    a tap in nrlab, where the switch runs natively (emulation slows Python ~10x: the switch,
 #    the hot spot, stays outside). CMD runs inside the VM as root, in its root namespace, with
 #    the repo shared read-write at the same path, PATH starting with the venv, and
-#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCHES (the kinds CMD may restart the
-#    switch as: soft, racks, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH)
-#    and NR_LAB_RACKS (--racks) set.
+#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCH (--switch), NR_LAB_SWITCHES (the
+#    kinds CMD may restart the switch as: soft, native, racks, and bmv2 when p4c and
+#    simple_switch_grpc are on lab.sh's PATH) and NR_LAB_RACKS (--racks) set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs of one NAME are
 # serialised machine-wide with a lock (/run/lock/netreduce-lab.lock for nrlab, else
 # netreduce-lab-NAME.lock): labs of different names (NR_LAB_NAME or --name; [a-z0-9-],
 # 2..12 characters) run side by side, each with its own switch namespace and its own
-# directory, .lab (nrlab) or .lab-NAME, with the same host addresses inside. CMD may restart the switch as soft
-# or bmv2 (same ports and controller address, fresh state) through $NR_LAB_DIR/switch.request
+# directory, .lab (nrlab) or .lab-NAME, with the same host addresses inside. CMD may restart the switch as soft,
+# native or bmv2 (same ports and controller address, fresh state) through $NR_LAB_DIR/switch.request
 # (tests/lab/labswitch.py: use_switch, restart_switch).
+# --switch native runs the same switch process on the C data plane (python -m switch --target
+# native: AF_XDP on the taps, one worker; switch/native/README.md); --switch soft the Python one.
 # --switch bridge joins the same ports with a kernel bridge instead of the
 # switch process (a reference for what forwarding costs; no controller, no aggregation);
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
@@ -93,7 +95,7 @@ done
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, taps)"
 [ -x "$PY" ] || die "no venv at $VENV: run scripts/install.sh first"
 [[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || die "--hosts must be 2..64"
-case $switch in soft|bridge|bmv2) ;; *) die "--switch must be soft, bridge or bmv2" ;; esac
+case $switch in soft|native|bridge|bmv2) ;; *) die "--switch must be soft, native, bridge or bmv2" ;; esac
 case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] && [ "$racks" -le "$hosts" ] || die "--racks must be 1..--hosts"
 [[ $link_loss =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-loss must be a percentage"
@@ -217,7 +219,7 @@ case $switch in
 esac
 switch_supervise &
 supervisor_pid=$!
-switch_kinds="soft racks"        # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
+switch_kinds="soft native racks"        # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
 if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then switch_kinds+=" bmv2"; fi
 
 # --- the command ---------------------------------------------------------------------------
@@ -225,7 +227,7 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
   printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q NR_CONTROLLER_CA=%q\n' \
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
-  printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$racks" "$tenant_tokens"
+  printf 'export NR_LAB_SWITCHES=%q NR_LAB_SWITCH=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$switch" "$racks" "$tenant_tokens"
   printf 'export NR_FORKSERVERS=/run/netreduce-forkservers\n'
   printf 'export NR_LAB_VENV=%q NR_LAB_PRELOAD=%q\n' "$VENV" "$preload"
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
