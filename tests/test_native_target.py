@@ -160,7 +160,8 @@ def _switch(*args: str, netns: str | None = None, **kw: Any) -> subprocess.Popen
     (["--port", "1=lo", "--role", "tor", "--controller", "127.0.0.1:1", "--insecure"], 2,
      "--role switch only"),
     (["--port", "1=lo", "--port-worker", "2=0"], 2, r"port\(s\) \[2\] not a --port"),
-    (["--port", "1=lo", "--workers", "0"], 2, "at least 1")])
+    (["--port", "1=lo", "--workers", "0"], 2, "at least 1"),
+    (["--port", "1=lo", "--one-armed"], 2, "--one-armed is the software switch's")])
 def test_the_native_switch_refuses_bad_command_lines(args: list[str], rc: int, why: str) -> None:
     p = _switch(*args)
     _, err = p.communicate(timeout=60)
