@@ -105,7 +105,7 @@ def test_a_rank_killed_mid_call_is_named_by_every_other_within_the_target(
         assert re.search(rf"netreduce: rank {r}: allreduce call #1 \(int32\[4194304\] op=sum "
                          rf"algo=switch\) failed: rank 2: its process died", message), message
         assert "the communicator is unusable" in message, message
-    figure(capsys, f"rank 2 SIGKILLed 1 s into a 16 MiB switch call: ranks 0, 1, 3 raised errors "
+    figure(capsys, f"rank 2 SIGKILLed 0.2 s into a 16 MiB switch call: ranks 0, 1, 3 raised errors "
                    f"naming it after {', '.join(f'{t:.2f}' for t in took)} s")
 
 
