@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lab.sh — run a command on the NetReduce lab's hosts side, with the switch up.
 #
-#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|native|bridge|bmv2]
+#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch native|soft|bridge|bmv2]
 #                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] [--tcg single|multi]
 #                  [--name NAME] [--preload MOD,...] -- CMD [ARGS...]
 #
@@ -27,8 +27,9 @@
 # directory, .lab (nrlab) or .lab-NAME, with the same host addresses inside. CMD may restart the switch as soft,
 # native or bmv2 (same ports and controller address, fresh state) through $NR_LAB_DIR/switch.request
 # (tests/lab/labswitch.py: use_switch, restart_switch).
-# --switch native runs the same switch process on the C data plane (python -m switch --target
-# native: AF_XDP on the taps, one worker; switch/native/README.md); --switch soft the Python one.
+# --switch native (the default) runs the switch process on the C data plane (python -m switch
+# --target native: AF_XDP on the taps, one worker; switch/native/README.md); --switch soft runs
+# the Python one, the pipeline's executable reference. A fabric's roles (--racks) are Python.
 # --switch bridge joins the same ports with a kernel bridge instead of the
 # switch process (a reference for what forwarding costs; no controller, no aggregation);
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
@@ -58,7 +59,7 @@
 # --preload MOD,... : modules the hosts' fork servers import once more, beside numpy and
 # netreduce (docs/lab.md, "Warm starts"), e.g. torch,torch.distributed when CMD launches
 # torch ranks several times (each cold import of torch costs ~45 s of emulated CPU per rank).
-# Default: --hosts 4 --mtu 9000 --switch soft --tcg multi, --native when possible, else --vm.
+# Default: --hosts 4 --mtu 9000 --switch native --tcg multi, --native when possible, else --vm.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -66,7 +67,7 @@ VENV=${NR_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
 lab_name=${NR_LAB_NAME:-nrlab}
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
-hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi preload=
+hosts=4 mtu=9000 mode=auto switch=native memory=4G cpus=2 racks=1 link_loss=0 tcg=multi preload=
 
 say() { echo "[lab] $*" >&2; }
 die() { echo "[lab] error: $*" >&2; exit 1; }
@@ -106,7 +107,7 @@ if [ "$lab_name" = nrlab ]; then LABDIR=$ROOT/.lab; LOCK=/run/lock/netreduce-lab
 else LABDIR=$ROOT/.lab-$lab_name; LOCK=/run/lock/netreduce-lab-$lab_name.lock; fi
 if [ "$racks" -gt 1 ]; then
   case $switch in
-    soft) switch="racks:$racks:$link_loss" ;;
+    soft|native) switch="racks:$racks:$link_loss" ;;   # the fabric's roles are Python
     bmv2) switch="racks:$racks:$link_loss:bmv2:bmv2"
           say "--racks $racks --switch bmv2: the ToRs run tor.p4 and the spine spine.p4 on BMv2 (switch/p4/README.md)" ;;
     *) die "--racks $racks runs a fabric: --switch soft or bmv2, not $switch" ;;

@@ -60,8 +60,8 @@ def available_switches() -> tuple[str, ...]:
 def lab_switch() -> str:
     """The single switch's kind scripts/lab.sh started the lab with ("soft" or "native":
     NR_LAB_SWITCH), which tests that visit another kind come back to."""
-    kind = os.environ.get("NR_LAB_SWITCH", "soft")
-    return kind if kind in ("soft", "native") else "soft"
+    kind = os.environ.get("NR_LAB_SWITCH", "native")
+    return kind if kind in ("soft", "native") else "native"
 
 
 def current_switch() -> str:
