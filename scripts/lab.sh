@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lab.sh — run a command on the NetReduce lab's hosts side, with the switch up.
 #
-#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch soft|bridge|bmv2]
+#   scripts/lab.sh [--hosts N] [--mtu M] [--vm|--native] [--switch native|soft|bridge|bmv2]
 #                  [--racks R [--link-loss PCT]] [--memory SIZE] [--cpus N] [--tcg single|multi]
 #                  [--name NAME] [--preload MOD,...] [--aggregators K] -- CMD [ARGS...]
 #
@@ -16,17 +16,20 @@
 #    a tap in nrlab, where the switch runs natively (emulation slows Python ~10x: the switch,
 #    the hot spot, stays outside). CMD runs inside the VM as root, in its root namespace, with
 #    the repo shared read-write at the same path, PATH starting with the venv, and
-#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCHES (the kinds CMD may restart the
-#    switch as: soft, racks, and bmv2 when p4c and simple_switch_grpc are on lab.sh's PATH)
-#    and NR_LAB_RACKS (--racks) set.
+#    NR_LAB_HOSTS, NR_CONTROLLER, NR_LAB_DIR, NR_LAB_SWITCH (--switch), NR_LAB_SWITCHES (the
+#    kinds CMD may restart the switch as: soft, native, racks, and bmv2 when p4c and
+#    simple_switch_grpc are on lab.sh's PATH) and NR_LAB_RACKS (--racks) set.
 # CMD's output and exit code come back; no TTY needed. Everything created (taps, namespaces,
 # processes) is removed afterwards; the switch's counters are printed. Runs of one NAME are
 # serialised machine-wide with a lock (/run/lock/netreduce-lab.lock for nrlab, else
 # netreduce-lab-NAME.lock): labs of different names (NR_LAB_NAME or --name; [a-z0-9-],
 # 2..12 characters) run side by side, each with its own switch namespace and its own
-# directory, .lab (nrlab) or .lab-NAME, with the same host addresses inside. CMD may restart the switch as soft
-# or bmv2 (same ports and controller address, fresh state) through $NR_LAB_DIR/switch.request
+# directory, .lab (nrlab) or .lab-NAME, with the same host addresses inside. CMD may restart the switch as soft,
+# native or bmv2 (same ports and controller address, fresh state) through $NR_LAB_DIR/switch.request
 # (tests/lab/labswitch.py: use_switch, restart_switch).
+# --switch native (the default) runs the switch process on the C data plane (python -m switch
+# --target native: AF_XDP on the taps, one worker; switch/native/README.md); --switch soft runs
+# the Python one, the pipeline's executable reference. A fabric's roles (--racks) are Python.
 # --switch bridge joins the same ports with a kernel bridge instead of the
 # switch process (a reference for what forwarding costs; no controller, no aggregation);
 # --switch bmv2 puts BMv2 simple_switch_grpc with switch/p4 on the same ports (needs p4c
@@ -62,7 +65,7 @@
 # aggregator J (scripts/setup_rxe.sh --aggregators), and CMD gets NR_CONTROLLER (aggregator
 # 0's), NR_INC_ADDR=10.78.0.0/24 and NR_LAB_AGGREGATORS=K; CMD may restart aggregator J with
 # kind "agg:J" (tests/lab/labswitch.py).
-# Default: --hosts 4 --mtu 9000 --switch soft --tcg multi, --native when possible, else --vm.
+# Default: --hosts 4 --mtu 9000 --switch native --tcg multi, --native when possible, else --vm.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -70,7 +73,7 @@ VENV=${NR_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
 lab_name=${NR_LAB_NAME:-nrlab}
 CTL_IP=10.77.0.254 CTL_PORT=50051 CTL_MAC=02:4e:52:00:00:fe
-hosts=4 mtu=9000 mode=auto switch=soft memory=4G cpus=2 racks=1 link_loss=0 tcg=multi preload=
+hosts=4 mtu=9000 mode=auto switch=native memory=4G cpus=2 racks=1 link_loss=0 tcg=multi preload=
 aggregators=0
 
 say() { echo "[lab] $*" >&2; }
@@ -101,7 +104,7 @@ done
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, taps)"
 [ -x "$PY" ] || die "no venv at $VENV: run scripts/install.sh first"
 [[ $hosts =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || die "--hosts must be 2..64"
-case $switch in soft|bridge|bmv2) ;; *) die "--switch must be soft, bridge or bmv2" ;; esac
+case $switch in soft|native|bridge|bmv2) ;; *) die "--switch must be soft, native, bridge or bmv2" ;; esac
 case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $racks =~ ^[0-9]+$ ]] && [ "$racks" -ge 1 ] && [ "$racks" -le "$hosts" ] || die "--racks must be 1..--hosts"
 [[ $link_loss =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-loss must be a percentage"
@@ -109,7 +112,7 @@ case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $preload =~ ^[A-Za-z0-9_.,]*$ ]] || die "--preload takes module names, comma-separated"
 [[ $aggregators =~ ^[0-4]$ ]] || die "--aggregators must be 0..4"
 if [ "$aggregators" -gt 0 ]; then
-  [ "$racks" = 1 ] && [ "$switch" = soft ] || die "--aggregators: the hosts are on a plain bridge with one-armed aggregators (no --racks, no --switch)"
+  [ "$racks" = 1 ] && case $switch in soft|native) true ;; *) false ;; esac || die "--aggregators: the hosts are on a plain bridge with one-armed aggregators (no --racks, no --switch)"
   switch=aggregators
 fi
 SWNS=$lab_name
@@ -117,7 +120,7 @@ if [ "$lab_name" = nrlab ]; then LABDIR=$ROOT/.lab; LOCK=/run/lock/netreduce-lab
 else LABDIR=$ROOT/.lab-$lab_name; LOCK=/run/lock/netreduce-lab-$lab_name.lock; fi
 if [ "$racks" -gt 1 ]; then
   case $switch in
-    soft) switch="racks:$racks:$link_loss" ;;
+    soft|native) switch="racks:$racks:$link_loss" ;;   # the fabric's roles are Python
     bmv2) switch="racks:$racks:$link_loss:bmv2:bmv2"
           say "--racks $racks --switch bmv2: the ToRs run tor.p4 and the spine spine.p4 on BMv2 (switch/p4/README.md)" ;;
     *) die "--racks $racks runs a fabric: --switch soft or bmv2, not $switch" ;;
@@ -240,7 +243,7 @@ case $switch in
 esac
 switch_supervise &
 supervisor_pid=$!
-switch_kinds="soft racks"        # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
+switch_kinds="soft native racks"        # what the supervisor can start (NR_LAB_SWITCHES on the hosts' side)
 if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then switch_kinds+=" bmv2"; fi
 
 # --- the command ---------------------------------------------------------------------------
@@ -248,7 +251,7 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
   printf 'export PATH=%q\n' "$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
   printf 'export HOME=/root NR_LAB=1 NR_LAB_HOSTS=%q NR_LAB_MTU=%q NR_LAB_DIR=%q NR_CONTROLLER=%q NR_CONTROLLER_TOKEN=%q NR_CONTROLLER_CA=%q\n' \
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
-  printf 'export NR_LAB_SWITCHES=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$racks" "$tenant_tokens"
+  printf 'export NR_LAB_SWITCHES=%q NR_LAB_SWITCH=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$switch" "$racks" "$tenant_tokens"
   printf 'export NR_FORKSERVERS=/run/netreduce-forkservers\n'
   # one variable a line: lab_guest.sh reads NR_LAB_VENV and NR_LAB_AGGREGATORS with sed
   printf 'export NR_LAB_VENV=%q\nexport NR_LAB_PRELOAD=%q\nexport NR_LAB_AGGREGATORS=%q\n' \

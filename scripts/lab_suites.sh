@@ -20,7 +20,7 @@ labs="a c d"
 case ${1:-} in a|c|d) labs=$1; shift ;; esac
 
 # Two lab boots, each running every module it can (the guide's "boot once"; docs/tests.md):
-# lab A, 4 hosts behind the software switch, which the BMv2 and fabric tests restart as BMv2
+# lab A, 4 hosts behind the native switch (lab.sh's default), which the BMv2 and fabric tests restart as BMv2
 # or as a two-tier fabric; lab C, 6 hosts in 2 racks, for the fabric's shapes a 4-host boot
 # cannot make (2 x 3, the uneven 3 + 2) without loss, and the fabric of BMv2 ToRs and spine
 # carrying two jobs at once, with and without loss (tests/lab/test_bmv2_fabric.py; the

@@ -3,7 +3,7 @@
 # tests/test_lab_switch.py, with stubs); it reads lab.sh's ROOT, PY, LABDIR, SWNS, hosts,
 # ports, CTL_IP, CTL_PORT and switch, and calls its say.
 #
-# The switch (soft: python -m switch; bmv2: python -m labswitches.bmv2_lab) runs in a session of its
+# The switch (soft: python -m switch; native: python -m switch --target native; bmv2: python -m labswitches.bmv2_lab) runs in a session of its
 # own (its pid is its process group: stopping it also ends simple_switch_grpc); its pid is in
 # $LABDIR/switch.pid, its kind in $LABDIR/switch.kind. The supervisor lets the hosts' side
 # restart it (tests/lab/labswitch.py): the guest writes "ID KIND" to $LABDIR/switch.request;
@@ -31,6 +31,7 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   local kind=$1 module extra=() programs=() pid
   case $kind in
     soft) module=switch ;;
+    native) module=switch extra=(--target native) ;;  # the C data plane (switch/native), same ports
     bmv2) module=labswitches.bmv2_lab extra=(--bmv2-log "$LABDIR/bmv2.log") programs=(switch) ;;  # rings: RoCE path MTU 256
     racks:*)   # racks:R[:PCT[:SPINE[:TORS]]]: the two-tier fabric, PCT % loss on its
                # ToR-spine links, the spine and the ToRs soft (default) or bmv2 (spine.p4, tor.p4)
@@ -46,7 +47,7 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
              --spine-port "$((hosts + 1))" --workdir "$LABDIR")
       if [ "$tors" = bmv2 ]; then programs+=(tor); fi
       if [ "$spine" = bmv2 ]; then programs+=(spine); fi ;;
-    *) switch_error="unknown switch kind '$kind' (soft, bmv2 or racks:R[:PCT[:SPINE[:TORS]]])"; return 1 ;;
+    *) switch_error="unknown switch kind '$kind' (soft, native, bmv2 or racks:R[:PCT[:SPINE[:TORS]]])"; return 1 ;;
   esac
   p4_build "${programs[@]}" || { switch_error="the $kind switch: $switch_error"; return 1; }
   rm -f "$LABDIR/switch.ready"

@@ -1,4 +1,8 @@
-"""`python -m switch`: the software switch process (data plane + optional controller).
+"""`python -m switch`: the switch process (data plane + optional controller).
+
+`--target soft` (default) runs the Python data plane; `--target native` the C one
+(switch/native: AF_XDP, worker threads; `switch.daemon_native`), with the same ports, static
+MACs, controller and files (--role switch only; no --tx-loss: use tc netem).
 
 `--role switch` (default) is the single switch; `--role tor` / `--role spine` are the two
 tiers of a fabric (docs/multirack.md: a ToR's or the spine's pipeline, its own ports,
@@ -42,9 +46,12 @@ from switch.dataplane.ports import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, D
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
 from switch.control.private import check_directory
+from switch.daemon_native import run_native
+from switch.native.nrio import MODES
 from switch.report import report
 
 ROLES = ("switch", "tor", "spine", "fabric")
+TARGETS = ("soft", "native")
 
 
 def _port_arg(text: str) -> tuple[int, str]:
@@ -71,6 +78,13 @@ def _neighbor_arg(text: str) -> tuple[str, str]:
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
     return ip, mac
+
+
+def _port_worker_arg(text: str) -> tuple[int, int]:
+    num, sep, worker = text.partition("=")
+    if not sep or not num.isdigit() or not worker.isdigit():
+        raise argparse.ArgumentTypeError(f"expected PORT=WORKER, got {text!r}")
+    return int(num), int(worker)
 
 
 def _loss_arg(text: str) -> tuple[int, float]:
@@ -110,13 +124,20 @@ def _tor_addr_arg(text: str) -> tuple[int, str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="netreduce-switch", formatter_class=HelpFormatter,
-        description="NetReduce software switch: forwards frames between its ports by MAC "
+        description="NetReduce switch: forwards frames between its ports by MAC "
                     "(learned, or configured with --mac) and, with --controller, aggregates the "
-                    "RoCE traffic of rings registered over gRPC (docs/pipeline.md).")
+                    "RoCE traffic of rings registered over gRPC (docs/pipeline.md). "
+                    "--target native runs the same pipeline in C (switch/native/README.md).")
     add_version(ap)
     ap.add_argument("--role", choices=ROLES, default="switch",
                     help="switch: one switch; tor / spine: a tier of a two-tier fabric; "
                          "fabric: the fabric's controller (no ports)")
+    ap.add_argument("--target", choices=TARGETS, default="soft",
+                    help="soft: the Python data plane (the specification's reference); "
+                         "native: the C data plane, frames handled by worker threads on "
+                         "AF_XDP sockets (needs root; where AF_XDP cannot be had, a port "
+                         "falls back to AF_PACKET, logged and counted); it learns no MACs "
+                         "(unknown destinations are flooded) and has no --tx-loss")
     ap.add_argument("--port", action="append", type=_port_arg, default=[], metavar="N=IFNAME",
                     help="attach switch port N to interface IFNAME (repeat for every port)")
     ap.add_argument("--mac", action="append", type=_mac_arg, default=[], metavar="MAC=PORT",
@@ -139,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "beyond it is not learned")
     ap.add_argument("--mac-ageing", type=float, default=DEFAULT_MAC_AGEING, metavar="S",
                     help="a learned MAC unseen for S seconds is forgotten")
+    nat = ap.add_argument_group("native data plane (with --target native)")
+    nat.add_argument("--workers", type=int, default=1, metavar="W",
+                     help="worker threads, each with its own pipeline; a ring's ports must "
+                          "all be on one worker")
+    nat.add_argument("--port-worker", action="append", type=_port_worker_arg, default=[],
+                     metavar="PORT=WORKER",
+                     help="run PORT on WORKER (0..W-1; default 0 for every port)")
+    nat.add_argument("--xdp-mode", choices=sorted(MODES), default="auto",
+                     help="auto: driver XDP, else generic XDP, else AF_PACKET; or force one")
     ctl = ap.add_argument_group("controller (with --controller)")
     ctl.add_argument("--token-file", type=Path, metavar="FILE",
                      help="lines 'PRINCIPAL SECRET': every call but Ping must carry one of "
@@ -343,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ports or len(ports) != len(args.port):
         print("switch: no --port, or a port number given twice", file=sys.stderr)
         return 2
+    if args.target == "native":
+        return run_native(args, options)
     if args.role != "switch" and not args.controller:
         print(f"switch: --role {args.role} needs --controller (the fabric programs it)",
               file=sys.stderr)

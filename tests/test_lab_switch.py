@@ -90,6 +90,15 @@ def test_a_bmv2_kind_compiles_its_programs_before_the_readiness_clock_with_stubs
     assert err.count("[lab] p4program: compiling ") == len(compiles), err
 
 
+def test_the_native_kind_is_the_switch_process_on_the_c_data_plane_with_stubs(
+        tmp_path: Path) -> None:
+    out, err, calls = start(tmp_path, "native")
+    assert out == "STARTED native\n", err
+    [call] = (tmp_path / "calls").read_text().splitlines()
+    assert call.startswith("-m switch --port 1=nrtap0 --port 2=nrtap1 --target native "
+                           "--controller 10.77.0.254:50051 "), call
+
+
 def test_a_failed_compile_starts_no_switch_and_says_why_with_stubs(tmp_path: Path) -> None:
     out, err, calls = start(tmp_path, "racks:2:0:bmv2:bmv2", fail=True)
     assert out == ("FAILED the racks:2:0:bmv2:bmv2 switch: p4c could not compile switch/p4 "

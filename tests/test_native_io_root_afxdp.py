@@ -64,13 +64,13 @@ def _setns(fd: int) -> None:
         raise OSError(ctypes.get_errno(), "setns")
 
 
-def _in_netns() -> Iterator[None]:
-    """This thread in a fresh namespace NETNS (removed afterwards); threads it starts
+def in_netns(netns: str = NETNS) -> Iterator[None]:
+    """This thread in a fresh namespace `netns` (removed afterwards); threads it starts
     meanwhile (the workers) are born in it."""
-    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
-    subprocess.run(["ip", "netns", "add", NETNS], check=True)
+    subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+    subprocess.run(["ip", "netns", "add", netns], check=True)
     old = os.open("/proc/self/ns/net", os.O_RDONLY)
-    new = os.open(f"/run/netns/{NETNS}", os.O_RDONLY)
+    new = os.open(f"/run/netns/{netns}", os.O_RDONLY)
     try:
         _setns(new)
         yield
@@ -78,13 +78,14 @@ def _in_netns() -> Iterator[None]:
         _setns(old)
         os.close(old)
         os.close(new)
-        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True)
 
 
-def _veths(ports: list[int], mtu: int) -> dict[int, tuple[str, str]]:
+def veths(ports: list[int], mtu: int, prefix: str = NETNS[:-1]) -> dict[int, tuple[str, str]]:
+    """Port -> (switch side, driver side): a veth pair per port, up, no IPv6."""
     out = {}
     for p in ports:
-        sw, drv = f"nrxnat{p}s", f"nrxnat{p}h"
+        sw, drv = f"{prefix}{p}s", f"{prefix}{p}h"
         subprocess.run(["ip", "link", "add", sw, "type", "veth", "peer", "name", drv],
                        check=True)
         for dev in (sw, drv):
@@ -107,7 +108,8 @@ def _cases() -> list[tuple[str, dict, list[tuple[int, bytes]]]]:
     return cases
 
 
-def _collect(socks: dict, want: int) -> list[tuple[int, bytes]]:
+def collect(socks: dict, want: int) -> list[tuple[int, bytes]]:
+    """(port, frame) read from `socks` until `want` came (and EXTRA_WAIT more), or STEP_WAIT."""
     got: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + STEP_WAIT
     extra_until = None
@@ -140,10 +142,10 @@ def test_native_io_forwards_vectors_as_python_does_root_afxdp(
 
     cases = _cases()
     ports = sorted({p for _, setup, frames in cases for p in setup["ports"]})
-    gen = _in_netns()
+    gen = in_netns()
     next(gen)
     try:
-        links = _veths(ports, link_mtu)
+        links = veths(ports, link_mtu)
         drivers = {p: open_port(p, drv) for p, (_, drv) in links.items()}
         sent = 0
         for name, setup, frames in cases:
@@ -173,7 +175,7 @@ def test_native_io_forwards_vectors_as_python_does_root_afxdp(
                     want = [(p, f) for p, f in oracle.send(in_port, frame)
                             if (p, f) != (in_port, frame)]
                     drivers[in_port].sock.send(frame)
-                    got = _collect({p: drivers[p].sock for p in setup["ports"]}, len(want))
+                    got = collect({p: drivers[p].sock for p in setup["ports"]}, len(want))
                     for port in setup["ports"]:
                         assert [f for p, f in got if p == port] == \
                             [f for p, f in want if p == port], (name, in_port, port)

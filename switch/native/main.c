@@ -31,6 +31,7 @@
 #include "pipeline_stub.h"
 #else
 #include "pipeline.h"
+#include "packet.h"
 #endif
 
 #define MAX_PORT_NUMBER 4096
@@ -120,6 +121,11 @@ static int nrio_send(struct worker *w, struct port *from, uint32_t number, const
 /* One received frame through the pipeline; what comes out is queued on its ports. */
 static void process_frame(struct worker *w, struct port *p, struct rx_frame *f)
 {
+#ifndef NRIO_PIPELINE_STUB
+    struct nrdp_fields roce;
+    if (nrdp_parse(f->data, f->len, &roce))   /* the software switch's roce_packets */
+        CNT_ADD(p->c.roce_packets, 1);
+#endif
     int n = nrdp_process(w->pipe, p->number, f->data, f->len, &w->out);
     if (n == NRDP_NOT_MINE) {         /* not an aggregated connection's: L2 (l2.h) */
         w->out.n = nrdp_l2_forward(nrdp_l2_of(w->pipe), p->number, f->data, f->len,

@@ -53,6 +53,7 @@ struct nrio_port_counters {
     uint64_t tx_copied;         /* frames sent by copy rather than by handing over the RX chunk */
     uint64_t fallback;          /* 1: this port runs on AF_PACKET because AF_XDP failed (logged) */
     uint64_t kind;              /* an nrio_kind */
+    uint64_t roce_packets;      /* RoCEv2 frames received (IPv4 IHL 5, UDP 4791: nrdp_parse; 0 in the stub build) */
 };
 
 struct nrio_worker_stats {

@@ -37,7 +37,7 @@ class Config(ctypes.Structure):
 
 PORT_COUNTERS = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "tx_errors",
                  "rx_dropped", "rx_fill_empty", "rx_gathered", "rx_oversize", "tx_copied",
-                 "fallback", "kind")
+                 "fallback", "kind", "roce_packets")
 
 
 class PortCounters(ctypes.Structure):
@@ -69,6 +69,7 @@ def load(path: Path = LIBRARY) -> ctypes.CDLL:
     lib.nrio_expect.argtypes = [vp, u32, u64]
     lib.nrio_wait_frames.argtypes = [vp, u64, u32]
     lib.nrio_port_worker.argtypes = [vp, u32]
+    lib.nrio_port_worker.restype = ctypes.c_int
     return lib
 
 
@@ -124,6 +125,10 @@ class NativeIO:
 
     def stop(self) -> None:
         self.lib.nrio_stop(self._h)
+
+    def port_worker(self, number: int) -> int:
+        """The worker that owns port `number`, or -1 when it is not one of the ports."""
+        return int(self.lib.nrio_port_worker(self._h, number))
 
     def port_counters(self) -> dict[int, dict[str, int | str]]:
         out: dict[int, dict[str, int | str]] = {}

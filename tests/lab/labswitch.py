@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tests.lab.labhosts import CONTROLLER, python_in_host
 
-KINDS = ("soft", "bmv2", "racks")   # racks: "racks:R[:PCT]", the two-tier fabric (lab.sh --racks)
+KINDS = ("soft", "native", "bmv2", "racks")   # racks: "racks:R[:PCT]", the fabric (--racks)
 RESTART_TIMEOUT = 180.0      # s: stop, (first bmv2 start: compile switch/p4), start, Ping
 POLL = 0.2
 READ_RETRY = 5.0             # s: lab.sh replaces its files by a rename; a read over 9p that
@@ -37,9 +37,10 @@ class LabSwitchError(RuntimeError):
 
 @dataclass(frozen=True)
 class LabSwitch:
-    kind: str            # "soft", "bmv2" or "racks:R[:PCT]"
+    kind: str            # "soft", "native", "bmv2" or "racks:R[:PCT]"
     pid: int             # the switch process on the machine (its own process group)
-    target: str          # what its controller's Ping says ("software", "bmv2" or "fabric")
+    target: str          # what its controller's Ping says ("software", "native", "bmv2" or
+                         # "fabric")
     seconds: float       # how long the restart took, Ping included
 
 
@@ -56,8 +57,15 @@ def available_switches() -> tuple[str, ...]:
     return tuple(os.environ.get("NR_LAB_SWITCHES", "soft").split())
 
 
+def lab_switch() -> str:
+    """The single switch's kind scripts/lab.sh started the lab with ("soft" or "native":
+    NR_LAB_SWITCH), which tests that visit another kind come back to."""
+    kind = os.environ.get("NR_LAB_SWITCH", "native")
+    return kind if kind in ("soft", "native") else "native"
+
+
 def current_switch() -> str:
-    """The kind of switch running now ("soft", "bmv2", "racks:R:PCT" or "bridge")."""
+    """The kind of switch running now ("soft", "native", "bmv2", "racks:R:PCT" or "bridge")."""
     path = lab_dir() / "switch.kind"
     deadline = time.monotonic() + READ_RETRY
     while True:
