@@ -48,7 +48,8 @@ ALLOWED = {
     "flowctl": ("nr_contract.spec",),
     "ring_setup": ("flowctl", "nr_contract.spec"),
     "switch.p4": (),
-    "switch.control": ("nr_contract", "switch.dataplane", "switch.p4"),
+    "switch.native": ("nr_contract.spec", "switch.dataplane"),   # the C data plane's bindings
+    "switch.control": ("nr_contract", "switch.dataplane", "switch.p4", "switch.native"),
     "netreduce": ("nr_contract", "flowctl", "ring_setup"),     # the library, its tools too
 }
 
