@@ -359,6 +359,23 @@ class AwayProtocol:
                 recovered = True
         elif plan.recover:
             recovered = self._finish_inline(plan.call, position, target, reason)
+        self._left(epoch, reason, plan)
+        return recovered
+
+    def fall_back(self, epoch: int, reason: str, call: int) -> None:
+        """Leave the switch at notice `epoch` without a settle plan: a host-ring fault in
+        call `call` while the switch aggregates (netreduce.transport_fault redoes that call
+        over the host ring, whose records then travel there too). As for the switch's loss:
+        "inc" to ERROR, the lease stopped, rank 0 asks the controller again after the
+        back-off."""
+        self._stop_lease()
+        if self._inc is not None:
+            self._inc.to_error()
+        self._left(epoch, reason, SettlePlan(call, False, ()))
+
+    def _left(self, epoch: int, reason: str, plan: SettlePlan) -> None:
+        """Epoch `epoch` settled by leaving the switch (`plan`): count, start rank 0's
+        Rejoiner, log."""
         self.forget_kept()
         lost_ring = self.status.ring_id
         self.epoch, self.reason = epoch, reason
@@ -380,7 +397,6 @@ class AwayProtocol:
                            "(switch counts: %s)", self.status.controller, lost_ring, reason,
                            counts["fallbacks"], plan.call, plan.describe(), when,
                            _counts(counts))
-        return recovered
 
     def _finish_inline(self, seq: int, position: int, target: np.ndarray | None,
                        reason: str) -> bool:

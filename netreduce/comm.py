@@ -353,8 +353,7 @@ class Communicator:
             away.run_switch(context, array, target, mine)
         else:
             away.settle_inc(through_switch)
-            if not through_switch:      # a rank ahead redoes it after a fault: keep its input
-                self._faults.keep(seq, call)
+            self._faults.keep(seq, call)    # a rank ahead redoes it after a fault
             taken.algorithm.run(context, array, target)
         return taken
 

@@ -9,7 +9,7 @@ By connection:
   every rank's wire words or redone over the host ring, later calls run there, and after
   the back-off the "inc" ring is built again (fresh QPs and PSNs through the store) and
   registered again (the old ring unregistered; lease, owner and quota as before).
-- "ring" (the host ring) while the switch does not aggregate: `FaultRecovery`, below.
+- "ring" (the host ring): `FaultRecovery`, below.
 
 The host ring's protocol, alike on every rank:
 1. Notice: the rank whose completion failed publishes a notice of the next epoch through
@@ -20,7 +20,10 @@ The host ring's protocol, alike on every rank:
    thread.
 2. Settle epoch e: every rank publishes its position (the call it has not completed; idle:
    its next call); k* is the lowest. Every position is k* or k*+1: a rank completes call
-   k+1 only after every rank started it (its metadata exchange needs every record).
+   k+1 only after every rank started it (its metadata exchange needs every record). While
+   the switch aggregates, the ranks leave it as for its loss (`AwayProtocol.fall_back`:
+   the records of call k*+1 went through "inc", where the ranks past k* are a message
+   ahead) and rank 0 registers a fresh "inc" ring after the back-off.
 3. Bound: after FAULT_ATTEMPTS epochs settled for the same call k*, every rank raises
    `TransportFault` naming the connections, the statuses seen and the attempts; else it
    backs off (`backoff`), so a fault that keeps coming back fails within `fault_bound`.
@@ -34,9 +37,6 @@ The host ring's protocol, alike on every rank:
    input is copied before it runs and kept until every rank started the next call), into
    that copy: its caller's result is not written again. Exactly once: an output is written
    only by the attempt that completed the call, from every rank's original input.
-
-Not recovered (`TransportFault` at once): a host-ring fault while the switch aggregates (the
-calls' metadata travel through "inc" then, where ranks at k*+1 are a message ahead).
 """
 from __future__ import annotations
 
@@ -103,6 +103,7 @@ class Epochs(Protocol):
 
     @property
     def aggregating(self) -> bool: ...
+    def fall_back(self, epoch: int, reason: str, call: int) -> None: ...
 
 
 class FaultRecovery:
@@ -157,9 +158,6 @@ class FaultRecovery:
         `position`. Returns once call k* is redone here if this rank was past it; the
         caller redoes k* when this rank is at it."""
         t0 = time.monotonic()
-        if self._epochs.aggregating:
-            raise self._failure(reason, "the switch aggregates: a host-ring fault is not "
-                                "recovered while calls' metadata travel through 'inc'")
         positions = [p["position"] for p in self._rendezvous.gather(
             f"fault.{epoch}", {"position": position}, self._config.collective_timeout,
             waiting_for=f"settled a transport fault (epoch {epoch})")]
@@ -171,6 +169,8 @@ class FaultRecovery:
         if len(seen) > FAULT_ATTEMPTS:
             raise self._failure(reason, f"call #{k} faulted {len(seen)} times: " +
                                 "; ".join(seen))
+        if self._epochs.aggregating:    # the records of call k* + 1 went through "inc"
+            self._epochs.fall_back(epoch, reason, k)
         self._rebuild(epoch)
         self._epochs.epoch = epoch
         time.sleep(backoff(len(seen)))

@@ -175,3 +175,40 @@ def test_an_inc_fault_on_fake_qps_falls_back_then_rebuilds_and_registers_inc_aga
     first, second = controller.registered
     assert first.ring_id != second.ring_id
     assert first.ring_id in controller.unregistered
+
+
+def test_a_host_ring_fault_on_fake_qps_while_the_switch_aggregates_leaves_and_returns() -> None:
+    """Call 2 runs algo="ring" while the fake switch aggregates (its records through
+    "inc"); rank 1's last WRITE of it fails, so the others may complete it and send call
+    3's records through the switch. The ranks leave the switch (as for its loss), rebuild the
+    host ring, redo call 2 (the ones ahead from its kept input), then return to the switch
+    after the back-off; every call exact."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    calls, per_call = 7, [0]
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        out = []
+        for c in range(calls):
+            qps = host.rings["ring"]
+            before = qps.delivered
+            if c == 2 and comm.rank == FAULTY:
+                qps.fail_at = before + per_call[0] - 1
+            if c == 4:
+                time.sleep(0.6)
+            x = data(comm.rank, c)
+            comm.allreduce(x, algo="ring" if c in (1, 2) else "auto")
+            if c == 1:
+                per_call[0] = host.rings["ring"].delivered - before
+            out.append((x.tolist(), comm.last_algo))
+        return out, comm.stats()
+
+    results = run_ranks(N, body, cfg=CFG, fabric=fabric, controller=controller)
+    for r, got in enumerate(results):
+        assert not isinstance(got, BaseException), (r, got)
+        out, stats = got
+        assert [y for y, _ in out] == [want(c) for c in range(calls)], r
+        assert out[0][1] == "switch" and out[-1][1] == "switch", out
+        assert stats["switch"]["fallbacks"] == 1 and stats["switch"]["returns"] == 1, stats
+        t = stats["transport"]
+        assert (t["faults"], t["rebuilds"], t["redone"]) == (1, 1, 1), t
