@@ -60,10 +60,11 @@ def checked(result: LaunchResult, calls: int) -> tuple[list[str], dict, list[str
 def test_a_qp_moved_to_error_mid_call_costs_one_call(
         ring: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 2 moves its "inc" QPs (through the switch, algo auto) or its host-ring QPs (no
-    switch) to ERROR 0.3 s into call 2 of 8 of 4 MiB: every call exact; one fault settled;
-    "inc": the job back on the switch at the end."""
-    calls = 8
-    args = ["--calls", str(calls), "--kill", ring, "--at", "2", "--delay", "0.3"]
+    switch) to ERROR 0.3 s into call 2 of 12 of 1 MiB: every call exact; one fault settled;
+    "inc": the job back on the switch at the end (after the 5 s back-off)."""
+    calls = 12
+    args = ["--calls", str(calls), "--size", str(1 << 18), "--kill", ring, "--at", "2",
+            "--delay", "0.3"]
     if ring == "ring":
         args.append("--no-switch")
     t0 = time.monotonic()
