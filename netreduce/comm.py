@@ -303,16 +303,35 @@ class Communicator:
         seen: str | None = None              # what this rank saw, published if none pending
         while True:
             try:
-                while self._away.pending or seen is not None:
-                    done, seen = self._away.settle(seq, target, seen), None
-                    if done:
-                        self._calls = seq + 1
-                        return Route(SWITCH)      # its wire words, summed over the ring
-                target = call.target
+                if self._settle(seq, target, seen):
+                    self._calls = seq + 1
+                    return Route(SWITCH)      # its wire words, summed over the ring
+                seen, target = None, call.target
                 return self._attempt(call, seq)
             except (SwitchAway, SwitchNotAggregating, RingFault, CompletionError) as exc:
                 self._calls = seq
                 seen = self._faults.seen(exc)
+
+    def _settle(self, position: int, target: np.ndarray | None, seen: str | None) -> bool:
+        """Settle every notice pending at this rank's `position` (`seen`: what it saw,
+        published unless a notice is pending); True when its call in flight (`target`)
+        was finished from every rank's wire words. A transport fault during a settle is
+        settled next when its epoch was settled (a rank redoing a call it had completed),
+        else (a switch call's wire words summed over a failed host ring) it is a
+        `CommunicatorError`."""
+        while self._away.pending or seen is not None:
+            epoch = self._away.epoch
+            try:
+                if self._away.settle(position, target, seen):
+                    return True
+                seen = None
+            except (RingFault, CompletionError) as exc:
+                if self._away.epoch == epoch:
+                    raise CommunicatorError(
+                        f"netreduce: rank {self.rank}: a transport fault while settling "
+                        f"notice epoch {epoch + 1}, which needs the host ring: {exc}") from exc
+                seen = self._faults.seen(exc)
+        return False
 
     def _attempt(self, call: "_Call", seq: int) -> Route:
         """Call `seq` once: route it before the exchange (`candidates`), metadata exchange
@@ -388,14 +407,8 @@ class Communicator:
             if self._closed or self._broken is not None or not self._away.pending:
                 return
             what = f"settling notice epoch {self._away.epoch + 1} while idle"
-            seen: str | None = None
             try:
-                while self._away.pending or seen is not None:
-                    try:
-                        self._away.settle(self._calls, None, seen)
-                        seen = None
-                    except (RingFault, CompletionError) as exc:    # in a redo of the last call
-                        seen = self._faults.seen(exc)
+                self._settle(self._calls, None, None)
             except TransportFault as exc:
                 self._break(exc)
             except PeerFailed as exc:

@@ -6,7 +6,8 @@
 `--calls` calls of int32[size] (checked exactly against every rank's input, out= a fresh
 array, the input untouched); with `--kill`, rank R moves its RING QPs ("inc" or "ring") to
 ERROR `--delay` s into call K, from a timer thread (as a NIC reset would). Prints
-"CALL i algo seconds" per call, rank 0 "AT CALL i" before call i (the link-dark test's
+"CALL i algo seconds" per call (with `--until-switch`, more calls until one goes
+through the switch), rank 0 "AT CALL i" before call i (the link-dark test's
 cue), then STATS and "OK faults".
 """
 from __future__ import annotations
@@ -24,8 +25,9 @@ from netreduce.tools.reference import rank_input
 
 
 def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
-    n = comm.world_size
-    for i in range(args.calls):
+    n, start, i = comm.world_size, time.monotonic(), -1
+    while i + 1 < args.calls:
+        i += 1
         if comm.rank == 0:
             print(f"AT CALL {i}", flush=True)
         if args.kill and i == args.at and comm.rank == args.victim:
@@ -42,6 +44,10 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
                 not np.array_equal(x, rank_input([comm.rank, args.size, i], args.size, "int32")):
             sys.exit(f"FAIL call {i}: int32[{args.size}] not exact ({comm.last_algo})")
         print(f"CALL {i} {comm.last_algo} {dt:.2f}", flush=True)
+        if i == args.calls - 1 and comm.last_algo != "switch" and args.until_switch:
+            args.calls += 1     # alike on every rank: routes are
+            if time.monotonic() - start > args.until_switch:
+                sys.exit(f"FAIL: not back on the switch {args.until_switch:g} s after start")
     print(f"STATS {json.dumps(comm.stats(), sort_keys=True)}", flush=True)
     print("OK faults", flush=True)
 
@@ -56,6 +62,8 @@ def main() -> None:
     p.add_argument("--victim", type=int, default=2)
     p.add_argument("--at", type=int, default=2, help="the call during which they do")
     p.add_argument("--delay", type=float, default=0.3, help="s into that call")
+    p.add_argument("--until-switch", type=float, default=0.0, help="after the calls, more "
+                   "until one goes through the switch, for up to S s from the start")
     args = p.parse_args()
     netreduce.log_to_stderr()
     comm = netreduce.init(switch="" if args.no_switch else None, collective_timeout=300)

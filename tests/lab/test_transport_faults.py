@@ -42,15 +42,15 @@ def run_job(*args: str, out: Cues | None = None, retry_cnt: int | None = None,
 
 
 def checked(result: LaunchResult, calls: int) -> tuple[list[str], dict, list[str]]:
-    """Every rank printed OK after `calls` exact calls, the same routes and counts; returns
-    the routes, the stats and rank 0's output."""
+    """Every rank printed OK after at least `calls` exact calls, the same routes and
+    counts; returns the routes, the stats and rank 0's output."""
     assert result.ok, (result.exit_code, [r.output[-30:] for r in result.ranks])
     routes, stats = [], []
     for r in range(N):
         assert lines(result, r, "OK faults"), result.ranks[r].output[-40:]
         routes.append([c.split()[1] for c in lines(result, r, "CALL ")])
         stats.append(json.loads(lines(result, r, "STATS ")[0]))
-    assert len(routes[0]) == calls and routes == [routes[0]] * N, routes
+    assert len(routes[0]) >= calls and routes == [routes[0]] * N, routes
     counts = [{k: v for k, v in s["transport"].items() if k != "ms_lost"} for s in stats]
     assert counts == [counts[0]] * N, stats
     return routes[0], stats[0], result.ranks[0].output
@@ -60,13 +60,12 @@ def checked(result: LaunchResult, calls: int) -> tuple[list[str], dict, list[str
 def test_a_qp_moved_to_error_mid_call_costs_one_call(
         ring: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 2 moves its "inc" QPs (through the switch, algo auto) or its host-ring QPs (no
-    switch) to ERROR 0.3 s into call 2 of 12 of 1 MiB: every call exact; one fault settled;
-    "inc": the job back on the switch at the end (after the 5 s back-off)."""
+    switch) to ERROR 0.05 s into call 2 of 12 of 1 MiB: every call exact; one fault settled;
+    "inc": calls go on until the job is back on the switch (after the 5 s back-off)."""
     calls = 12
     args = ["--calls", str(calls), "--size", str(1 << 18), "--kill", ring, "--at", "2",
-            "--delay", "0.3"]
-    if ring == "ring":
-        args.append("--no-switch")
+            "--delay", "0.05"]
+    args += ["--no-switch"] if ring == "ring" else ["--until-switch", "120"]
     t0 = time.monotonic()
     routes, stats, out = checked(run_job(*args), calls)
     took = time.monotonic() - t0
@@ -75,8 +74,8 @@ def test_a_qp_moved_to_error_mid_call_costs_one_call(
     named = [line for line in out if "transport fault on '" + ring + "'" in line]
     assert named, out[-40:]
     if ring == "inc":
-        assert stats["switch"]["fallbacks"] == 1 and routes[-1] == "switch", (routes, stats)
-        assert t["rebuilds"] == 1, stats
+        assert stats["switch"]["fallbacks"] == 1 and stats["switch"]["returns"] == 1, stats
+        assert routes[-1] == "switch" and t["rebuilds"] == 1, (routes, stats)
     else:
         assert t["rebuilds"] == 1 and set(routes) == {"ring"}, (routes, stats)
     secs = [float(c.split()[2]) for c in lines_of(out, "CALL ")]
@@ -99,7 +98,8 @@ def test_a_host_link_dark_for_20_s_mid_job_costs_no_call(
     out = Cues("AT CALL 10")
     outcome: list[LaunchResult] = []
     job = threading.Thread(target=lambda: outcome.append(run_job(
-        "--calls", str(calls), out=out, retry_cnt=6, timeout=1500)))
+        "--calls", str(calls), "--until-switch", "600", out=out, retry_cnt=6,
+        timeout=1500)))
     job.start()
     t0 = time.monotonic()
     try:
