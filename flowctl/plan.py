@@ -7,12 +7,33 @@ outstanding per connection, so an aggregator pool of N slots needs N >= 2 * wind
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence, overload
 
 from nr_contract.spec import DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT, PATH_MTUS
 
 IMM_MODULUS = 1 << 32   # the immediate carries the message index modulo 2^32
+RETRY_CNT_ENV = "NR_RETRY_CNT"
+DEFAULT_RETRY_CNT = 7   # what NCCL and most RC users set; rxe alone reads 7 as "forever"
+MAX_RETRY_CNT = 7       # a 3-bit field
+
+
+def default_retry_cnt() -> int:
+    """The QPs' RC retry budget: $NR_RETRY_CNT (0..7) when set, else DEFAULT_RETRY_CNT."""
+    text = os.environ.get(RETRY_CNT_ENV, "").strip()
+    if not text:
+        return DEFAULT_RETRY_CNT
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"flowctl: ${RETRY_CNT_ENV}={text!r} is not an integer in "
+                         f"0..{MAX_RETRY_CNT}") from None
+
+
+def ack_timeout_seconds(ack_timeout: int) -> float:
+    """The local ACK timeout exponent in seconds (IBTA: 4.096 us x 2^ack_timeout)."""
+    return 4.096e-6 * (1 << ack_timeout)
 
 
 @dataclass(frozen=True)
@@ -23,7 +44,10 @@ class FlowConfig:
     `window` >= 1; `recv_depth` >= 1 receives stay posted per receiving QP;
     `collective_timeout` > 0 seconds without any completion, while every peer is alive, is
     an error (a dead or failed peer is reported at once by the stream's liveness check);
-    `ack_timeout` in 1..31 is the QPs' local ACK timeout exponent (see DEFAULT_ACK_TIMEOUT).
+    `ack_timeout` in 1..31 is the QPs' local ACK timeout exponent (see DEFAULT_ACK_TIMEOUT);
+    `retry_cnt` in 0..7 the QPs' RC retry budget (default $NR_RETRY_CNT, else 7): a QP whose
+    packets stay unacknowledged through `dark_budget` seconds goes to the error state
+    (docs/roce.md, "The retry budget"), except that rxe never gives up at 7.
     """
 
     mtu: int = 4096
@@ -32,6 +56,7 @@ class FlowConfig:
     recv_depth: int = 1024
     collective_timeout: float = 1800.0
     ack_timeout: int = DEFAULT_ACK_TIMEOUT
+    retry_cnt: int = field(default_factory=default_retry_cnt)
 
     def __post_init__(self) -> None:
         if self.mtu not in PATH_MTUS:
@@ -49,6 +74,17 @@ class FlowConfig:
         if not 1 <= self.ack_timeout <= MAX_ACK_TIMEOUT:
             raise ValueError(f"flowctl: ack_timeout {self.ack_timeout} must be in "
                              f"1..{MAX_ACK_TIMEOUT} (4.096 us x 2^ack_timeout)")
+        if not 0 <= self.retry_cnt <= MAX_RETRY_CNT:
+            raise ValueError(f"flowctl: retry_cnt {self.retry_cnt} must be in "
+                             f"0..{MAX_RETRY_CNT} (RC retries before a QP fails; "
+                             f"${RETRY_CNT_ENV})")
+
+    @property
+    def dark_budget(self) -> float:
+        """Seconds a link may be dark before a QP with unacknowledged packets fails on an
+        IB/RoCE NIC: the first try and `retry_cnt` retries, one ACK timeout each (the NIC
+        may take up to 4x longer per timeout; rxe retries forever at 7)."""
+        return (self.retry_cnt + 1) * ack_timeout_seconds(self.ack_timeout)
 
     @property
     def packets_per_message(self) -> int:

@@ -47,7 +47,12 @@ class FlowError(RuntimeError):
 
 
 class CompletionError(FlowError):
-    """A work completion came back with an error status."""
+    """A work completion came back with an error status (`status`, on the stream `label`
+    names: a transport fault, netreduce/transport_fault.py)."""
+
+    def __init__(self, message: str, status: str = "", label: str = "") -> None:
+        super().__init__(message)
+        self.status, self.label = status, label
 
 
 class StallError(FlowError):
@@ -164,7 +169,7 @@ class Stream:
         if not c.ok:
             raise CompletionError(f"flowctl: {self.label}: RDMA WRITE of message {c.index} to "
                                   f"rank {self.link.successor} failed: {c.status}; "
-                                  f"{self.link.diagnostics()}")
+                                  f"{self.link.diagnostics()}", c.status, self.label)
         try:
             self.window.complete(c.index)
         except WindowError as exc:
@@ -185,7 +190,7 @@ class Stream:
         if not c.ok:
             raise CompletionError(f"flowctl: {self.label}: receive of message {m.index} from "
                                   f"rank {self.link.predecessor} failed: {c.status}; "
-                                  f"{self.link.diagnostics()}")
+                                  f"{self.link.diagnostics()}", c.status, self.label)
         if c.index != m.imm:
             raise SequenceError(f"flowctl: {self.label}: expected message {m.index} (imm "
                                 f"{m.imm}) from rank {self.link.predecessor}, got imm {c.index}: "

@@ -25,7 +25,7 @@ from flowctl.stream import FlowError
 from netreduce.algorithms.switch import AllreduceOverflow, NotQuantizable
 from netreduce.api import allreduce, finalize, get_communicator, init, log_to_stderr
 from netreduce.comm import Communicator
-from netreduce.errors import CommunicatorError, PeerFailure, SwitchFailure
+from netreduce.errors import CommunicatorError, PeerFailure, SwitchFailure, TransportFault
 from netreduce.meta import AllreduceMismatch, CallRejected
 from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
@@ -39,5 +39,5 @@ from ring_setup.store_protocol import RendezvousError, RendezvousTimeout
 __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicator",
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",
            "PeerFailure", "RendezvousError", "RendezvousTimeout", "SwitchFailure",
-           "SwitchRegistrationError", "SwitchStatus", "SwitchUnavailable", "Work",
+           "SwitchRegistrationError", "SwitchStatus", "SwitchUnavailable", "TransportFault", "Work",
            "__version__", "allreduce", "finalize", "get_communicator", "init", "log_to_stderr"]

@@ -45,14 +45,16 @@ def init(rank: int | None = None, world_size: int | None = None,
          device: str | None = None, local_addr: str | None = None,
          inc_addr: str | None = None, mtu: int | None = None,
          msg_size: int | None = None, window: int | None = None,
-         ack_timeout: int | None = None, recv_depth: int = 1024,
+         ack_timeout: int | None = None, retry_cnt: int | None = None, recv_depth: int = 1024,
          collective_timeout: float = 1800.0, switch: str | None = None,
          timeout: float = DEFAULT_TIMEOUT, exit_on_sigterm: bool = True) -> Communicator:
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
     default 2) are the flow-control knobs, `ack_timeout` the QPs' local ACK timeout
-    exponent (4.096 us x 2^ack_timeout, default 14 = 67 ms: rxe's retransmit timer); the
+    exponent (4.096 us x 2^ack_timeout, default 14 = 67 ms: rxe's retransmit timer) and
+    `retry_cnt` its RC retry budget (0..7, default $NR_RETRY_CNT, else 7; a link dark
+    longer than (retry_cnt + 1) ACK timeouts fails the QPs: docs/roce.md); the
     switch's aggregator pool (256 slots by default) must hold 2 x min(`window` x `msg_size`/`mtu`, 129) packets (2 x 128 with the
     defaults; rxe keeps up to 129 PSNs unacknowledged per QP), rounded up to a power of
     two, which its controller checks at registration. With a switch, the "inc" ring's knobs
@@ -75,7 +77,8 @@ def init(rank: int | None = None, world_size: int | None = None,
                                 "first)")
     knobs = {k: v for k, v in (("mtu", mtu), ("msg_size", msg_size), ("window", window),
                                ("ack_timeout", ack_timeout)) if v is not None}
-    config = FlowConfig(**knobs, recv_depth=recv_depth, collective_timeout=collective_timeout)
+    config = FlowConfig(**knobs, recv_depth=recv_depth, collective_timeout=collective_timeout,
+                        **({} if retry_cnt is None else {"retry_cnt": retry_cnt}))
     _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
                                    local_addr=local_addr, inc_addr=inc_addr, config=config,
                                    pinned=frozenset(knobs), switch=switch, timeout=timeout)

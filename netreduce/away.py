@@ -6,7 +6,9 @@ costs one call's time, never the job. docs/reliability.md ("Switch restarts") ha
 argument; `AwayProtocol` runs it on each rank, in steps:
 1. Notice: the rank that sees the loss publishes a switch-away notice of epoch e through
    the store (`Rendezvous.notice`); a rank waiting on "inc" sees it in its liveness check
-   (`SwitchAway`), a transfer error on "inc" that comes with it is one too (`on_inc`).
+   (`SwitchAway`), a transfer error on "inc" that comes with it is one too (`on_inc`);
+   a failed completion on "inc" without one is a transport fault, settled as the switch's
+   loss (netreduce/transport_fault.py); a host-ring fault's epoch goes to `on_fault`.
 2. Settle epoch e once, under the communicator's call lock (`AwayProtocol.settle`: inside
    the call that saw it, before the next call, or on the progress thread when idle): this
    rank's "inc" QPs go to ERROR (no late WRITE through the lost switch lands in its
@@ -42,7 +44,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from flowctl.plan import FlowConfig
-from flowctl.stream import FlowError, StallError, Stream
+from flowctl.stream import CompletionError, FlowError, StallError, Stream
 from netreduce.algorithms import CallContext
 from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
@@ -52,6 +54,7 @@ from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationE
                                     SwitchStatus, register_inc_ring, unregister)
 from netreduce.rings import Host, RingQPsLike, connect_ring, inc_ring_spec
 from netreduce.routing import CallStats
+from netreduce.transport_fault import fault_reason, faulted_ring
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.endpoints import HostEndpoint, RingEndpoint
 from ring_setup.rendezvous import Rendezvous
@@ -212,6 +215,8 @@ class AwayProtocol:
         self._rejoiner: Rejoiner | None = None
         self._unregistered = False
         self.closing = False                  # the communicator is closing: no new notice
+        # settles a host-ring fault's epoch (netreduce.transport_fault.FaultRecovery.settle)
+        self.on_fault: Callable[[int, int, str], None] | None = None
         streams["inc"].liveness = self.liveness
         self._lease = self._keep_lease()
 
@@ -269,6 +274,8 @@ class AwayProtocol:
             if not isinstance(exc, SwitchNotAggregating) and self._notice_within(NOTICE_GRACE):
                 raise SwitchAway(f"a transfer on 'inc' failed after the switch went away: "
                                  f"{exc}") from exc
+            if isinstance(exc, CompletionError):    # a transport fault: settled alike
+                raise SwitchAway(fault_reason("inc", exc)) from exc
             if isinstance(exc, StallError):
                 raise StallError(f"{exc}; {self._switch_view()}") from exc
             raise
@@ -326,6 +333,9 @@ class AwayProtocol:
         if self._rendezvous.notice_epoch < epoch:
             self._rendezvous.notice(epoch, f"rank {self.rank}: {seen}")
         reason = self._notice_reason()
+        if self.on_fault is not None and faulted_ring(reason) == "ring":
+            self.on_fault(epoch, position, reason)      # netreduce.transport_fault
+            return False
         self._stop_lease()
         if self._inc is not None:
             self._inc.to_error()    # no late WRITE through the lost switch lands in our memory
@@ -349,12 +359,32 @@ class AwayProtocol:
                 recovered = True
         elif plan.recover:
             recovered = self._finish_inline(plan.call, position, target, reason)
+        self._left(epoch, reason, plan)
+        return recovered
+
+    def fall_back(self, epoch: int, reason: str, call: int) -> None:
+        """Leave the switch at notice `epoch` without a settle plan: a host-ring fault in
+        call `call` while the switch aggregates (netreduce.transport_fault redoes that call
+        over the host ring, whose records then travel there too). As for the switch's loss:
+        "inc" to ERROR, the lease stopped, rank 0 asks the controller again after the
+        back-off."""
+        self._stop_lease()
+        if self._inc is not None:
+            self._inc.to_error()
+        self._left(epoch, reason, SettlePlan(call, False, ()))
+
+    def _left(self, epoch: int, reason: str, plan: SettlePlan) -> None:
+        """Epoch `epoch` settled by leaving the switch (`plan`): count, start rank 0's
+        Rejoiner, log."""
         self.forget_kept()
         lost_ring = self.status.ring_id
         self.epoch, self.reason = epoch, reason
         self._away_at = (plan.call, time.monotonic())
         self._stats.switch_event("fallbacks")
         counts = self._stats.switch_event("recovered", int(plan.recover))
+        if faulted_ring(reason) == "inc":
+            self._stats.fault_event("faults")
+            self._stats.fault_event("redone")
         if self.rank == 0 and self._controller is not None:
             delay = self._backoff.lost()
             self._rejoiner = Rejoiner(self._controller, delay, lost_ring)
@@ -367,7 +397,6 @@ class AwayProtocol:
                            "(switch counts: %s)", self.status.controller, lost_ring, reason,
                            counts["fallbacks"], plan.call, plan.describe(), when,
                            _counts(counts))
-        return recovered
 
     def _finish_inline(self, seq: int, position: int, target: np.ndarray | None,
                        reason: str) -> bool:
@@ -468,6 +497,8 @@ class AwayProtocol:
                                seq, status.note, delay)
             return
         away_call, since = self._away_at
+        if faulted_ring(self.reason or "") == "inc":
+            self._stats.fault_event("rebuilds")
         self.status, self.reason = status, None
         self._backoff.returned()
         counts = self._stats.switch_event("returns")

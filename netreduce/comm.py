@@ -34,11 +34,11 @@ from typing import Any, Callable
 import numpy as np
 
 from flowctl.plan import FlowConfig
-from flowctl.stream import Stream
+from flowctl.stream import CompletionError, Stream
 from netreduce.algorithms import CallContext
 from netreduce.algorithms.switch import SWITCH
 from netreduce.away import AwayProtocol, SwitchAway
-from netreduce.errors import CommunicatorError, PeerFailure
+from netreduce.errors import CommunicatorError, PeerFailure, TransportFault
 from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange,
                             SwitchNotAggregating, check_agreement, check_dtype, check_op,
                             control_bytes)
@@ -50,6 +50,7 @@ from netreduce.rings import INC_ADDR_ENV, Host, RingQPsLike, connect_rings, inc_
 from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, candidates, check_request,
                                route)
 from netreduce.tensors import as_ndarray, torch_store_in_use
+from netreduce.transport_fault import FaultRecovery, RingFault
 from netreduce.workspace import RegisteredMemory, Workspace
 from nr_contract.spec import RingSpec
 from ring_setup.device import source_ipv4_towards
@@ -98,6 +99,11 @@ class Communicator:
             streams=streams, inc=(rings or {}).get("inc"), inc_config=self.inc_config,
             timeout=config.collective_timeout, status=switch, controller=controller,
             stats=self._stats, meta=self._meta, workspace=self._workspace)
+        self._faults = FaultRecovery(
+            rendezvous=rendezvous, host=host, control=control, config=config, streams=streams,
+            qps=(rings or {}).get("ring"), epochs=self._away, stats=self._stats,
+            redo=self._attempt)
+        self._away.on_fault = self._faults.settle
         rendezvous.on_notice(self._noticed)
 
     @classmethod
@@ -270,22 +276,11 @@ class Communicator:
     def _execute(self, call: "_Call") -> None:
         seq = self._calls
         try:
-            if self._away.pending:      # the switch went away meanwhile
-                self._away.settle(seq)
-            while True:
-                try:
-                    taken = self._attempt(call, seq)
-                    break
-                except (SwitchAway, SwitchNotAggregating) as exc:
-                    self._calls = seq
-                    if self._away.settle(seq, call.target, str(exc)):
-                        self._calls = seq + 1
-                        taken = Route(SWITCH)     # its wire words, summed over the ring
-                        break
-                    # not completed anywhere: run it again over the host ring (the input is
-                    # untouched, the output not written); algo="switch" is refused there
+            taken = self._complete(call, seq)
         except CallRejected:
             raise
+        except TransportFault as exc:   # decided alike on every rank: no abort
+            raise self._break(exc)
         except PeerFailed as exc:
             raise self._break(PeerFailure(
                 f"netreduce: rank {self.rank}: {call.what(seq)} failed: {exc}; the "
@@ -297,6 +292,46 @@ class Communicator:
             raise self._break(exc)
         self._count(taken, call, seq)
         self.last_algo, self.last_fallback = taken.algorithm.name, taken.fallback
+
+    def _complete(self, call: "_Call", seq: int) -> Route:
+        """Run call `seq` until it completes: settle the notices pending (the switch went
+        away, or a transport fault: `AwayProtocol.settle`, netreduce.transport_fault) --
+        first as idle, then with the call in flight -- and attempt it again from its
+        untouched input (its output not written), unless a settle finished it from every
+        rank's wire words; algo="switch" is refused over the host ring."""
+        target: np.ndarray | None = None     # None: the call has not started (idle)
+        seen: str | None = None              # what this rank saw, published if none pending
+        while True:
+            try:
+                if self._settle(seq, target, seen):
+                    self._calls = seq + 1
+                    return Route(SWITCH)      # its wire words, summed over the ring
+                seen, target = None, call.target
+                return self._attempt(call, seq)
+            except (SwitchAway, SwitchNotAggregating, RingFault, CompletionError) as exc:
+                self._calls = seq
+                seen = self._faults.seen(exc)
+
+    def _settle(self, position: int, target: np.ndarray | None, seen: str | None) -> bool:
+        """Settle every notice pending at this rank's `position` (`seen`: what it saw,
+        published unless a notice is pending); True when its call in flight (`target`)
+        was finished from every rank's wire words. A transport fault during a settle is
+        settled next when its epoch was settled (a rank redoing a call it had completed),
+        else (a switch call's wire words summed over a failed host ring) it is a
+        `CommunicatorError`."""
+        while self._away.pending or seen is not None:
+            epoch = self._away.epoch
+            try:
+                if self._away.settle(position, target, seen):
+                    return True
+                seen = None
+            except (RingFault, CompletionError) as exc:
+                if self._away.epoch == epoch:
+                    raise CommunicatorError(
+                        f"netreduce: rank {self.rank}: a transport fault while settling "
+                        f"notice epoch {epoch + 1}, which needs the host ring: {exc}") from exc
+                seen = self._faults.seen(exc)
+        return False
 
     def _attempt(self, call: "_Call", seq: int) -> Route:
         """Call `seq` once: route it before the exchange (`candidates`), metadata exchange
@@ -324,6 +359,7 @@ class Communicator:
         records = away.on_inc(through_switch, lambda: self._meta.exchange(
             mine, through_switch, settle=False))
         away.forget_kept()      # every rank started this call: the last one is complete
+        self._faults.forget(seq)
         try:
             context = self._context(call, records, workspace)
             if was_away and records[0].flags & REJOIN:
@@ -336,6 +372,7 @@ class Communicator:
             away.run_switch(context, array, target, mine)
         else:
             away.settle_inc(through_switch)
+            self._faults.keep(seq, call)    # a rank ahead redoes it after a fault
             taken.algorithm.run(context, array, target)
         return taken
 
@@ -369,9 +406,11 @@ class Communicator:
         with self._running:
             if self._closed or self._broken is not None or not self._away.pending:
                 return
-            what = f"settling the switch's loss (epoch {self._away.epoch + 1}) while idle"
+            what = f"settling notice epoch {self._away.epoch + 1} while idle"
             try:
-                self._away.settle(self._calls)
+                self._settle(self._calls, None, None)
+            except TransportFault as exc:
+                self._break(exc)
             except PeerFailed as exc:
                 self._break(PeerFailure(f"netreduce: rank {self.rank}: {what}: {exc}",
                                         exc.ranks))
@@ -393,9 +432,11 @@ class Communicator:
         {"calls": {"switch" | "ring": calls routed there}, "fallbacks": {reason: "auto" calls
         that ran over the ring although a switch is registered}, "switch": {"fallbacks":
         times the switch went away, "returns": times the ring was registered again,
-        "recovered": calls finished from every rank's wire words over the ring}}; the
-        reasons are the keys of `netreduce.routing.FALLBACKS` ("dtype", "op",
-        "non-finite", "switch-away")."""
+        "recovered": calls finished from every rank's wire words over the ring}, "transport":
+        {"faults": transport faults settled, "rebuilds": rings rebuilt for them, "redone":
+        calls redone after them, "ms_lost": this rank's time settling them}}
+        (`netreduce.transport_fault`); the reasons are the keys of
+        `netreduce.routing.FALLBACKS` ("dtype", "op", "non-finite", "switch-away")."""
         return self._stats.snapshot()
 
     def _break(self, exc: BaseException) -> BaseException:

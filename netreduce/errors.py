@@ -21,3 +21,11 @@ class SwitchFailure(CommunicatorError):
     agreed plan needs, or a good seal disagrees with the sum recovered over the host
     ring); the message names the switch. The communicator is unusable afterwards. A switch
     that restarts or loses the ring is settled instead (`netreduce.away`)."""
+
+
+class TransportFault(CommunicatorError):
+    """A transport fault (a QP in the error state, a work completion with an error status)
+    that kept coming back after the bounded recoveries (`netreduce.transport_fault`), or
+    one that cannot be recovered yet; the message names the connection, the statuses seen
+    and the attempts, alike on every rank. A recovered fault costs one call's time and
+    raises nothing. The communicator is unusable afterwards."""

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
-from flowctl.plan import FlowConfig
+from flowctl.plan import FlowConfig, ack_timeout_seconds
 from ring_setup.rendezvous import Rendezvous
 from nr_contract.spec import RXE_MAX_INFLIGHT, RingSpec
 from nr_contract.tokens import ADDR_ENV
@@ -189,7 +189,7 @@ def fit_config(config: FlowConfig, pinned: frozenset[str], world_size: int, targ
 
 def ack_time(exponent: int) -> str:
     """A QP local ACK timeout exponent as the time it stands for."""
-    seconds = 4.096e-6 * 2 ** exponent
+    seconds = ack_timeout_seconds(exponent)
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 

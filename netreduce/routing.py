@@ -56,6 +56,7 @@ FALLBACKS = {
 }
 # CallStats.switch_event kinds
 EVENTS = ("fallbacks", "returns", "recovered")
+FAULT_EVENTS = ("faults", "rebuilds", "redone", "ms_lost")   # netreduce.transport_fault
 
 
 class SwitchUnavailable(CallRejected, RuntimeError):
@@ -136,6 +137,7 @@ class CallStats:
         self._ran: dict[str, int] = {}
         self._fallbacks: dict[str, int] = {}
         self._switch: dict[str, int] = dict.fromkeys(EVENTS, 0)
+        self._transport: dict[str, int] = dict.fromkeys(FAULT_EVENTS, 0)
 
     def switch_event(self, kind: str, count: int = 1) -> dict[str, int]:
         """Count `count` events of `kind` (`EVENTS`: the switch went away; it came back; a
@@ -144,6 +146,14 @@ class CallStats:
         with self._lock:
             self._switch[kind] += count
             return dict(self._switch)
+
+    def fault_event(self, kind: str, count: int = 1) -> dict[str, int]:
+        """Count `count` of `kind` (`FAULT_EVENTS`: transport faults settled, rings rebuilt,
+        calls redone, milliseconds from a fault's notice to the end of its recovery);
+        returns the transport counts after it."""
+        with self._lock:
+            self._transport[kind] += count
+            return dict(self._transport)
 
     def count(self, taken: Route) -> bool:
         """Count one routed call; True when it is the first fallback for its reason (the
@@ -159,7 +169,8 @@ class CallStats:
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """{"calls": {algorithm: calls routed to it}, "fallbacks": {reason: "auto" calls
-        routed to the ring although a switch is registered}, "switch": {event: count}}."""
+        routed to the ring although a switch is registered}, "switch": {event: count},
+        "transport": {event: count}}."""
         with self._lock:
             return {"calls": dict(self._ran), "fallbacks": dict(self._fallbacks),
-                    "switch": dict(self._switch)}
+                    "switch": dict(self._switch), "transport": dict(self._transport)}

@@ -5,7 +5,9 @@ arrays, and an RDMA WRITE WITH IMMEDIATE is a memmove plus two completions.
 Like the real thing: a posted WRITE executes later (when its sender polls), only into a
 registered region under the right key and in bounds, consumes one posted receive of the
 responder (none posted -> it waits, like an RNR retry), and completes in order; CQs must
-never overflow. Faults on demand: `fail_index` (error completion) and `frozen` (stall).
+never overflow. Faults on demand: `fail_index` (error completion), `frozen` (stall), and a
+transport fault of one rank's QPs (`FakeHost.faults`: the ring built next fails its
+WRITE number N with a retry error and goes to ERROR).
 
 `FakeController` stands in for the switch controller: a ring registered with it makes the
 fabric aggregate that ring's WRITEs like the switch (`FakeSwitch`), message by message
@@ -89,6 +91,10 @@ class FakeHost:
         self.device = f"fake{rank}"
         self._regions: list[FakeRegion] = []
         self.rings: dict[str, FakeRingQPs] = {}
+        # ring name -> for each QPs of it built from now on, the WRITE (0: the first
+        # delivered) that fails with a transport fault, or None
+        self.faults: dict[str, list[int | None]] = {}
+        self.built: dict[str, int] = {}                # ring name -> QPs built
 
     def register(self, nbytes: int) -> FakeRegion:
         region = FakeRegion(self.fabric, nbytes)
@@ -97,9 +103,12 @@ class FakeHost:
 
     def create_ring(self, name: str, config: FlowConfig) -> "FakeRingQPs":
         addr = self.ring_addrs.get(name)
-        self.rings[name] = FakeRingQPs(self.fabric, name, config, None if addr is None else
-                                       RingAddress(addr, self.mac, ipv4_gid(addr)))
-        return self.rings[name]
+        qps = self.rings[name] = FakeRingQPs(self.fabric, name, config, None if addr is None
+                                             else RingAddress(addr, self.mac, ipv4_gid(addr)))
+        self.built[name] = self.built.get(name, 0) + 1
+        if self.faults.get(name):
+            qps.fail_at = self.faults[name].pop(0)
+        return qps
 
     def close(self) -> None:
         for region in self._regions:
@@ -115,6 +124,8 @@ class FakeRingQPs:
         self.dest_qpn: int | None = None
         self.posted = 0                 # WRITEs posted on this ring's send QP (all time)
         self.error = False              # to_error() or close(): nothing moves any more
+        self.fail_at: int | None = None  # the delivered WRITE that fails (a transport fault)
+        self.delivered = 0
 
     def local(self) -> RingEndpoint:
         return RingEndpoint(QPEndpoint(self.send_qpn, self.send_psn),
@@ -185,6 +196,12 @@ class FakeLink:
                 if not self.wire or target.recv_posted == 0:
                     return
                 index, src, dst = self.wire.popleft()
+                if self.qps.delivered == self.qps.fail_at:    # retries exhausted: ERROR
+                    self.qps.error = True
+                    self.send_cq.append(Completion(
+                        index, False, "transport retry counter exceeded (status 12, fake)"))
+                    return
+                self.qps.delivered += 1
                 if index == fabric.fail_index:
                     self.send_cq.append(Completion(index, False, "remote access error (fake)"))
                     continue

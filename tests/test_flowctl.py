@@ -70,10 +70,30 @@ def test_config_knobs_match_the_ring_spec() -> None:
     ({"window": 0}, "window 0"),
     ({"recv_depth": 0}, "recv_depth"),
     ({"collective_timeout": 0}, "collective_timeout"),
+    ({"retry_cnt": 8}, r"retry_cnt 8 must be in 0\.\.7"),
+    ({"retry_cnt": -1}, r"retry_cnt -1 must be in 0\.\.7"),
 ])
 def test_config_rejects_bad_knobs(kwargs: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         FlowConfig(**kwargs)
+
+
+def test_the_retry_budget_comes_from_the_environment_and_bounds_a_dark_link(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NR_RETRY_CNT", raising=False)
+    assert FlowConfig().retry_cnt == 7
+    monkeypatch.setenv("NR_RETRY_CNT", "5")
+    cfg = FlowConfig()
+    assert cfg.retry_cnt == 5
+    # IBTA: 4.096 us x 2^14 per ACK timeout, the first try and 5 retries: 6 x 67.1 ms
+    assert cfg.dark_budget == pytest.approx(6 * 0.067108864)
+    assert FlowConfig(retry_cnt=0, ack_timeout=20).dark_budget == pytest.approx(4.294967296)
+    monkeypatch.setenv("NR_RETRY_CNT", "six")
+    with pytest.raises(ValueError, match=r"\$NR_RETRY_CNT='six' is not an integer in 0\.\.7"):
+        FlowConfig()
+    monkeypatch.setenv("NR_RETRY_CNT", "9")
+    with pytest.raises(ValueError, match="retry_cnt 9 must be in 0..7"):
+        FlowConfig()
 
 
 # --- credit window --------------------------------------------------------------------------

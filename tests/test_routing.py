@@ -14,7 +14,7 @@ from netreduce.algorithms import CallContext
 from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import SWITCH, AllreduceOverflow, NotQuantizable
 from netreduce.registration import SwitchStatus
-from netreduce.routing import (DTYPE, FALLBACKS, NON_FINITE, OP, CallStats, Route,
+from netreduce.routing import (DTYPE, FALLBACKS, FAULT_EVENTS, NON_FINITE, OP, CallStats, Route,
                                SwitchUnavailable, candidates, check_request, route)
 
 REGISTERED = SwitchStatus(controller="ctl:1", ring_id="nr-test", slots=256)
@@ -128,7 +128,8 @@ def test_stats_count_routes_and_fallbacks_and_flag_each_reason_once() -> None:
     assert firsts == [False, True, False, False, True]
     assert stats.snapshot() == {"calls": {"switch": 1, "ring": 4},
                                 "fallbacks": {NON_FINITE: 2, DTYPE: 1},
-                                "switch": {"fallbacks": 0, "returns": 0, "recovered": 0}}
+                                "switch": {"fallbacks": 0, "returns": 0, "recovered": 0},
+                                "transport": dict.fromkeys(FAULT_EVENTS, 0)}
     snap = stats.snapshot()
     snap["calls"]["switch"] = 99                     # a copy: the counters are untouched
     assert stats.snapshot()["calls"]["switch"] == 1

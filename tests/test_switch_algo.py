@@ -17,6 +17,7 @@ from flowctl.stream import StallError
 from netreduce import (AllreduceMismatch, AllreduceOverflow, Communicator, NotQuantizable,
                        SwitchRegistrationError)
 from netreduce.algorithms.base import DataRange
+from netreduce.routing import FAULT_EVENTS
 from netreduce.algorithms.switch import INLINE_BYTES, SWITCH, wire_bytes
 from netreduce.tools.reference import Reference, rank_input
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
@@ -361,7 +362,8 @@ def test_auto_routes_nan_to_the_ring_on_every_rank_counts_it_and_warns_once(
         assert after == ("switch", None) and f64 == "dtype"
         assert stats == {"calls": {"ring": 4, "switch": 1},
                          "fallbacks": {"non-finite": 2, "dtype": 1},
-                         "switch": {"fallbacks": 0, "returns": 0, "recovered": 0}}
+                         "switch": {"fallbacks": 0, "returns": 0, "recovered": 0},
+                         "transport": dict.fromkeys(FAULT_EVENTS, 0)}
     warned = [r.getMessage() for r in caplog.records if r.name == "netreduce.comm"]
     assert warned == [
         "netreduce: allreduce call #0 (float32[1000] op=sum algo=auto) runs over the host ring "

@@ -15,7 +15,7 @@ import netreduce.away as away
 from flowctl import FlowConfig
 from netreduce import Communicator
 from netreduce.away import Backoff, settle_plan
-from netreduce.routing import SwitchUnavailable
+from netreduce.routing import FAULT_EVENTS, SwitchUnavailable
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from ring_setup.store_server import StoreServer
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
@@ -177,7 +177,8 @@ def test_a_fake_switch_restarted_between_calls_costs_nothing_and_the_ring_return
             + [("switch", None)] * (6 - back), routes[-1]
         assert stats == {"calls": {"switch": 7 - back, "ring": back - 1},
                          "fallbacks": {"switch-away": back - 1},
-                         "switch": {"fallbacks": 1, "returns": 1, "recovered": 0}}
+                         "switch": {"fallbacks": 1, "returns": 1, "recovered": 0},
+                         "transport": dict.fromkeys(FAULT_EVENTS, 0)}
     assert routes == [routes[0]] * 3 and 2 <= back <= 4, routes
     first, second = controller.registered
     assert first.ring_id != second.ring_id

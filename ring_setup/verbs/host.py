@@ -39,7 +39,6 @@ from ring_setup.verbs.verbs_link import EventCQ, VerbsLink
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 PATH_MTU_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,
                  2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
-RETRY_CNT = 7         # 7 = retry forever in rxe
 RNR_RETRY = 7
 MIN_RNR_TIMER = 12
 MAX_RD_ATOMIC = 1
@@ -248,7 +247,7 @@ class RingQPs:
                                              hop_limit=HOP_LIMIT))
         qp.to_rtr(attr)
         attr.timeout = self.config.ack_timeout
-        attr.retry_cnt = RETRY_CNT
+        attr.retry_cnt = self.config.retry_cnt
         attr.rnr_retry = RNR_RETRY
         attr.sq_psn = sq_psn
         attr.max_rd_atomic = MAX_RD_ATOMIC

@@ -101,7 +101,9 @@ def test_floats_nan_under_auto_avg_and_16_bit_through_switch_and_ring() -> None:
         (stats,) = lines(result, r, "STATS ")
         assert json.loads(stats) == {"calls": {"ring": calls + 2, "switch": calls + 1},
                                      "fallbacks": {"non-finite": 1},
-                                     "switch": {"fallbacks": 0, "returns": 0, "recovered": 0}}, stats
+                                     "switch": {"fallbacks": 0, "returns": 0, "recovered": 0},
+                                     "transport": {"faults": 0, "rebuilds": 0, "redone": 0,
+                                                   "ms_lost": 0}}, stats
         warned = [line for line in output if "runs over the host ring although the switch is "
                   "registered: the data holds NaN or infinity" in line]
         assert len(warned) == (1 if r == 0 else 0), output

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
 import flowctl.stream
+import netreduce.transport_fault as transport_fault
 from flowctl.link import Completion, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import LIVENESS_POLL, Stream
@@ -96,10 +97,28 @@ class ModelLink:
 
 @dataclass
 class ModelRingQPs:
-    """What the communicator does to a rank's QPs of one ring after setup: ERROR, destroy."""
+    """A rank's QPs of one ring (netreduce.rings.RingQPsLike): those `World` connected at
+    setup, or a ring the communicator builds again after a transport fault
+    (`ModelHost.create_ring`: local, connect, link)."""
 
     send: QP
     recv: QP
+    name: str = "ring"
+    turns: Optional[Turns] = None
+    rank: int = 0
+
+    def local(self) -> RingEndpoint:
+        return RingEndpoint(QPEndpoint(self.send.qpn, self.send.next_psn),
+                            QPEndpoint(self.recv.qpn, self.recv.next_psn))
+
+    def connect(self, predecessor: HostEndpoint, successor: HostEndpoint) -> None:
+        peer_recv, peer_send = successor.rings[self.name].recv, predecessor.rings[self.name].send
+        self.send.connect(Peer(successor.ip, successor.mac, peer_recv.qpn), peer_recv.psn)
+        self.recv.connect(Peer(predecessor.ip, predecessor.mac, peer_send.qpn), peer_send.psn)
+
+    def link(self, recv_sge: LocalBuffer, successor: int, predecessor: int) -> "ModelLink":
+        assert self.turns is not None, "a ring built at setup has its link already"
+        return ModelLink(self.turns, self.rank, self.send, self.recv, successor, predecessor)
 
     def to_error(self) -> None:
         self.send.to_error()
@@ -111,13 +130,24 @@ class ModelRingQPs:
 
 @dataclass
 class ModelHost:
-    """What netreduce.rings.Host needs for `Workspace` (register), error messages and
-    `Communicator.close`."""
+    """What netreduce.rings.Host needs for `Workspace` (register), error messages,
+    `Communicator.close`, and a ring built again after a transport fault (`create_ring`:
+    fresh QPs and PSNs on the model device, with the world's QP attributes)."""
 
     device: Device
+    attr: Optional[QPAttr] = None
+    turns: Optional[Turns] = None
+    rank: int = 0
 
     def register(self, nbytes: int) -> Any:
         return self.device.register(nbytes)
+
+    def create_ring(self, name: str, config: FlowConfig) -> ModelRingQPs:
+        assert self.attr is not None and self.turns is not None
+        draw = random.Random(f"{self.device.name}-{name}-{len(self.device.qps)}")
+        return ModelRingQPs(self.device.create_qp(draw.getrandbits(24), self.attr),
+                            self.device.create_qp(draw.getrandbits(24), self.attr),
+                            name, self.turns, self.rank)
 
     def close(self) -> None:
         """Nothing to free: the model's device lives as long as its World."""
@@ -280,19 +310,22 @@ class World:
                                     liveness=rendezvous.check_peers)
                        for ring in RINGS}
             self.comms.append(Communicator(
-                rendezvous=rendezvous, host=ModelHost(dev),
+                rendezvous=rendezvous, host=ModelHost(dev, attr, self.turns, r),
                 config=config, endpoints=self.endpoints, streams=streams,
                 control=controls[r], switch=status, controller=None,
                 rings={ring: ModelRingQPs(*qps[r, ring]) for ring in RINGS}))
 
     def run(self, body: Callable[[Communicator], Any]) -> list[Any]:
         """body(comm) on every rank; each rank's result or exception (see the module doc)."""
-        real_time = flowctl.stream.time
+        real_time, fault_time = flowctl.stream.time, transport_fault.time
         flowctl.stream.time = SimpleNamespace(monotonic=self.sim.monotonic)  # type: ignore
+        # a transport fault's back-off is not modelled: no simulated time passes
+        transport_fault.time = SimpleNamespace(  # type: ignore
+            monotonic=self.sim.monotonic, sleep=lambda seconds: None)
         try:
             return self.turns.run([lambda c=c: body(c) for c in self.comms])
         finally:
-            flowctl.stream.time = real_time
+            flowctl.stream.time, transport_fault.time = real_time, fault_time
 
     def rxe_counters(self) -> list[dict[str, int]]:
         return [dict(dev.counters) for dev in self.devices]

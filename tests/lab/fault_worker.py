@@ -1,0 +1,76 @@
+"""One rank of a lab transport-fault test (issue 40), run by `netreduce.tools.launch`:
+
+    fault_worker.py --calls N --size N [--algo A] [--no-switch]
+                    [--kill RING --victim R --at K --delay S]
+
+`--calls` calls of int32[size] (checked exactly against every rank's input, out= a fresh
+array, the input untouched); with `--kill`, rank R moves its RING QPs ("inc" or "ring") to
+ERROR `--delay` s into call K, from a timer thread (as a NIC reset would). Prints
+"CALL i algo seconds" per call (with `--until-switch`, more calls until one goes
+through the switch), rank 0 "AT CALL i" before call i (the link-dark test's
+cue), then STATS and "OK faults".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+import numpy as np
+
+import netreduce
+from netreduce.tools.reference import rank_input
+
+
+def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
+    n, start, i = comm.world_size, time.monotonic(), -1
+    while i + 1 < args.calls:
+        i += 1
+        if comm.rank == 0:
+            print(f"AT CALL {i}", flush=True)
+        if args.kill and i == args.at and comm.rank == args.victim:
+            qps = comm._faults._qps if args.kill == "ring" else comm._away._inc
+            threading.Timer(args.delay, qps.to_error).start()
+        x = rank_input([comm.rank, args.size, i], args.size, "int32")
+        y = np.full(x.shape, -1, dtype=np.int32)
+        t0 = time.perf_counter()
+        comm.allreduce(x, out=y, algo=args.algo)
+        dt = time.perf_counter() - t0
+        want = sum(rank_input([r, args.size, i], args.size, "int32").astype(np.int64)
+                   for r in range(n)).astype(np.int32)
+        if not np.array_equal(y, want) or \
+                not np.array_equal(x, rank_input([comm.rank, args.size, i], args.size, "int32")):
+            sys.exit(f"FAIL call {i}: int32[{args.size}] not exact ({comm.last_algo})")
+        print(f"CALL {i} {comm.last_algo} {dt:.2f}", flush=True)
+        if i == args.calls - 1 and comm.last_algo != "switch" and args.until_switch:
+            args.calls += 1     # alike on every rank: routes are
+            if time.monotonic() - start > args.until_switch:
+                sys.exit(f"FAIL: not back on the switch {args.until_switch:g} s after start")
+    print(f"STATS {json.dumps(comm.stats(), sort_keys=True)}", flush=True)
+    print("OK faults", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=8)
+    p.add_argument("--size", type=int, default=1 << 20)
+    p.add_argument("--algo", default="auto")
+    p.add_argument("--no-switch", action="store_true", help="no switch: the host ring only")
+    p.add_argument("--kill", choices=["inc", "ring"], help="the ring whose QPs go to ERROR")
+    p.add_argument("--victim", type=int, default=2)
+    p.add_argument("--at", type=int, default=2, help="the call during which they do")
+    p.add_argument("--delay", type=float, default=0.3, help="s into that call")
+    p.add_argument("--until-switch", type=float, default=0.0, help="after the calls, more "
+                   "until one goes through the switch, for up to S s from the start")
+    args = p.parse_args()
+    netreduce.log_to_stderr()
+    comm = netreduce.init(switch="" if args.no_switch else None, collective_timeout=300)
+    print(f"joined {comm!r}", flush=True)
+    run(comm, args)
+    netreduce.finalize()
+
+
+if __name__ == "__main__":
+    main()
