@@ -128,6 +128,18 @@ def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
     return time.monotonic() - t0
 
 
+def restart_aggregator(j: int, timeout: float = RESTART_TIMEOUT) -> float:
+    """Restart one-armed aggregator `j` of a lab run with --aggregators (fresh state, same
+    address: scripts/lab_aggregators.sh); the seconds it took, once the controller of
+    $NR_CONTROLLER answers Ping from h0."""
+    t0 = time.monotonic()
+    status, _, rest = _ask("switch", f"agg:{j}", t0 + timeout).partition(" ")
+    if status != "ok":
+        raise LabSwitchError(f"restart_aggregator({j}): scripts/lab.sh says: {rest}")
+    _ping(f"agg:{j}", t0 + timeout)
+    return time.monotonic() - t0
+
+
 def use_switch(kind: str, timeout: float = RESTART_TIMEOUT) -> LabSwitch | None:
     """Make `kind` the lab's switch: restarted only when another kind runs (None then)."""
     if canonical(current_switch()) == canonical(kind):

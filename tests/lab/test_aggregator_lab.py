@@ -9,10 +9,14 @@ ring prove the sums were formed there, numpy's the results (allreduce_worker.py)
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 import pytest
 
 from tests.lab.labhosts import host_loss
+from tests.lab.labswitch import restart_aggregator
+from tests.lab.survive import check_survived, survive_job
 from tests.lab.switchruns import check_retransmissions_seen, check_switch_run, show_run
 from tests.lab.workers import run_worker
 
@@ -44,3 +48,20 @@ def test_one_percent_loss_on_every_host_link_through_the_aggregator(
     counters = check_switch_run(result, 4, SIZES[-1:])
     check_retransmissions_seen(counters)
     show_run(capsys, "one-armed aggregator, 1% loss", result, counters)
+
+
+def test_an_aggregator_restarted_during_a_call_and_between_calls_costs_no_call(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: the aggregator restarted during a 4 MiB call and again between calls (the
+    lab's supervisor, kind agg:0): 4 ranks, 16 auto calls of 1 MiB int32, every call exact
+    on every rank; two fallbacks to the host ring and two returns, the last calls through
+    the aggregator again."""
+    size, calls = 1 << 18, 16
+    t0 = time.monotonic()
+    result, took = survive_job(tmp_path, lambda: restart_aggregator(0), "--size", str(size),
+                               "--big", str(1 << 20), "--calls", str(calls), "--gil", "0")
+    got = check_survived(result, 4, calls, size)
+    with capsys.disabled():
+        print(f"\n[one-armed aggregator restarted twice (took {took[0]:.1f}, {took[1]:.1f} s)] "
+              f"{calls} calls exact, job {time.monotonic() - t0:.0f} s; routes "
+              f"{''.join(a[0] for a in got['routes'])}; stats {got['stats']}")
