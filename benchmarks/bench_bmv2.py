@@ -31,10 +31,9 @@ import os
 import statistics
 import subprocess
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 from nr_contract.spec import RingSpec
 from switch.control.bmv2 import Bmv2Target, ShellSession
@@ -49,6 +48,7 @@ from switch.dataplane.tor import TorConfig, TorPipeline
 from switch.p4.program import MAIN, SPINE_MAIN, TOR_MAIN, build_paths
 from benchmarks.bench_pipeline import frames, lab_ring
 from benchmarks.bench_targets import Answer, replay
+from benchmarks.veth import run_ip, veths
 from labswitches.bmv2_lab import SIMPLE_SWITCH, wait_listening
 from labswitches.fabric_lab import SPINE_IP, SPINE_MAC, tor_ip, tor_mac
 
@@ -168,28 +168,6 @@ class Run:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _ip(*args: str) -> None:
-    run = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {run.stderr.strip()}")
-
-
-@contextmanager
-def veth_pairs(prefix: str, ranks: int) -> Iterator[dict[int, tuple[str, str]]]:
-    """Port r -> (switch side <prefix>s<r>, driver side <prefix>h<r>), removed afterwards."""
-    links = {n: (f"{prefix}s{n}", f"{prefix}h{n}") for n in range(1, ranks + 1)}
-    try:
-        for sw, drv in links.values():
-            _ip("link", "add", sw, "type", "veth", "peer", "name", drv)
-            for dev in (sw, drv):
-                Path(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6").write_text("1\n")
-                _ip("link", "set", dev, "mtu", "9000", "up")
-        yield links
-    finally:
-        for sw, _ in links.values():
-            subprocess.run(["ip", "link", "del", sw], capture_output=True)
 
 
 def _drain(drivers: dict[int, Port]) -> None:
@@ -322,9 +300,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("needs root (a network namespace and veth pairs)")
     if not args.in_netns:
         subprocess.run(["ip", "netns", "del", args.prefix], capture_output=True)
-        _ip("netns", "add", args.prefix)
+        run_ip("netns", "add", args.prefix)
         try:
-            _ip("-n", args.prefix, "link", "set", "lo", "up")
+            run_ip("-n", args.prefix, "link", "set", "lo", "up")
             cmd = ["ip", "netns", "exec", args.prefix, sys.executable, "-m",
                    "benchmarks.bench_bmv2", "--in-netns",
                    *(argv if argv is not None else sys.argv[1:])]
@@ -334,7 +312,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     runs: list[Run] = []
     roles = (role_traffic(args.packets)
              if any(m in PROGRAMS for _, _, modes in builds for m in modes) else None)
-    with veth_pairs(args.prefix, max(args.ranks, UPLINK)) as links:
+    with veths(args.prefix, max(args.ranks, UPLINK)) as links:
         drivers = {n: open_port(n, drv) for n, (_, drv) in links.items()}
         try:
             for _ in range(args.repeat):

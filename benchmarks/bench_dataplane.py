@@ -8,7 +8,7 @@ competing for their cores.
         [--profile] [--json FILE]   (root)
 
 In a network namespace of its own (`nrxbn0`, made and removed here; veth pairs
-`nrxbn<P>s`/`nrxbn<P>h`, benchmarks.bench_native), for every path MTU and ring size, the
+`nrxbns<P>`/`nrxbnh<P>`, benchmarks.veth), for every path MTU and ring size, the
 driver first queues every frame of `benchmarks.bench_pipeline.frames` (each rank's RDMA
 WRITE packet k, k-major) at the switch's ports, then the switch drains them: **forward**
 (no ring registered: every frame L2-forwarded to its receiver's port) and **aggregate**
@@ -47,6 +47,7 @@ import numpy as np
 
 from benchmarks import bench_native as bn
 from benchmarks.bench_native import Run, Workload
+from benchmarks.veth import remove_veths
 from switch.dataplane.pipeline import AggregationPipeline
 from switch.dataplane.ports import BATCH, DataPlane
 
@@ -299,7 +300,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 results += got
                 extras.append(extra)
         finally:
-            bn.remove_ports(links)
+            remove_veths(links)
     print("median of each case (by CPU per contribution):")
     for r in results:
         print("  " + r.line())

@@ -2,7 +2,7 @@
 the frames, the CPU accounting, the native runs, the compute-only bound, memcpy, callgrind.
 
 How a run is counted (the same for the Python and the native target):
-- Every port is a veth pair `nrxbn<P>s` (switch side) / `nrxbn<P>h` (driver side) with GRO
+- Every port is a veth pair `nrxbns<P>` (switch side) / `nrxbnh<P>` (driver side) with GRO
   on and threaded NAPI, so the kernel's receive work of each side runs in a kernel thread
   of its own (`napi/<ifname>-<id>`), whose CPU time /proc/<pid>/schedstat gives in ns.
 - Queue phase: the driver sends every frame (each rank's packet k, k-major) while the
@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from benchmarks.bench_pipeline import frames
+from benchmarks.veth import make_veths
 from nr_contract.spec import DEFAULT_SLOTS, Connection, RingSpec
 from switch.control.target import resolve_ports
 from switch.native import nrio
@@ -76,32 +77,10 @@ class Workload:
                 for port, f in frames(spec, self.packets)]
 
 
-def _ip(*args: str) -> None:
-    run = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {run.stderr.strip()}")
-
-
 def veth_ports(count: int, link_mtu: int) -> dict[int, tuple[str, str]]:
-    """Port p -> (switch side, driver side): up, IPv6 off, GRO on (veth's NAPI), threaded
-    NAPI, TX offloads off. Run inside the benchmark's namespace."""
-    out = {}
-    for p in range(1, count + 1):
-        sw, drv = f"{PREFIX}{p}s", f"{PREFIX}{p}h"
-        _ip("link", "add", sw, "type", "veth", "peer", "name", drv)
-        for dev in (sw, drv):
-            Path(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6").write_text("1\n")
-            _ip("link", "set", dev, "mtu", str(link_mtu), "up")
-            subprocess.run(["ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off",
-                            "gro", "on"], capture_output=True, check=True)
-            Path(f"/sys/class/net/{dev}/threaded").write_text("1\n")
-        out[p] = (sw, drv)
-    return out
-
-
-def remove_ports(links: dict[int, tuple[str, str]]) -> None:
-    for sw, _ in links.values():
-        subprocess.run(["ip", "link", "del", sw], capture_output=True)
+    """Port p -> (switch side, driver side): GRO on (veth's NAPI), threaded NAPI (its CPU
+    counted), as benchmarks.veth makes them."""
+    return make_veths(PREFIX, count, link_mtu, gro=True, threaded_napi=True)
 
 
 def napi_threads(ifname: str) -> list[int]:

@@ -5,7 +5,7 @@
 
 For each target, a fresh switch process (`python -m switch` or `python -m labswitches.bmv2_lab`:
 the same command line, as in the lab) gets one port per rank, a veth pair each
-(`nrbsN` switch side, `nrbhN` driver side), and a controller on 127.0.0.1. The driver
+(`nrbsN` switch side, `nrbhN` driver side: benchmarks.veth), and a controller on 127.0.0.1. The driver
 replays `benchmarks.bench_pipeline.frames` (every rank's RDMA WRITE packet k, k-major, 256 B
 payloads by default: BMv2's most; --payload 128 halves the elements) into the driver sides, keeping at most `window` slots
 outstanding (rxe keeps at most 128 PSNs unacknowledged), and counts what comes back:
@@ -38,6 +38,7 @@ from switch.dataplane.interswitch import is_interswitch
 from switch.dataplane.packets import parse
 from switch.dataplane.ports import Port, open_port
 from benchmarks.bench_pipeline import frames, lab_ring
+from benchmarks.veth import make_veths, remove_veths, run_ip
 
 NETNS = "nrlab"
 LOCK = Path("/run/lock/netreduce-lab.lock")
@@ -76,28 +77,6 @@ class Result:
                      f" k/s), completed {c['completed']}, results_sent {c['results_sent']}"
                      f", drops {drops or 0}")
         return text
-
-
-def _ip(*args: str) -> None:
-    run = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {run.stderr.strip()}")
-
-
-def veth_pairs(ranks: int) -> dict[int, tuple[str, str]]:
-    """Port r+1 -> (switch side nrbs<r+1>, driver side nrbh<r+1>): up, MTU 9000, IPv6 and
-    offloads off (no frames of the kernel's own, none merged)."""
-    out = {}
-    for num in range(1, ranks + 1):
-        sw, drv = f"nrbs{num}", f"nrbh{num}"
-        _ip("link", "add", sw, "type", "veth", "peer", "name", drv)
-        for dev in (sw, drv):
-            Path(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6").write_text("1\n")
-            _ip("link", "set", dev, "mtu", "9000", "up")
-            subprocess.run(["ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off",
-                            "gro", "off"], capture_output=True)
-        out[num] = (sw, drv)
-    return out
 
 
 def credentials(log: Path) -> Path:
@@ -186,7 +165,7 @@ def bench(kind: str, ranks: int, packets: int, payload: int, window: int,
           logdir: Path) -> list[Result]:
     spec = lab_ring(ranks, PATH_MTU)
     todo = frames(spec, packets, payload)
-    links = veth_pairs(ranks)
+    links = make_veths("nrb", ranks)
     drivers = {num: open_port(num, drv) for num, (_, drv) in links.items()}
     macs = {c.src_mac: c.rank + 1 for c in spec.connections}
     out = []
@@ -206,8 +185,7 @@ def bench(kind: str, ranks: int, packets: int, payload: int, window: int,
     finally:
         for p in drivers.values():
             p.sock.close()
-        for sw, _ in links.values():
-            subprocess.run(["ip", "link", "del", sw], capture_output=True)
+        remove_veths(links)
     return out
 
 
@@ -219,9 +197,9 @@ def lab_namespace() -> Iterator[None]:
         print(f"bench_targets: waiting for the lab lock {LOCK}", file=sys.stderr, flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
-        _ip("netns", "add", NETNS)
+        run_ip("netns", "add", NETNS)
         try:
-            _ip("-n", NETNS, "link", "set", "lo", "up")
+            run_ip("-n", NETNS, "link", "set", "lo", "up")
             yield
         finally:
             subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
