@@ -63,9 +63,9 @@ def differential(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.xfail(strict=False, reason="issue 40, open: with transport-fault recovery on, "
-                   "two of its draws (retry_cnt 2, heavy loss) end in a model WRITE from "
-                   "unregistered memory on a rank and a settle gather that times out at "
-                   "collective_timeout 0.5 s; tests/test_rc_properties.py's draws pass")
+                   "a draw of heavy loss (retry_cnt 2) ends in a settle gather that times "
+                   "out at collective_timeout 0.5 s ('ranks [1] never settled the switch's "
+                   "loss'); tests/test_rc_properties.py's draws pass")
 def test_rc_properties_with_the_native_pipeline_beside(differential: None) -> None:
     """25 of the property test's scenarios (its own generator, derandomized): every frame
     agrees, in every scenario (thousands of frames in all)."""

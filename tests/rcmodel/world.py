@@ -150,7 +150,11 @@ class ModelHost:
                             name, self.turns, self.rank)
 
     def close(self) -> None:
-        """Nothing to free: the model's device lives as long as its World."""
+        """As closing a real device destroys its QPs: every QP of the rank's device to ERROR
+        (no retransmission reads the memory the communicator freed before it); the model's
+        device itself lives as long as its World."""
+        for qp in list(self.device.qps.values()):
+            qp.to_error()
 
 
 
