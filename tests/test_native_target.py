@@ -175,7 +175,7 @@ def netns() -> Any:
         if os.environ.get("CI") == "true":
             pytest.fail("needs root (a network namespace, veth pairs, AF_XDP sockets)")
         pytest.skip("needs root (a network namespace, veth pairs, AF_XDP sockets)")
-    from tests.test_native_io_root_afxdp import in_netns
+    from tests.native_rig import in_netns
     gen = in_netns(NETNS)
     next(gen)
     yield
@@ -186,7 +186,7 @@ def netns() -> Any:
 def test_the_native_switch_aggregates_and_reports_on_veth_root_afxdp(
         netns: None, mode: str, tmp_path: Path) -> None:
     from switch.dataplane.ports import open_port
-    from tests.test_native_io_root_afxdp import collect, veths
+    from tests.native_rig import collect, veths
     links = veths([1, 2, 3], 9000, prefix="nrxnl")
     drivers = {p: open_port(p, drv) for p, (_, drv) in links.items()}
     stats, ready = tmp_path / "stats.json", tmp_path / "ready"
@@ -227,7 +227,7 @@ def test_a_ring_registered_through_the_target_aggregates_on_veth_root_afxdp(
         netns: None) -> None:
     from switch.dataplane.ports import open_port
     from switch.native.nrio import NativeIO
-    from tests.test_native_io_root_afxdp import collect, veths
+    from tests.native_rig import collect, veths
     links = veths([1, 2, 3], 9000, prefix="nrxnl")
     drivers = {p: open_port(p, drv) for p, (_, drv) in links.items()}
     spec = make_ring(3, mtu=4096)

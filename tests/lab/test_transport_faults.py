@@ -18,7 +18,7 @@ import pytest
 
 from netreduce.tools.launch import LaunchResult, launch
 from tests.lab.labhosts import run_in_host
-from tests.lab.test_faults import Cues
+from tests.lab.survive import Cues
 from tests.lab.workers import lines, next_port, tree_env
 
 pytestmark = pytest.mark.lab
