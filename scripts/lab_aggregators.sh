@@ -1,6 +1,7 @@
 # lab_aggregators.sh — scripts/lab.sh --aggregators K: K one-armed aggregation servers on the
 # hosts' plain L2 network (docs/lab.md, "Aggregators"). Sourced by lab.sh; reads its ROOT, PY,
-# LABDIR, SWNS, mtu, aggregators and calls its say.
+# LABDIR, SWNS, mtu, aggregators and calls its say and lab_switch.sh's wait_ready and
+# stop_group (sourced first).
 #
 # The hosts' ports are joined by a kernel bridge (nrbr in $SWNS, an ordinary L2 network).
 # Aggregator J is namespace ${SWNS}aJ with one veth, nraggJ (address 10.77.0.(200+J)/24, MAC
@@ -51,26 +52,18 @@ aggregator_start() {  # J: start aggregator J and wait until it is ready; else 1
     >>"$LABDIR/agg$j.log" 2>&1 &
   pid=$!
   echo "$pid" > "$LABDIR/agg$j.pid"
-  for _ in $(seq 600); do
-    if [ -f "$LABDIR/agg$j.ready" ]; then say "aggregator $j up (pid $pid) on $(agg_ip "$j")"; return 0; fi
-    if ! kill -0 "$pid" 2>/dev/null; then
-      agg_error="aggregator $j exited at start: $(tail -3 "$LABDIR/agg$j.log" | tr '\n' ' ')"
-      return 1
-    fi
-    sleep 0.1
-  done
+  if wait_ready "$pid" "$LABDIR/agg$j.ready" 60; then
+    say "aggregator $j up (pid $pid) on $(agg_ip "$j")"; return 0
+  elif [ $? = 1 ]; then
+    agg_error="aggregator $j exited at start: $(tail -3 "$LABDIR/agg$j.log" | tr '\n' ' ')"
+    rm -f "$LABDIR/agg$j.pid"; return 1
+  fi
+  aggregator_stop "$j"
   agg_error="aggregator $j did not become ready in 60 s (see $LABDIR/agg$j.log)"
   return 1
 }
 
-aggregator_stop() {  # J: TERM (it writes its counters), up to 10 s, then KILL its group
-  local pid
-  pid=$(cat "$LABDIR/agg$1.pid" 2>/dev/null) || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -f "$LABDIR/agg$1.pid"
-}
+aggregator_stop() { stop_group "$LABDIR/agg$1.pid"; }  # J (lab_switch.sh's stop_group)
 
 aggregators_down() {  # stop every aggregator, print its log, remove its namespace
   local j

@@ -63,28 +63,36 @@ switch_start() {  # KIND: start it and wait until it is ready; else 1 with $swit
   pid=$!
   echo "$pid" > "$LABDIR/switch.pid"
   echo "$kind" > "$LABDIR/switch.kind"
-  for _ in $(seq $((SWITCH_START_TIMEOUT * 10))); do
-    if [ -f "$LABDIR/switch.ready" ]; then say "switch $kind up (pid $pid): ${ports[*]}"; return 0; fi
-    if ! kill -0 "$pid" 2>/dev/null; then
-      switch_error="the $kind switch exited at start: $(tail -3 "$LABDIR/switch.log" | tr '\n' ' ')"
-      rm -f "$LABDIR/switch.pid"; return 1
-    fi
-    sleep 0.1
-  done
+  if wait_ready "$pid" "$LABDIR/switch.ready" "$SWITCH_START_TIMEOUT"; then
+    say "switch $kind up (pid $pid): ${ports[*]}"; return 0
+  elif [ $? = 1 ]; then
+    switch_error="the $kind switch exited at start: $(tail -3 "$LABDIR/switch.log" | tr '\n' ' ')"
+    rm -f "$LABDIR/switch.pid"; return 1
+  fi
   switch_stop
   switch_error="the $kind switch did not become ready in $SWITCH_START_TIMEOUT s (see $LABDIR/switch.log)"
   return 1
 }
-switch_stop() {  # TERM (it prints and writes its counters), up to 10 s, then KILL its group
+wait_ready() {  # PID FILE SECONDS: 0 once FILE exists, 1 if PID exited first, 2 after SECONDS
+  local _
+  for _ in $(seq $(($3 * 10))); do
+    [ -f "$2" ] && return 0
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 2
+}
+stop_group() {  # PIDFILE: TERM its process (it writes its counters), up to 10 s, then KILL its group
   local pid
-  pid=$(cat "$LABDIR/switch.pid" 2>/dev/null) || return 0
+  pid=$(cat "$1" 2>/dev/null) || return 0
   if kill -0 "$pid" 2>/dev/null; then
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   fi
   kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -f "$LABDIR/switch.pid"
+  rm -f "$1"
 }
+switch_stop() { stop_group "$LABDIR/switch.pid"; }
 switch_supervise() {  # serves $LABDIR/switch.request until TERM
   trap - EXIT
   trap 'exit 0' TERM INT
