@@ -11,7 +11,8 @@
 #   4. a Python venv in .venv with this project installed (with p4runtime-shell, the `bmv2`
 #      extra, when BMv2 is installed; with the `torch` extra, pinned to the CPU build of
 #      scripts/constraints-torch.txt) and Debian's pyverbs importable
-#   5. the native data plane, built in place (make -C switch/native all io)
+#   5. the native data plane and the host passes, built in place (make -C switch/native all io;
+#      make -C netreduce/native)
 # Usage: scripts/install.sh [--no-kernel] [--no-venv] [--no-p4] [--p4 PREFIX|DIR|ARCHIVE]
 set -euo pipefail
 
@@ -182,4 +183,6 @@ fi
 # --- the native data plane (switch/native: libnrdp.so, the pipeline; libnrio.so, AF_XDP I/O) --
 step "native data plane: make -C switch/native all io"
 make -s -C "$ROOT/switch/native" all io
+step "host passes: make -C netreduce/native"
+make -s -C "$ROOT/netreduce/native"
 step "done"

@@ -82,8 +82,10 @@ above with M the call's largest |x|). Which one a call uses is read from the agr
 
 Host passes: one copy into the send area (int32: plain; floats: quantizing), one copy of
 the sum into the caller's output once the transfer is complete (int32: plain; floats:
-chunk by chunk to float64, the exact * 2^-e_b, / n for avg, one rounding), each one numpy
-pass per chunk with the block exponents broadcast over rows of a block. A message arrives
+to float64, the exact * 2^-e_b, / n for avg, one rounding); for int32 and float32 the
+min/max (per block) pass, quantize and dequantize are one native pass each
+(`netreduce.hostpass`), else numpy passes per chunk with the block exponents broadcast
+over rows of a block, bit for bit alike. A message arrives
 only after the switch emitted every packet of it, i.e. after it had added every rank's
 packets of it, ours included, exactly once; any later retransmission of our packets of that
 message finds its slot emitted (answered from the slot) or reused (dropped as stale) -- its
@@ -100,6 +102,7 @@ import numpy as np
 
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext, DataRange
+from netreduce import hostpass
 from netreduce.dtypes import FLOAT32, HALVES
 from netreduce.meta import MAX_BLOCK_BYTES, AllreduceMismatch, CallRejected, SwitchNotAggregating
 from ring_setup.store_protocol import ranks_phrase
@@ -146,9 +149,13 @@ def local_blocks(array: np.ndarray) -> DataRange:
     flat = array.reshape(-1)
     if flat.size == 0:
         return DataRange()
-    starts = np.arange(0, flat.size, block_elements(flat.size))
-    lows = np.minimum.reduceat(flat, starts).astype(np.float32)
-    highs = np.maximum.reduceat(flat, starts).astype(np.float32)
+    block = block_elements(flat.size)
+    if flat.dtype == FLOAT32 and hostpass.native(flat):
+        lows, highs = hostpass.block_ranges(flat, block)
+    else:
+        starts = np.arange(0, flat.size, block)
+        lows = np.minimum.reduceat(flat, starts).astype(np.float32)
+        highs = np.maximum.reduceat(flat, starts).astype(np.float32)
     return DataRange(float(lows.min()), float(highs.max()),
                      log2_floors(np.maximum(-lows, highs)).tobytes())
 
@@ -216,6 +223,11 @@ def _rows(count: int, exponents: np.ndarray) -> Iterator[tuple[int, int, np.ndar
             yield full, hi, exponents[full // block].reshape(1, 1)
 
 
+def _block(count: int, exponents: np.ndarray) -> int:
+    """Elements per exponent: `block_elements(count)`, or all of them for a 0-d one."""
+    return block_elements(count) if exponents.ndim else max(count, 1)
+
+
 def quantize(src: np.ndarray, exponents: np.ndarray, wire: np.ndarray) -> None:
     """wire = rint(x * 2^e_b) as int32 for each x of block b (`exponents`: one per block of
     `block_elements(src.size)`, or 0-d: one for all; `wire`: flat, src.size elements);
@@ -223,6 +235,9 @@ def quantize(src: np.ndarray, exponents: np.ndarray, wire: np.ndarray) -> None:
     the product's magnitude is below 2^31 / n by the choice of e_b; what float32 cannot
     hold is below one half and rounds to 0 either way)."""
     flat = src.reshape(-1)
+    if flat.dtype == FLOAT32 and hostpass.native(flat, wire):
+        hostpass.quantize_f32(flat, _block(flat.size, exponents), exponents, wire)
+        return
     for lo, hi, column in _rows(flat.size, exponents):
         q = np.ldexp(flat[lo:hi].reshape(column.size, -1), column, dtype=np.float32)
         wire[lo:hi] = np.rint(q, out=q).reshape(-1)
@@ -234,6 +249,10 @@ def dequantize(summed: np.ndarray, exponents: np.ndarray, divisor: int, dst: np.
     exact in float64 but for the division and rounded once to dst's dtype (+-inf beyond
     its range). A `dst` that is not contiguous is formed in `workspace` (bytes, at least
     dst.nbytes, free) and copied."""
+    if dst.dtype == FLOAT32 and hostpass.native(summed, dst):
+        hostpass.dequantize_f32(summed, _block(summed.size, exponents), exponents, divisor,
+                                dst.reshape(-1))
+        return
     flat = dst.reshape(-1) if dst.flags.c_contiguous else \
         workspace[:dst.nbytes].view(dst.dtype)
     with np.errstate(over="ignore"):
@@ -298,6 +317,9 @@ class SwitchAllreduce:
         if array.nbytes <= INLINE_BYTES:
             return DataRange(float(array.min()), float(array.max()),
                              np.ascontiguousarray(array).tobytes(), inline=True)
+        if array.dtype == np.int32 and hostpass.native(array):
+            lo, hi = hostpass.range_int32(array)
+            return DataRange(float(lo), float(hi))
         if array.dtype == np.int32 or not self.per_block:
             return DataRange(float(array.min()), float(array.max()))
         return local_blocks(array)

@@ -1,0 +1,121 @@
+"""The switch call's per-byte host passes in one native pass each (netreduce/native/
+hostpass.c, `make -C netreduce/native`; issue 41 item 5): the int32 min/max, the float32
+per-block min/max, quantize and dequantize. numpy needs two passes for a min and a max and
+three with temporaries for a quantize or dequantize (scale, round, cast); these read and
+write each element once and allocate nothing.
+
+Invariant: each function's result is bit for bit that of the numpy passes it replaces
+(netreduce/algorithms/switch.py keeps them for float16 and bfloat16, non-contiguous
+arrays, and a machine without the built library: `AVAILABLE` False, logged once).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+LIBRARY = Path(__file__).resolve().parent / "native" / "libnrhost.so"
+_P, _N = ctypes.c_void_p, ctypes.c_size_t
+
+
+def _load() -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(LIBRARY))
+    except OSError as exc:
+        logger.warning("netreduce: %s not loaded (%s): the switch's host passes run in numpy "
+                       "(slower); build it with make -C netreduce/native", LIBRARY.name, exc)
+        return None
+    lib.nr_range_i32.argtypes = [_P, _N, _P, _P]
+    lib.nr_block_ranges_f32.argtypes = [_P, _N, _N, _P, _P]
+    lib.nr_quantize_f32.argtypes = [_P, _N, _N, _P, _P]
+    lib.nr_dequantize_f32.argtypes = [_P, _N, _N, _P, ctypes.c_int32, _P]
+    for fn in (lib.nr_range_i32, lib.nr_block_ranges_f32, lib.nr_quantize_f32,
+               lib.nr_dequantize_f32):
+        fn.restype = None
+    return lib
+
+
+_LIB = _load()
+AVAILABLE = _LIB is not None
+
+
+def _addr(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def native(*arrays: np.ndarray) -> bool:
+    """Can the native passes take these arrays (built library, C-contiguous)?"""
+    return AVAILABLE and all(a.flags.c_contiguous for a in arrays)
+
+
+def _lib() -> ctypes.CDLL:
+    if _LIB is None:
+        raise RuntimeError(f"netreduce: {LIBRARY} is not built (make -C netreduce/native)")
+    return _LIB
+
+
+def range_int32(array: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty C-contiguous int32 array, in one pass."""
+    _check(array, np.int32)
+    if array.size == 0:
+        raise ValueError("netreduce: the range of an empty array")
+    lo, hi = ctypes.c_int32(), ctypes.c_int32()
+    _lib().nr_range_i32(_addr(array), array.size, ctypes.byref(lo), ctypes.byref(hi))
+    return lo.value, hi.value
+
+
+def block_ranges(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block of `block` elements of a C-contiguous float32 array (the last may be
+    shorter): its minima and maxima (float32; NaN for a block holding a NaN), one pass."""
+    _check(flat, np.float32)
+    if block < 1:
+        raise ValueError(f"netreduce: blocks of {block} elements")
+    blocks = -(-flat.size // block)
+    lows, highs = np.empty(blocks, np.float32), np.empty(blocks, np.float32)
+    _lib().nr_block_ranges_f32(_addr(flat), flat.size, block, _addr(lows), _addr(highs))
+    return lows, highs
+
+
+def quantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray,
+                 wire: np.ndarray) -> None:
+    """wire[i] = rint(flat[i] * 2^exponents[i // block]) (int32), one pass; the caller's
+    exponents keep every |x * 2^e| below 2^31 (netreduce.algorithms.switch.block_exponents)."""
+    _check(flat, np.float32)
+    _check(wire, np.int32, flat.size)
+    exps = _exponents(exponents, flat.size, block)
+    _lib().nr_quantize_f32(_addr(flat), flat.size, block, _addr(exps), _addr(wire))
+
+
+def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, divisor: int,
+                   dst: np.ndarray) -> None:
+    """dst[i] = float32(summed[i] * 2^-exponents[i // block] / divisor), the product exact
+    and the division in float64, rounded once; one pass."""
+    _check(summed, np.int32)
+    _check(dst, np.float32, summed.size)
+    if divisor < 1:
+        raise ValueError(f"netreduce: divisor {divisor}")
+    exps = _exponents(exponents, summed.size, block)
+    _lib().nr_dequantize_f32(_addr(summed), summed.size, block, _addr(exps), divisor,
+                             _addr(dst))
+
+
+def _check(array: np.ndarray, dtype: type, size: int | None = None) -> None:
+    if array.dtype != dtype or not array.flags.c_contiguous:
+        raise TypeError(f"netreduce: a C-contiguous {np.dtype(dtype)} array is needed, not "
+                        f"{array.dtype} (contiguous: {array.flags.c_contiguous})")
+    if size is not None and array.size != size:
+        raise ValueError(f"netreduce: {array.size} elements where {size} are needed")
+
+
+def _exponents(exponents: np.ndarray, count: int, block: int) -> np.ndarray:
+    if block < 1:
+        raise ValueError(f"netreduce: blocks of {block} elements")
+    exps = np.ascontiguousarray(exponents, dtype=np.int32).reshape(-1)
+    if exps.size != -(-count // block):
+        raise ValueError(f"netreduce: {exps.size} exponents for {count} elements in blocks "
+                         f"of {block}")
+    return exps
