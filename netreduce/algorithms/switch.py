@@ -314,15 +314,15 @@ class SwitchAllreduce:
     def local_range(self, array: np.ndarray) -> DataRange:
         if array.size == 0:
             return DataRange()
-        if array.nbytes <= INLINE_BYTES:
-            return DataRange(float(array.min()), float(array.max()),
-                             np.ascontiguousarray(array).tobytes(), inline=True)
+        inline = array.nbytes <= INLINE_BYTES
         if array.dtype == np.int32 and hostpass.native(array):
             lo, hi = hostpass.range_int32(array)
-            return DataRange(float(lo), float(hi))
-        if array.dtype == np.int32 or not self.per_block:
-            return DataRange(float(array.min()), float(array.max()))
-        return local_blocks(array)
+        elif inline or array.dtype == np.int32 or not self.per_block:
+            lo, hi = array.min(), array.max()
+        else:
+            return local_blocks(array)
+        data = np.ascontiguousarray(array).tobytes() if inline else b""
+        return DataRange(float(lo), float(hi), data, inline=inline)
 
     def check(self, call: CallContext) -> None:
         if call.inline:
@@ -461,7 +461,10 @@ def inline_sum(blocks: Sequence[bytes], divisor: int, dtype: np.dtype) -> np.nda
 
 def write_inline(total: np.ndarray, dst: np.ndarray) -> None:
     """Write a small call's `inline_sum` into the caller's output `dst` (the one place
-    that does: rounded once to dst's dtype)."""
+    that does: rounded once to dst's dtype; int32 sums are wrapped already)."""
+    if total.dtype == dst.dtype:
+        dst[...] = total.reshape(dst.shape)
+        return
     with np.errstate(over="ignore"):
         dst[...] = total.reshape(dst.shape)
 
