@@ -48,8 +48,9 @@ def _addr(array: np.ndarray) -> int:
 
 
 def native(*arrays: np.ndarray) -> bool:
-    """Can the native passes take these arrays (built library, C-contiguous)?"""
-    return AVAILABLE and all(a.flags.c_contiguous for a in arrays)
+    """Can the native passes take these arrays (built library, C-contiguous, aligned: the
+    compiled loops may assume their elements' alignment)?"""
+    return AVAILABLE and all(a.flags.c_contiguous and a.flags.aligned for a in arrays)
 
 
 def _lib() -> ctypes.CDLL:
@@ -104,9 +105,10 @@ def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, diviso
 
 
 def _check(array: np.ndarray, dtype: type, size: int | None = None) -> None:
-    if array.dtype != dtype or not array.flags.c_contiguous:
-        raise TypeError(f"netreduce: a C-contiguous {np.dtype(dtype)} array is needed, not "
-                        f"{array.dtype} (contiguous: {array.flags.c_contiguous})")
+    if array.dtype != dtype or not (array.flags.c_contiguous and array.flags.aligned):
+        raise TypeError(f"netreduce: an aligned C-contiguous {np.dtype(dtype)} array is "
+                        f"needed, not {array.dtype} (contiguous: {array.flags.c_contiguous}, "
+                        f"aligned: {array.flags.aligned})")
     if size is not None and array.size != size:
         raise ValueError(f"netreduce: {array.size} elements where {size} are needed")
 

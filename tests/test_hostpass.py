@@ -34,6 +34,10 @@ def test_range_int32_is_numpys_min_and_max() -> None:
         hostpass.range_int32(np.empty(0, np.int32))
     with pytest.raises(TypeError, match="C-contiguous int32"):
         hostpass.range_int32(np.arange(10, dtype=np.int32)[::2])
+    unaligned = np.frombuffer(bytes(41), dtype=np.int32, offset=1)
+    assert not hostpass.native(unaligned)
+    with pytest.raises(TypeError, match="aligned: False"):
+        hostpass.range_int32(unaligned)
 
 
 def test_block_ranges_are_numpys_reduceat_with_nan_propagated() -> None:
@@ -54,13 +58,10 @@ def test_quantize_rounds_half_to_even_bit_for_bit() -> None:
     # ties (0.5, 1.5, 2.5, -2.5), a subnormal, signed zeros, values near 2^30
     x = np.array([0.5, 1.5, 2.5, -2.5, -0.5, 1e-45, -0.0, 0.0, 3.75, 2**30 - 64.0,
                   -(2**30 - 64.0), 1.0000001], dtype=np.float32)
-    for e in (0, 1, -1, 3):
+    for e in (0, 1, -1, 3):        # src * 2^e = x again where float32 holds x * 2^-e
         exps = np.array([e], dtype=np.int32)
         wire = np.empty(x.size, np.int32)
-        if e > 0:
-            src = (x / 2**e).astype(np.float32)
-        else:
-            src = x
+        src = (x * np.float32(2.0**-e)).astype(np.float32)
         hostpass.quantize_f32(src, x.size, exps, wire)
         np.testing.assert_array_equal(wire, oracle_quantize(src, x.size, exps))
     assert oracle_quantize(x[:5], 5, np.zeros(1, np.int32)).tolist() == [0, 2, 2, -2, 0]
