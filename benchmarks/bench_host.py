@@ -1,7 +1,8 @@
 """The host library's own CPU per allreduce call, natively (issue 41 item 5): no VM, no rxe.
 
-    PYTHONPATH=$PWD python -m benchmarks.bench_host [--sizes 4,1K,64K,1M,16M,64M]
-        [--dtypes int32,float32] [--ranks 2] [--budget 0.5] [--cprofile SIZE:DTYPE]
+    make -C netreduce/native && PYTHONPATH=$PWD python -m benchmarks.bench_host
+        [--sizes 4,1K,64K,1M,16M,64M] [--dtypes int32,float32] [--ranks 2] [--budget 0.5]
+        [--repeat 3] [--cprofile SIZE:DTYPE]
 
 Ranks are threads of this process over the in-process fabric (tests/fakefabric.py: RDMA
 WRITEs are memmoves, its fake switch sums each message), running the real host code
@@ -11,7 +12,8 @@ wrapped callees (`Split`): the stand-in NIC and switch (`FakeLink._deliver`: the
 and the sum a real NIC and switch do without this host's CPU) and the idle polls (a poll of
 a completion queue that found nothing, `arm`, `wait`: waiting, not work) are not the
 library's; everything else in the call is: `library`, per call and per message (RDMA
-WRITEs posted on "inc", metadata included). The rate one core can drive is the call's data
+WRITEs posted on "inc", metadata included), less the wrappers' own cost (`Split.cost`,
+calibrated on a no-op). The rate one core can drive is the call's data
 bytes / its library CPU. One core's copy bandwidth (`copy_bandwidth`: np.copyto of a 64 MiB
 buffer, best of 5) is measured in the same run, alone and with every rank copying at once
 (the rank threads' passes overlap on the machine's cores and share its memory: the rate is
