@@ -6,7 +6,8 @@ write each element once and allocate nothing.
 
 Invariant: each function's result is bit for bit that of the numpy passes it replaces
 (netreduce/algorithms/switch.py keeps them for float16 and bfloat16, non-contiguous
-arrays, and a machine without the built library: `AVAILABLE` False, logged once).
+arrays, and a machine without the built library: `AVAILABLE` False, logged once and counted,
+`fallbacks`).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def _load() -> ctypes.CDLL | None:
 
 _LIB = _load()
 AVAILABLE = _LIB is not None
+_fallbacks = 0     # passes that ran in numpy because the library is not built (`fallbacks`)
 
 
 def _addr(array: np.ndarray) -> int:
@@ -49,8 +51,20 @@ def _addr(array: np.ndarray) -> int:
 
 def native(*arrays: np.ndarray) -> bool:
     """Can the native passes take these arrays (built library, C-contiguous, aligned: the
-    compiled loops may assume their elements' alignment)?"""
-    return AVAILABLE and all(a.flags.c_contiguous and a.flags.aligned for a in arrays)
+    compiled loops may assume their elements' alignment)? An unbuilt library is a fallback:
+    logged once at import, counted (`fallbacks`)."""
+    global _fallbacks
+    if not AVAILABLE:
+        _fallbacks += 1     # a lost increment between threads only undercounts a warned state
+        return False
+    return all(a.flags.c_contiguous and a.flags.aligned for a in arrays)
+
+
+def fallbacks() -> int:
+    """How many passes of this process ran in numpy because the library is not built (0 on a
+    built install; non-contiguous arrays and float16/bfloat16 take numpy by design and do
+    not count)."""
+    return _fallbacks
 
 
 def _lib() -> ctypes.CDLL:
