@@ -102,7 +102,7 @@ import numpy as np
 
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext, DataRange
-from netreduce import hostpass
+import netreduce.hostpass as hostpass
 from netreduce.dtypes import FLOAT32, HALVES
 from netreduce.meta import MAX_BLOCK_BYTES, AllreduceMismatch, CallRejected, SwitchNotAggregating
 from ring_setup.store_protocol import ranks_phrase
