@@ -9,7 +9,8 @@ ERROR `--delay` s into call K, from a timer thread (as a NIC reset would). Print
 "CALL i algo seconds" per call (with `--until-switch`, more calls until one goes
 through the switch), rank 0 "AT CALL i" before call i (the link-dark test's
 cue), then STATS and "OK faults". Under algo "switch" a call refused while the switch
-is away (`SwitchUnavailable`, alike on every rank) is asked again every 0.2 s ("REFUSED i").
+is away (`SwitchUnavailable`, alike on every rank) runs again with algo "auto", as the DDP
+hook does ("REFUSED i"): only a call over the ring brings the job back to the switch.
 With `--expect-fault` a call that fails prints "FAILED i seconds: error", finalize()
 returns ("FINALIZED") and the rank exits 0.
 """
@@ -39,13 +40,14 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
         x = rank_input([comm.rank, args.size, i], args.size, "int32")
         y = np.full(x.shape, -1, dtype=np.int32)
         t0 = time.perf_counter()
+        algo = args.algo
         while True:
             try:
-                comm.allreduce(x, out=y, algo=args.algo)
+                comm.allreduce(x, out=y, algo=algo)
                 break
             except netreduce.SwitchUnavailable:
                 print(f"REFUSED {i}", flush=True)
-                time.sleep(0.2)
+                algo = "auto"
             except netreduce.CommunicatorError as exc:
                 if not args.expect_fault:
                     raise

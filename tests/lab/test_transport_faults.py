@@ -87,11 +87,20 @@ def lines_of(output: list[str], prefix: str) -> list[str]:
     return [line[len(prefix):] for line in output if line.startswith(prefix)]
 
 
-def dark_job(seconds: float | None, *args: str, timeout: float = 1500
-             ) -> tuple[LaunchResult, float]:
-    """Run the worker with `args`; 0.5 s after rank 0's "AT CALL 10" host 2's link drops
-    every frame it sends (tc netem 100 % loss: data and ACKs) for `seconds` (None: until
-    the job ends, at most 300 s); returns the job's result and how long the link was dark."""
+#: host 2's nr0 drops every frame it sends (data and ACKs, the store's traffic too)
+DARK = [["tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", "100%"]]
+#: host 2's nr0 drops every RoCE v2 frame it sends (UDP 4791); the store's TCP goes on
+ROCE_DARK = [["tc", "qdisc", "add", "dev", "nr0", "root", "handle", "1:", "prio"],
+             ["tc", "filter", "add", "dev", "nr0", "parent", "1:", "protocol", "ip", "u32",
+              "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", "4791",
+              "0xffff", "action", "drop"]]
+
+
+def dark_job(seconds: float | None, *args: str, timeout: float = 1500,
+             dark: list[list[str]] = DARK) -> tuple[LaunchResult, float]:
+    """Run the worker with `args`; 0.5 s after rank 0's "AT CALL 10" host 2's link goes
+    `dark` for `seconds` (None: until the job ends, at most 300 s); returns the job's
+    result and how long the link was dark."""
     out = Cues("AT CALL 10")
     outcome: list[LaunchResult] = []
     job = threading.Thread(target=lambda: outcome.append(run_job(*args, out=out,
@@ -101,7 +110,8 @@ def dark_job(seconds: float | None, *args: str, timeout: float = 1500
     try:
         assert out.seen["AT CALL 10"].wait(600), out.getvalue()[-3000:]
         time.sleep(0.5)
-        run_in_host(2, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", "100%")
+        for command in dark:
+            run_in_host(2, *command)
         t0 = time.monotonic()
         if seconds is None:
             job.join(timeout=300)
@@ -121,8 +131,8 @@ def test_a_host_link_dark_for_20_s_mid_job_costs_no_call(
     """The default retry budget (6: 7 x 67 ms, docs/roce.md): host 2's link dark for 20 s
     from call 10 of 45 of 4 MiB, algo auto and switch through the switch, and ring: every
     call exact on every rank, the fault and its recovery named in rank 0's log; auto and
-    switch back on the switch by the end (algo "switch": the calls refused while the switch
-    is away, alike on every rank, are asked again)."""
+    switch back on the switch by the end (algo "switch": a call refused while the switch is
+    away, alike on every rank, runs with algo "auto", as the DDP hook does)."""
     calls = 45
     args = ["--calls", str(calls), "--algo", algo]
     args += [] if algo == "ring" else ["--until-switch", "600"]
@@ -149,12 +159,14 @@ def test_a_host_link_dark_for_20_s_mid_job_costs_no_call(
 
 def test_a_link_that_stays_dark_fails_every_rank_within_the_bound(
         capsys: pytest.CaptureFixture[str]) -> None:
-    """Host 2's link dark from call 10 until the job ends (algo auto, through the switch):
-    every rank's call fails with one TransportFault naming the connection and the attempts,
-    within fault_bound (35 s at the defaults) plus 15 s of settling, and finalize() returns
-    on every rank."""
+    """Host 2's link dark for RoCE from call 10 until the job ends (algo auto, through the
+    switch; the store's TCP goes on, as over a cluster's management network: a link dark
+    for all is the store's silence, PeerFailure after 60 s): every rank's call fails with
+    one TransportFault naming the connection and the attempts, within fault_bound (35 s at
+    the defaults) plus 15 s of settling, and finalize() returns on every rank."""
     bound = fault_bound(FlowConfig()) + 15
-    result, dark = dark_job(None, "--calls", "45", "--expect-fault", timeout=600)
+    result, dark = dark_job(None, "--calls", "45", "--expect-fault", timeout=600,
+                            dark=ROCE_DARK)
     assert result.ok, (result.exit_code, [r.output[-30:] for r in result.ranks])
     failed = []
     for r in range(N):
