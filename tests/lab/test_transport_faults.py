@@ -96,7 +96,7 @@ ROCE_DARK = [["tc", "qdisc", "add", "dev", "nr0", "root", "handle", "1:", "prio"
               "0xffff", "action", "drop"]]
 
 
-def dark_job(seconds: float | None, *args: str, timeout: float = 1500,
+def dark_job(seconds: float | None, *args: str, timeout: float = 600,
              dark: list[list[str]] = DARK) -> tuple[LaunchResult, float]:
     """Run the worker with `args`; 0.5 s after rank 0's "AT CALL 10" host 2's link goes
     `dark` for `seconds` (None: until the job ends, at most 300 s); returns the job's
@@ -129,13 +129,14 @@ def dark_job(seconds: float | None, *args: str, timeout: float = 1500,
 def test_a_host_link_dark_for_20_s_mid_job_costs_no_call(
         algo: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The default retry budget (6: 7 x 67 ms, docs/roce.md): host 2's link dark for 20 s
-    from call 10 of 45 of 4 MiB, algo auto and switch through the switch, and ring: every
-    call exact on every rank, the fault and its recovery named in rank 0's log; auto and
+    from call 10 of 45 of 4 MiB, algo auto and switch through the switch, and the host ring
+    without a switch (with one, algo="ring" exchanges its metadata on "inc": the open gap
+    of tests/test_native_rc_model.py's xfail): every call exact on every rank, the fault and its recovery named in rank 0's log; auto and
     switch back on the switch by the end (algo "switch": a call refused while the switch is
     away, alike on every rank, runs with algo "auto", as the DDP hook does)."""
     calls = 45
     args = ["--calls", str(calls), "--algo", algo]
-    args += [] if algo == "ring" else ["--until-switch", "600"]
+    args += ["--no-switch"] if algo == "ring" else ["--until-switch", "400"]
     result, dark = dark_job(20, *args)
     routes, stats, out0 = checked(result, calls)
     t = stats["transport"]
