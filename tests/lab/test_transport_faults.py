@@ -163,8 +163,9 @@ def test_a_link_that_stays_dark_fails_every_rank_within_the_bound(
     """Host 2's link dark for RoCE from call 10 until the job ends (algo auto, through the
     switch; the store's TCP goes on, as over a cluster's management network: a link dark
     for all is the store's silence, PeerFailure after 60 s): every rank's call fails with
-    one TransportFault naming the connection and the attempts, within fault_bound (35 s at
-    the defaults) plus 15 s of settling, and finalize() returns on every rank."""
+    the error naming the connection (TransportFault on every rank, with the attempts),
+    within fault_bound (35 s at the defaults) plus 15 s of settling, and finalize()
+    returns on every rank."""
     bound = fault_bound(FlowConfig()) + 15
     result, dark = dark_job(None, "--calls", "45", "--expect-fault", timeout=600,
                             dark=ROCE_DARK)
@@ -174,7 +175,12 @@ def test_a_link_that_stays_dark_fails_every_rank_within_the_bound(
         (line,) = lines(result, r, "FAILED ")
         assert lines(result, r, "FINALIZED"), result.ranks[r].output[-30:]
         failed.append(line)
-    assert all("TransportFault" in f and "faulted" in f for f in failed), failed
+    # TransportFault on every rank (the call faulted FAULT_ATTEMPTS times); or, when the
+    # host ring broke while a switch call was finished from its wire words, that rank's
+    # CommunicatorError and the others' PeerFailure naming it (docs/transport-faults.md)
+    assert all("transport fault on '" in f for f in failed), failed
+    assert all("TransportFault" in f for f in failed) or \
+        any("CommunicatorError" in f for f in failed), failed
     secs = [float(f.split()[1].rstrip(":")) for f in failed]
     assert max(secs) < bound, (secs, bound, failed)
     figure(capsys, f"stays dark: every rank failed after {min(secs):.1f}-{max(secs):.1f} s "
