@@ -185,10 +185,11 @@ def survive(comm: netreduce.Communicator, steps: int, restarts: list[int],
     actions = {"restart": restart_switch, "flap": lambda: flap(FLAP_S)}
 
     def before(step: int) -> None:
-        # a restart (rank 0) or a flap (FLAPPER) at the first step >= the next of its steps
-        # at which the job runs through the switch again (one while it is away goes unseen)
+        # a restart (rank 0) at the first step >= the next of its steps at which the job
+        # runs through the switch again (one while it is away goes unseen); a flap
+        # (FLAPPER) at its step, on whichever ring the job runs
         for what, left in pending.items():
-            if left and step >= left[0] and comm.last_algo == "switch" \
+            if left and step >= left[0] and (what == "flap" or comm.last_algo == "switch") \
                     and not any(t.is_alive() for t in started):
                 left.pop(0)
                 print(f"{what.upper()} at step {step}", flush=True)
