@@ -15,7 +15,8 @@ from nr_contract.spec import DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT, PATH_MTUS
 
 IMM_MODULUS = 1 << 32   # the immediate carries the message index modulo 2^32
 RETRY_CNT_ENV = "NR_RETRY_CNT"
-DEFAULT_RETRY_CNT = 7   # what NCCL and most RC users set; rxe alone reads 7 as "forever"
+DEFAULT_RETRY_CNT = 6   # finite everywhere: rxe reads 7 as "forever", a NIC as 7 retries
+                        # (NCCL's); 6 is a NIC's budget that rxe honours too
 MAX_RETRY_CNT = 7       # a 3-bit field
 
 
@@ -45,7 +46,7 @@ class FlowConfig:
     `collective_timeout` > 0 seconds without any completion, while every peer is alive, is
     an error (a dead or failed peer is reported at once by the stream's liveness check);
     `ack_timeout` in 1..31 is the QPs' local ACK timeout exponent (see DEFAULT_ACK_TIMEOUT);
-    `retry_cnt` in 0..7 the QPs' RC retry budget (default $NR_RETRY_CNT, else 7): a QP whose
+    `retry_cnt` in 0..7 the QPs' RC retry budget (default $NR_RETRY_CNT, else 6): a QP whose
     packets stay unacknowledged through `dark_budget` seconds goes to the error state
     (docs/roce.md, "The retry budget"), except that rxe never gives up at 7.
     """

@@ -53,7 +53,7 @@ def init(rank: int | None = None, world_size: int | None = None,
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
     default 2) are the flow-control knobs, `ack_timeout` the QPs' local ACK timeout
     exponent (4.096 us x 2^ack_timeout, default 14 = 67 ms: rxe's retransmit timer) and
-    `retry_cnt` its RC retry budget (0..7, default $NR_RETRY_CNT, else 7; a link dark
+    `retry_cnt` its RC retry budget (0..7, default $NR_RETRY_CNT, else 6; a link dark
     longer than (retry_cnt + 1) ACK timeouts fails the QPs: docs/roce.md); the
     switch's aggregator pool (256 slots by default) must hold 2 x min(`window` x `msg_size`/`mtu`, 129) packets (2 x 128 with the
     defaults; rxe keeps up to 129 PSNs unacknowledged per QP), rounded up to a power of

@@ -54,7 +54,7 @@ from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationE
                                     SwitchStatus, register_inc_ring, unregister)
 from netreduce.rings import Host, RingQPsLike, connect_ring, inc_ring_spec
 from netreduce.routing import CallStats
-from netreduce.transport_fault import fault_reason, faulted_ring
+from netreduce.transport_fault import RingFault, fault_reason, faulted_ring, ring_of
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.endpoints import HostEndpoint, RingEndpoint
 from ring_setup.rendezvous import Rendezvous
@@ -514,10 +514,21 @@ class AwayProtocol:
         """Before leaving a ring registered with a switch: wait (up to `timeout` s) until
         every rank is closing too, settling a switch-away notice that arrives meanwhile --
         a rank without a good seal for the last call needs this rank's wire words of it
-        (`position`: this rank's next call)."""
-        while self._rendezvous.gather("closing", position, timeout, waiting_for="closed",
-                                      until=lambda: self.pending) is None:
-            self.settle(position)
+        (`position`: this rank's next call). A transport fault of a call redone in a settle
+        (its epoch settled) is settled next, as in a call (`Communicator._settle`)."""
+        seen: str | None = None
+        while seen is not None or self._rendezvous.gather(
+                "closing", position, timeout, waiting_for="closed",
+                until=lambda: self.pending) is None:
+            epoch = self.epoch
+            try:
+                self.settle(position, seen=seen)
+                seen = None
+            except (RingFault, CompletionError) as exc:
+                if self.epoch == epoch:
+                    raise
+                seen = fault_reason(ring_of(exc), exc) if isinstance(exc, CompletionError) \
+                    else None
 
     def _keep_lease(self) -> LeaseKeeper | None:
         """A lease keeper for the registered ring on this rank (ranks LEASE_RANKS with a

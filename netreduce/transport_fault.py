@@ -57,7 +57,8 @@ from ring_setup.rendezvous import Rendezvous
 
 logger = logging.getLogger(__name__)
 
-FAULT_ATTEMPTS = 6      # epochs settled for one call before it fails on every rank
+FAULT_ATTEMPTS = 8      # epochs settled for one call before it fails on every rank: a
+                        # link dark for 20 s heals (fault_bound: 35 s at the defaults)
 BACKOFF_FIRST = 0.5     # s before the second attempt of a call; doubled for each next one
 BACKOFF_MAX = 8.0       # s: the longest back-off
 _REASON = re.compile(r"^rank (\d+): transport fault on '(ring|inc)': ")

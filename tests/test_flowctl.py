@@ -81,7 +81,7 @@ def test_config_rejects_bad_knobs(kwargs: dict, words: str) -> None:
 def test_the_retry_budget_comes_from_the_environment_and_bounds_a_dark_link(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NR_RETRY_CNT", raising=False)
-    assert FlowConfig().retry_cnt == 7
+    assert FlowConfig().retry_cnt == 6
     monkeypatch.setenv("NR_RETRY_CNT", "5")
     cfg = FlowConfig()
     assert cfg.retry_cnt == 5

@@ -11,6 +11,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
+from flowctl import FlowConfig
+from tests.rcmodel.fabric import FaultRates, Faults
 from tests.rcmodel.scenarios import check_run, scenarios
 
 EXAMPLES = 60
@@ -38,3 +40,19 @@ def test_every_run_sums_exactly_or_fails_as_documented() -> None:
     assert outcomes["exact"] >= EXACT_FLOOR, outcomes
 
 
+
+
+def test_a_host_ring_fault_while_a_rank_closes_is_settled_there() -> None:
+    """The native twin's draw (2 ranks, one algo='ring' call, retry_cnt 2 at 1 ms, every ACK
+    delayed 0.1 s with p 0.5): rank 0 completed the call and closes while rank 1's WRITE
+    failed; rank 0 redoes the call inside close() and its redo's WRITE fails too. That
+    fault is settled as in a call (AwayProtocol.wait_closing), never an abort from close():
+    the run ends exact or with TransportFault on every rank (check_run's documented
+    outcomes), not with rank 1's PeerFailure naming a rank 0 that raised nothing."""
+    zero = FaultRates(loss=0.0, duplicate=0.0, delay=0.0, delay_s=5e-05)
+    late = FaultRates(loss=0.0, duplicate=0.0, delay=0.5, delay_s=0.1)
+    s = {"n": 2, "config": FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=32,
+                                      collective_timeout=0.5),
+         "faults": Faults({"contribution": zero, "result": zero, "ack": late}, seed=0),
+         "retry_cnt": 2, "timeout": 8, "near_wrap": False, "calls": [("ring", 1)]}
+    assert check_run(s) in ("exact", "failed")

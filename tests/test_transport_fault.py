@@ -46,8 +46,8 @@ def test_the_bound_and_back_off_are_closed_forms(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(tf, "BACKOFF_FIRST", 0.5)
     assert [backoff(a) for a in range(1, 8)] == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
     cfg = FlowConfig(retry_cnt=6, ack_timeout=14)
-    # 6 attempts, each one retry budget (7 x 67.1 ms), back-offs 0 + 0.5 + 1 + 2 + 4 + 8
-    assert fault_bound(cfg) == pytest.approx(15.5 + 6 * 7 * 0.067108864)
+    # 8 attempts, each one retry budget (7 x 67.1 ms), back-offs 0 + 0.5 + 1 + 2 + 4 + 8 + 8 + 8
+    assert fault_bound(cfg) == pytest.approx(31.5 + 8 * 7 * 0.067108864)
     assert faulted_ring("rank 2: transport fault on 'ring': flowctl: ...") == "ring"
     assert faulted_ring("rank 0: transport fault on 'inc': x") == "inc"
     assert faulted_ring("rank 0: the switch lost ring nr-1") is None

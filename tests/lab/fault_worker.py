@@ -1,6 +1,6 @@
 """One rank of a lab transport-fault test (issue 40), run by `netreduce.tools.launch`:
 
-    fault_worker.py --calls N --size N [--algo A] [--no-switch]
+    fault_worker.py --calls N --size N [--algo A] [--no-switch] [--expect-fault]
                     [--kill RING --victim R --at K --delay S]
 
 `--calls` calls of int32[size] (checked exactly against every rank's input, out= a fresh
@@ -8,7 +8,11 @@ array, the input untouched); with `--kill`, rank R moves its RING QPs ("inc" or 
 ERROR `--delay` s into call K, from a timer thread (as a NIC reset would). Prints
 "CALL i algo seconds" per call (with `--until-switch`, more calls until one goes
 through the switch), rank 0 "AT CALL i" before call i (the link-dark test's
-cue), then STATS and "OK faults".
+cue), then STATS and "OK faults". Under algo "switch" a call refused while the switch
+is away (`SwitchUnavailable`, alike on every rank) runs again with algo "auto", as the DDP
+hook does ("REFUSED i"): only a call over the ring brings the job back to the switch.
+With `--expect-fault` a call that fails prints "FAILED i seconds: error", finalize()
+returns ("FINALIZED") and the rank exits 0.
 """
 from __future__ import annotations
 
@@ -36,7 +40,20 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
         x = rank_input([comm.rank, args.size, i], args.size, "int32")
         y = np.full(x.shape, -1, dtype=np.int32)
         t0 = time.perf_counter()
-        comm.allreduce(x, out=y, algo=args.algo)
+        algo = args.algo
+        while True:
+            try:
+                comm.allreduce(x, out=y, algo=algo)
+                break
+            except netreduce.SwitchUnavailable:
+                print(f"REFUSED {i}", flush=True)
+                algo = "auto"
+            except netreduce.CommunicatorError as exc:
+                if not args.expect_fault:
+                    raise
+                print(f"FAILED {i} {time.perf_counter() - t0:.2f}: {type(exc).__name__}: "
+                      f"{exc}", flush=True)
+                return
         dt = time.perf_counter() - t0
         want = sum(rank_input([r, args.size, i], args.size, "int32").astype(np.int64)
                    for r in range(n)).astype(np.int32)
@@ -62,6 +79,8 @@ def main() -> None:
     p.add_argument("--victim", type=int, default=2)
     p.add_argument("--at", type=int, default=2, help="the call during which they do")
     p.add_argument("--delay", type=float, default=0.3, help="s into that call")
+    p.add_argument("--expect-fault", action="store_true", help="a failed call ends the "
+                   "loop: FAILED, then finalize()")
     p.add_argument("--until-switch", type=float, default=0.0, help="after the calls, more "
                    "until one goes through the switch, for up to S s from the start")
     args = p.parse_args()
@@ -70,6 +89,7 @@ def main() -> None:
     print(f"joined {comm!r}", flush=True)
     run(comm, args)
     netreduce.finalize()
+    print("FINALIZED", flush=True)
 
 
 if __name__ == "__main__":

@@ -51,8 +51,8 @@ VICTIM = 2
 def ddp_job(tmp_path_factory: pytest.TempPathFactory,
             torch_server: TorchForkServer) -> LaunchResult:
     """The one launch: the README's DDP snippet and its step, 5 steps of every mode against
-    gloo, the bf16 and NaN checks, 200 steps through two restarts of the lab's switch,
-    then rank VICTIM dies."""
+    gloo, the bf16 and NaN checks, 200 steps through two restarts of the lab's switch and
+    two flaps of a host's link, then rank VICTIM dies."""
     if HOSTS < 4:
         pytest.fail(f"the lab has {HOSTS} hosts, the test needs 4")
     where = tmp_path_factory.mktemp("torch")
@@ -65,7 +65,8 @@ def ddp_job(tmp_path_factory: pytest.TempPathFactory,
     except TorchForkServerError as e:
         pytest.fail(str(e))
     waited = time.monotonic() - waited
-    result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "40,120",
+    result = launch([sys.executable, str(script), "--steps", "5", "--restart-at", "30,110",
+                     "--flap-at", "70,150",
                      "--survive-steps", "200", "--victim", str(VICTIM)], 4,
                     port=next_port(), timeout=1800, grace=120, env=env,
                     forkservers=str(torch_server.where))
@@ -106,10 +107,12 @@ def test_ddp_with_netreduce_against_gloo(ddp_job: LaunchResult) -> None:
     assert ddp_job.ranks[VICTIM].returncode == -9
 
 
-def test_ddp_trains_through_two_switch_restarts(ddp_job: LaunchResult) -> None:
-    """Issue 24: 200 DDP steps with netreduce's hook next to gloo, the lab's switch
-    restarted at steps 40 and 120: no exception, the parameters within 1e-5 of gloo's,
-    two fallbacks (every rank, the victim included: it dies only after)."""
+def test_ddp_trains_through_two_switch_restarts_and_two_link_flaps(
+        ddp_job: LaunchResult) -> None:
+    """Issues 24 and 40: 200 DDP steps with netreduce's hook next to gloo, the lab's switch
+    restarted at steps 30 and 110, rank 1's link dark for 3 s at steps 70 and 150 (a
+    transport fault each): no exception, the parameters within 1e-5 of gloo's, a fallback
+    per restart and a recovered fault per flap on every rank (the victim dies only after)."""
     for r in range(4):
         out = ddp_job.ranks[r].output
         assert any(x.startswith("OK survive: max |param - gloo|") for x in out), out[-40:]

@@ -4,7 +4,7 @@ emulated CPU per import). That launch runs a script composed of the README's DDP
 (verbatim: it makes `comm` and a DDP model with netreduce's hook), one step of that model,
 then `run(comm, ARGS)`:
 
-    ARGS: [--steps K] [--restart-at S1,S2 [--survive-steps M]] [--victim R]
+    ARGS: [--steps K] [--restart-at S1,S2 [--flap-at S3,S4] [--survive-steps M]] [--victim R]
   1. K steps of examples/train_mlp.py from the same parameters on the same data: DDP with
      netreduce's hook (switch, ring) and over the netreduce process group end within 1e-5
      of DDP over gloo (parameters ~0.1; a wrong contribution would move them ~1e-3; the
@@ -15,8 +15,9 @@ then `run(comm, ARGS)`:
      training with both bf16 hooks is examples/train_mlp.py's, docs/torch.md);
   3. a NaN in rank 1's batch: the hook warns and gives gloo's gradients (NaN included);
   4. with --restart-at: M steps of DDP with netreduce's hook beside DDP over gloo while
-     rank 0 restarts the lab's switch at those steps: no exception, within 1e-5 of gloo,
-     one fallback per restart;
+     rank 0 restarts the lab's switch at those steps, and rank FLAPPER's link is dark for
+     FLAP_S s (tc netem 100 % loss: a transport fault) at the --flap-at steps: no
+     exception, within 1e-5 of gloo, a fallback per restart, a transport fault per flap;
   5. with --victim R: rank R SIGKILLs itself during backward; the others print the error.
 
 Prints "OK ..." lines (each with the seconds since `run` began) the test looks for; a failed
@@ -46,6 +47,8 @@ from train_mlp import batch, gloo_bf16_hook, global_max, local_hook, mlp, train 
 
 
 STARTED = time.monotonic()     # after the README snippet and its check
+FLAPPER = 1                    # the rank whose link flaps (its host's nr0)
+FLAP_S = 3.0                   # s dark: 6 retry budgets of the default (7 x 67 ms)
 
 
 def say(line: str) -> None:
@@ -155,27 +158,43 @@ def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
         say(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps")
 
 
-def survive(comm: netreduce.Communicator, steps: int, restarts: list[int]) -> None:
+def flap(seconds: float) -> None:
+    """This host's link dark for `seconds`: every frame it sends dropped (data and ACKs)."""
+    import subprocess
+    subprocess.run(["tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", "100%"],
+                   check=True)
+    try:
+        time.sleep(seconds)
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", "nr0", "root"], check=False)
+
+
+def survive(comm: netreduce.Communicator, steps: int, restarts: list[int],
+            flaps: list[int]) -> None:
     """`steps` steps of DDP with netreduce's hook (algo="auto") next to DDP over gloo, the
-    lab's switch restarted (by rank 0, in the background) at each step of `restarts`: no
-    exception, the parameters within 1e-5 of gloo's, one fallback per restart (counted from
-    the communicator's stats before the first step)."""
+    lab's switch restarted (by rank 0, in the background) at each step of `restarts`, rank
+    FLAPPER's link dark for FLAP_S s at each step of `flaps`: no exception, the parameters
+    within 1e-5 of gloo's, a fallback per restart and a transport fault per flap at least
+    (counted from the communicator's stats before the first step)."""
     import threading
     from tests.lab.labswitch import restart_switch
     started: list[threading.Thread] = []
-    fallbacks_before = comm.stats()["switch"]["fallbacks"]
-
-    pending = sorted(restarts)
+    before_stats = comm.stats()
+    pending = {"restart": sorted(restarts) if comm.rank == 0 else [],
+               "flap": sorted(flaps) if comm.rank == FLAPPER else []}
+    actions = {"restart": restart_switch, "flap": lambda: flap(FLAP_S)}
 
     def before(step: int) -> None:
-        # rank 0 restarts the switch at the first step >= the next of `restarts` at which
-        # the job runs through the switch again (a restart while it is away goes unseen)
-        if comm.rank == 0 and pending and step >= pending[0] and comm.last_algo == "switch" \
-                and not any(t.is_alive() for t in started):
-            pending.pop(0)
-            print(f"RESTART at step {step}", flush=True)
-            started.append(threading.Thread(target=restart_switch, daemon=True))
-            started[-1].start()
+        # a restart (rank 0) at the first step >= the next of its steps at which the job
+        # runs through the switch again (one while it is away goes unseen); a flap
+        # (FLAPPER) at its step, on whichever ring the job runs
+        for what, left in pending.items():
+            if left and step >= left[0] and (what == "flap" or comm.last_algo == "switch") \
+                    and not any(t.is_alive() for t in started):
+                left.pop(0)
+                print(f"{what.upper()} at step {step}", flush=True)
+                started.append(threading.Thread(target=actions[what], daemon=True))
+                started[-1].start()
     args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
                                  bucket_cap_mb=0.1, log_every=10)
     results = train(["gloo", "switch"], comm, args, before)
@@ -183,12 +202,17 @@ def survive(comm: netreduce.Communicator, steps: int, restarts: list[int]) -> No
         t.join(300)
     diff = global_max(float((results["switch"][2] - results["gloo"][2]).abs().max()))
     stats = comm.stats()
-    if comm.rank == 0 and pending:
-        sys.exit(f"FAIL survive: the switch was not back in time for the restarts at {pending}")
-    if diff > 1e-5 or stats["switch"]["fallbacks"] - fallbacks_before != len(restarts):
-        sys.exit(f"FAIL survive: parameters {diff:.3g} from gloo's, stats {stats}")
+    late = [f"{what} at {left}" for what, left in pending.items() if left]
+    if late:
+        sys.exit(f"FAIL survive: the switch was not back in time for the {late}")
+    fallbacks = stats["switch"]["fallbacks"] - before_stats["switch"]["fallbacks"]
+    faults = stats["transport"]["faults"] - before_stats["transport"]["faults"]
+    if diff > 1e-5 or fallbacks < len(restarts) or faults < len(flaps):
+        sys.exit(f"FAIL survive: parameters {diff:.3g} from gloo's, {fallbacks} fallbacks, "
+                 f"{faults} transport faults; stats {stats}")
     say(f"OK survive: max |param - gloo| {diff:.3g} after {steps} steps, "
-        f"{sum(results['switch'][1]):.1f} s of steps; stats {stats}")
+        f"{sum(results['switch'][1]):.1f} s of steps, {fallbacks} fallbacks, {faults} "
+        f"transport faults; stats {stats}")
 
 
 def run(comm: netreduce.Communicator, argv: list[str]) -> None:
@@ -198,6 +222,8 @@ def run(comm: netreduce.Communicator, argv: list[str]) -> None:
     p.add_argument("--victim", type=int, default=None)
     p.add_argument("--restart-at", default="", help="restart the lab's switch at these steps "
                    "(comma-separated) of a DDP run of --survive-steps steps")
+    p.add_argument("--flap-at", default="", help="and rank FLAPPER's link dark for FLAP_S s "
+                   "at these steps")
     p.add_argument("--survive-steps", type=int, default=200)
     args = p.parse_args(argv)
     netreduce.log_to_stderr()
@@ -205,7 +231,8 @@ def run(comm: netreduce.Communicator, argv: list[str]) -> None:
     bf16_gradients(comm)
     nan(comm)
     if args.restart_at:
-        survive(comm, args.survive_steps, [int(s) for s in args.restart_at.split(",")])
+        survive(comm, args.survive_steps, [int(s) for s in args.restart_at.split(",")],
+                [int(s) for s in args.flap_at.split(",") if s])
     if args.victim is None:
         netreduce.finalize()
     else:
