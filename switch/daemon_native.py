@@ -37,6 +37,10 @@ def native_ports(args: argparse.Namespace) -> dict[int, int]:
         raise ValueError(f"--target native runs --role switch only, not {args.role}")
     if args.one_armed and args.workers != 1:
         raise ValueError(f"--one-armed: one port, one worker (not --workers {args.workers})")
+    if args.one_armed and args.xdp_mode not in ("auto", "af_packet"):
+        raise ValueError(f"--one-armed: --xdp-mode af_packet, not {args.xdp_mode} (an AF_XDP "
+                         "socket takes every frame from the server's kernel: its ARP and its "
+                         "controller's connections too)")
     if args.tx_loss:
         raise ValueError("--tx-loss is the software switch's: with --target native, emulate "
                          "loss with tc netem on the links")
@@ -79,7 +83,8 @@ def run_native(args: argparse.Namespace, options: dict[str, Any]) -> int:
     routers: list[NativeRouter] = []
     try:
         check_interfaces(ports)
-        io = NativeIO(ports, workers=args.workers, worker_of=worker_of, mode=args.xdp_mode)
+        mode = "af_packet" if router is not None else args.xdp_mode
+        io = NativeIO(ports, workers=args.workers, worker_of=worker_of, mode=mode)
     except (OSError, ValueError) as e:
         print(f"switch: cannot open ports {ports}: {e}", file=sys.stderr)
         return 1
