@@ -51,7 +51,7 @@ def table(size: int = SIZE) -> list[str]:
     for n in RANKS:
         cells = [formula_switch_time_us("1sw", size, n), formula_ring_time_us("1sw", size, n)]
         cells += [formula_time_us(size, n, n if k == "n" else int(k)) for k in AGGREGATORS]
-        rows.append(f"| {n} | " + " | ".join(f"{c / 1000:.2f} ms" for c in cells) + " |")
+        rows.append(f"| {n} | " + " | ".join(f"{c / 1000:,.1f} ms" for c in cells) + " |")
     return rows
 
 
