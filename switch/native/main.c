@@ -85,8 +85,8 @@ static uint8_t *worker_tx_alloc(void *ctx, uint32_t number, uint32_t len)
 {
     struct worker *w = ctx;
     uint64_t addr;
-    if (nrdp_router_of(w->pipe))      /* one-armed: every neighbour port is the one port */
-        number = 1;                   /* router.h's NRDP_ROUTER_PORT */
+    if (nrdp_router_of(w->pipe))      /* one-armed: the router may drop an output, so no */
+        return NULL;                  /* TX buffer (it would leak): the pipe's own buffers */
     struct port *q = nrio_port_by_number(w->io, number);
     if (!q || q->worker != w->index || q->pool != &w->pool || !w->has_pool ||
         len > w->pool.txspan * NRIO_CHUNK)

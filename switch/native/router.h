@@ -10,8 +10,9 @@
  * Invariants: the neighbour table is replaced whole (nrdp_router_set) under the router's
  * mutex, which nrdp_route also holds, so a frame sees one table; counters are written under
  * it. An output's header is rewritten where it lies: every buffer the pipeline emits is
- * built for that one output (a slot's lane buffer is emitted once, a retransmission and a
- * TX buffer are rebuilt per output) or is the received frame, which nrdp_route owns.
+ * built for that one output (a slot's lane buffer is emitted once, a retransmission is
+ * rebuilt per output) or is the received frame, which nrdp_route owns. The I/O layer
+ * gives a routed pipe no TX buffers (main.c: an output the router drops would leak one).
  */
 #ifndef NRDP_ROUTER_H
 #define NRDP_ROUTER_H
