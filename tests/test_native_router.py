@@ -163,3 +163,47 @@ def test_frames_no_ring_takes_are_routed_or_dropped_alike(both: Any, frame: byte
 def test_a_table_beyond_the_native_limit_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="300 addresses; the native router holds 256"):
         Native({f"10.1.{i // 256}.{i % 256}": "02:00:00:00:00:01" for i in range(300)})
+
+
+def test_one_armed_through_libnrio_on_a_veth_root() -> None:
+    """The I/O layer's one-armed path (main.c -> nrdp_route) on a veth in a namespace of its
+    own, AF_PACKET as netreduce-switch runs it: what leaves the port is what the Python
+    path sends, frame for frame."""
+    import os
+    import subprocess
+
+    from switch.dataplane.ports import open_port
+    from switch.native.nrio import NativeIO
+    from tests.native_rig import collect, in_netns, veths
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a network namespace, a veth pair)")
+    static = {"10.77.0.9": "02:4e:52:00:00:09"}
+    spec = make_ring(3, mtu=4096)
+    rng = np.random.default_rng(9)
+    frames = [bytes.fromhex(SERVER.replace(":", "")) + write_frame(
+        c, k, WRITE_ONLY, rng.integers(-2**31, 2**31, 1024, dtype=np.int64).astype(np.int32))[6:]
+        for k in range(3) for c in spec.connections] + [plain("10.77.0.9"), plain("10.77.0.8")]
+    py = Python(static)
+    py.target.register_ring(spec, 16)
+    gen = in_netns("nrxonat0")
+    next(gen)
+    try:
+        sw, drv = veths([1], 9000, prefix="nrxonat")[1]
+        subprocess.run(["ip", "link", "set", sw, "address", SERVER], check=True)
+        driver = open_port(1, drv)
+        native = Native(static)
+        with NativeIO({1: sw}, mode="af_packet", ring_size=512, idle_poll_us=100) as io:
+            native.target.register_ring(spec, 16)
+            io.start([native.pipe.address])
+            for frame in frames:
+                want = py.send(frame)
+                driver.sock.send(frame)
+                assert [f for _, f in collect({1: driver.sock}, len(want))] == want
+            io.stop()
+        assert native.counters() == py.counters()
+        assert native.counters()["routed"] == 3 * 3 + 1 and native.counters()["no_route"] == 1
+        driver.sock.close()
+        native.close()
+    finally:
+        next(gen, None)
