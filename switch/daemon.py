@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Collection, Optional
+from typing import Any, Collection
 
 from nr_contract.client import ControllerError, local_address
 from nr_contract.distribution import HelpFormatter, add_version
