@@ -201,7 +201,9 @@ def test_one_armed_through_libnrio_on_a_veth_root() -> None:
                 driver.sock.send(frame)
                 assert [f for _, f in collect({1: driver.sock}, len(want))] == want
             io.stop()
+            roce = io.port_counters()[1]["roce_packets"]
         assert native.counters() == py.counters()
+        assert roce == py.port.counters.roce_packets == 9        # the ring's, for the server
         assert native.counters()["routed"] == 3 * 3 + 1 and native.counters()["no_route"] == 1
         driver.sock.close()
         native.close()

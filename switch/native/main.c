@@ -126,9 +126,10 @@ static void process_frame(struct worker *w, struct port *p, struct rx_frame *f)
 {
 #ifndef NRIO_PIPELINE_STUB
     struct nrdp_fields roce;
-    if (nrdp_parse(f->data, f->len, &roce))   /* the software switch's roce_packets */
-        CNT_ADD(p->c.roce_packets, 1);
     struct nrdp_router *router = nrdp_router_of(w->pipe);
+    if ((!router || nrdp_router_for_me(router, f->data, f->len)) &&
+        nrdp_parse(f->data, f->len, &roce))   /* the software switch's roce_packets */
+        CNT_ADD(p->c.roce_packets, 1);
     int n = router ? nrdp_route(router, w->pipe, f->data, f->len, &w->out)   /* one-armed */
                    : nrdp_process(w->pipe, p->number, f->data, f->len, &w->out);
 #else

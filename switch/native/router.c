@@ -63,6 +63,11 @@ void nrdp_router_abi_sizes(size_t sizes[2])
     sizes[1] = sizeof(struct nrdp_router_counters);
 }
 
+int nrdp_router_for_me(const struct nrdp_router *r, const uint8_t *frame, uint32_t len)
+{
+    return len >= 6 && memcmp(frame, r->own_mac, 6) == 0;
+}
+
 static uint32_t port_of_mac(const struct nrdp_router_table *t, const uint8_t *mac)
 {
     for (uint32_t i = 0; i < t->nmacs; i++)
@@ -131,7 +136,7 @@ int nrdp_route(struct nrdp_router *r, struct nrdp_pipe *pipe, uint8_t *frame, ui
 {
     out->n = 0;
     pthread_mutex_lock(&r->lock);
-    if (len < 6 || memcmp(frame, r->own_mac, 6) != 0) {
+    if (!nrdp_router_for_me(r, frame, len)) {
         r->c.not_for_router++;
         pthread_mutex_unlock(&r->lock);
         return 0;

@@ -53,6 +53,9 @@ void nrdp_router_counters(struct nrdp_router *r, struct nrdp_router_counters *ou
  * the outputs. */
 int nrdp_route(struct nrdp_router *r, struct nrdp_pipe *pipe, uint8_t *frame, uint32_t len,
                struct nrdp_out_batch *out);
+/* Is the frame addressed to the server's MAC (router.py's for_me)? No lock: the MAC is
+ * fixed at create. */
+int nrdp_router_for_me(const struct nrdp_router *r, const uint8_t *frame, uint32_t len);
 /* For bindings: sizeof nrdp_router_table, nrdp_router_counters. */
 void nrdp_router_abi_sizes(size_t sizes[2]);
 
