@@ -60,8 +60,9 @@
 # netreduce (docs/lab.md, "Warm starts"), e.g. torch,torch.distributed when CMD launches
 # torch ranks several times (each cold import of torch costs ~45 s of emulated CPU per rank).
 # --aggregators K (1..4): no switch between the hosts but a kernel bridge (a plain L2
-# network) with K one-armed aggregation servers on it (python -m switch --one-armed, each in
-# a namespace of its own: scripts/lab_aggregators.sh); each host routes 10.78.J.0/24 via
+# network) with K one-armed aggregation servers on it (python -m switch --one-armed, on the
+# C data plane, or in Python with --switch soft; each in a namespace of its own:
+# scripts/lab_aggregators.sh); each host routes 10.78.J.0/24 via
 # aggregator J (scripts/setup_rxe.sh --aggregators), and CMD gets NR_CONTROLLER (aggregator
 # 0's), NR_INC_ADDR=10.78.0.0/24 and NR_LAB_AGGREGATORS=K; CMD may restart aggregator J with
 # kind "agg:J" (tests/lab/labswitch.py).
@@ -113,7 +114,7 @@ case $tcg in single|multi) ;; *) die "--tcg must be single or multi" ;; esac
 [[ $aggregators =~ ^[0-4]$ ]] || die "--aggregators must be 0..4"
 if [ "$aggregators" -gt 0 ]; then
   [ "$racks" = 1 ] && case $switch in soft|native) true ;; *) false ;; esac || die "--aggregators: the hosts are on a plain bridge with one-armed aggregators (no --racks, no --switch)"
-  switch=aggregators
+  agg_target=$switch switch=aggregators   # lab_aggregators.sh: native or soft
 fi
 SWNS=$lab_name
 if [ "$lab_name" = nrlab ]; then LABDIR=$ROOT/.lab; LOCK=/run/lock/netreduce-lab.lock

@@ -1,6 +1,6 @@
 # lab_aggregators.sh — scripts/lab.sh --aggregators K: K one-armed aggregation servers on the
 # hosts' plain L2 network (docs/lab.md, "Aggregators"). Sourced by lab.sh; reads its ROOT, PY,
-# LABDIR, SWNS, mtu, aggregators and calls its say and lab_switch.sh's wait_ready and
+# LABDIR, SWNS, mtu, aggregators, agg_target and calls its say and lab_switch.sh's wait_ready and
 # stop_group (sourced first).
 #
 # The hosts' ports are joined by a kernel bridge (nrbr in $SWNS, an ordinary L2 network).
@@ -8,7 +8,9 @@
 # 02:4e:52:00:01:(J+1), IPv4 forwarding off), whose peer nraggpJ is a bridge port; it runs
 # `python -m switch --one-armed --port 1=nraggJ` with its controller on 10.77.0.(200+J):50051
 # (the lab's token file, hosts policy and TLS certificate). The hosts route 10.78.J.0/24 via
-# it (scripts/setup_rxe.sh --aggregators). Pid in $LABDIR/aggJ.pid, log in $LABDIR/aggJ.log.
+# it (scripts/setup_rxe.sh --aggregators). With agg_target native (lab.sh's default
+# --switch) the aggregator runs on the C data plane (--target native, switch/native/router.h),
+# with soft in Python. Pid in $LABDIR/aggJ.pid, log in $LABDIR/aggJ.log.
 AGG_BASE=200
 agg_ip() { echo "10.77.0.$((AGG_BASE + $1))"; }
 agg_ns() { echo "${SWNS}a$1"; }
@@ -44,7 +46,7 @@ aggregator_start() {  # J: start aggregator J and wait until it is ready; else 1
   rm -f "$LABDIR/agg$j.ready"
   echo "---- $(date -u +%T) starting aggregator $j" >> "$LABDIR/agg$j.log"
   setsid ip netns exec "$ns" env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-    "$PY" -m switch --one-armed --port "1=nragg$j" \
+    "$PY" -m switch --one-armed --port "1=nragg$j" $([ "${agg_target:-soft}" = native ] && echo --target native) \
     --controller "$(agg_ip "$j"):50051" --token-file "$LABDIR/controller.token" \
     --hosts-policy "$LABDIR/hosts.policy" \
     --tls-cert "$LABDIR/controller.pem" --tls-key "$LABDIR/controller.key" \

@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Collection, Optional
+from typing import Any, Collection
 
 from nr_contract.client import ControllerError, local_address
 from nr_contract.distribution import HelpFormatter, add_version
@@ -41,7 +41,7 @@ from switch.control.service import TlsFiles, serve
 from switch.control.target import SoftwareTarget, Target
 from switch.dataplane.interswitch import Endpoint
 from switch.dataplane.pipeline import AggregationPipeline
-from switch.dataplane.router import PHYSICAL_PORT, Router, parse_mac
+from switch.dataplane.router import one_armed_router, parse_mac
 from switch.dataplane.ports import DEFAULT_MAC_AGEING, DEFAULT_MAC_TABLE_SIZE, DataPlane
 from switch.dataplane.spine import SpineConfig, SpinePipeline
 from switch.dataplane.tor import TorConfig, TorPipeline
@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run as a one-armed aggregation server reached by routing "
                          "(docs/switch.md): one port, --port 1=IFNAME; frames addressed to "
                          "IFNAME's MAC are aggregated or routed on to the registered rings' "
-                         "hosts (and --neighbor); IFNAME's kernel must not forward IPv4")
+                         "hosts (and --neighbor); IFNAME's kernel must not forward IPv4; "
+                         "--target native: switch/native/router.h")
     ap.add_argument("--neighbor", action="append", type=_neighbor_arg, default=[],
                     metavar="IP=MAC",
                     help="with --one-armed: a host routed to even when no registered ring "
@@ -269,19 +270,6 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
                 ack_timeout=args.ack_timeout, calls_per_second=args.calls_per_second,
                 insecure=args.insecure),
             "tls": tls}
-
-
-def one_armed_router(args: argparse.Namespace, ports: dict[int, str]) -> Optional[Router]:
-    """--one-armed's Router (None without it); ValueError names what is wrong."""
-    if not args.one_armed:
-        if args.neighbor:
-            raise ValueError("--neighbor needs --one-armed")
-        return None
-    if args.role != "switch":
-        raise ValueError(f"--one-armed: a single aggregation server, not --role {args.role}")
-    if list(ports) != [PHYSICAL_PORT]:
-        raise ValueError(f"--one-armed: exactly one port, --port {PHYSICAL_PORT}=IFNAME")
-    return Router.for_interface(ports[PHYSICAL_PORT], dict(args.neighbor))
 
 
 def role_pipeline(args: argparse.Namespace, dp: DataPlane) -> tuple[Any, Target]:

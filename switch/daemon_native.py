@@ -20,8 +20,9 @@ import threading
 from typing import Any
 
 from switch.control.native_target import NativeTarget
+from switch.dataplane.router import one_armed_router
 from switch.control.service import serve
-from switch.native.binding import NativePipeline
+from switch.native.binding import NativePipeline, NativeRouter
 from switch.native.nrio import NativeIO
 from switch.report import report
 
@@ -34,8 +35,12 @@ def native_ports(args: argparse.Namespace) -> dict[int, int]:
     names a port or worker that does not exist, and options only the software switch has."""
     if args.role != "switch":
         raise ValueError(f"--target native runs --role switch only, not {args.role}")
-    if args.one_armed or args.neighbor:
-        raise ValueError("--one-armed is the software switch's (switch/dataplane/router.py)")
+    if args.one_armed and args.workers != 1:
+        raise ValueError(f"--one-armed: one port, one worker (not --workers {args.workers})")
+    if args.one_armed and args.xdp_mode not in ("auto", "af_packet"):
+        raise ValueError(f"--one-armed: --xdp-mode af_packet, not {args.xdp_mode} (an AF_XDP "
+                         "socket takes every frame from the server's kernel: its ARP and its "
+                         "controller's connections too)")
     if args.tx_loss:
         raise ValueError("--tx-loss is the software switch's: with --target native, emulate "
                          "loss with tc netem on the links")
@@ -68,15 +73,18 @@ def run_native(args: argparse.Namespace, options: dict[str, Any]) -> int:
     SIGTERM/SIGINT, then print and write the counters."""
     try:
         worker_of = native_ports(args)
+        router = one_armed_router(args, dict(args.port))
     except ValueError as e:
         print(f"switch: {e}", file=sys.stderr)
         return 2
     ports = dict(args.port)
     macs = dict(args.mac)
     pipes: list[NativePipeline] = []
+    routers: list[NativeRouter] = []
     try:
         check_interfaces(ports)
-        io = NativeIO(ports, workers=args.workers, worker_of=worker_of, mode=args.xdp_mode)
+        mode = "af_packet" if router is not None else args.xdp_mode
+        io = NativeIO(ports, workers=args.workers, worker_of=worker_of, mode=mode)
     except (OSError, ValueError) as e:
         print(f"switch: cannot open ports {ports}: {e}", file=sys.stderr)
         return 1
@@ -84,11 +92,13 @@ def run_native(args: argparse.Namespace, options: dict[str, Any]) -> int:
         for _ in range(args.workers):
             pipes.append(NativePipeline(max_rings=args.max_rings, max_conns=MAX_CONNS))
             pipes[-1].set_l2(macs, sorted(ports))
-        target = NativeTarget(io, pipes, macs, args.max_rings)
+        if router is not None:
+            routers.append(NativeRouter(pipes[0], router))
+        target = NativeTarget(io, pipes, macs, args.max_rings, *routers)
         io.start([p.address for p in pipes])
     except (OSError, ValueError) as e:
         print(f"switch: native data plane: {e}", file=sys.stderr)
-        _close(io, pipes, started=False)
+        _close(io, pipes, routers, started=False)
         return 1
     server = None
     if args.controller:
@@ -96,7 +106,7 @@ def run_native(args: argparse.Namespace, options: dict[str, Any]) -> int:
             server, _ = serve(target, args.controller, **options)
         except (OSError, ValueError) as e:
             print(f"switch: controller: {e}", file=sys.stderr)
-            _close(io, pipes, started=True)
+            _close(io, pipes, routers, started=True)
             return 1
 
     def dump(*_: object) -> None:
@@ -120,14 +130,17 @@ def run_native(args: argparse.Namespace, options: dict[str, Any]) -> int:
         if server is not None:
             server.stop(None)
         dump()
-        _close(io, pipes, started=True)
+        _close(io, pipes, routers, started=True)
     return 0
 
 
-def _close(io: NativeIO, pipes: list[NativePipeline], started: bool) -> None:
-    """Join the workers before their pipelines go."""
+def _close(io: NativeIO, pipes: list[NativePipeline], routers: list[NativeRouter],
+           started: bool) -> None:
+    """Join the workers before their routers and pipelines go."""
     if started:
         io.stop()
     io.close()
+    for r in routers:
+        r.close()
     for p in pipes:
         p.close()

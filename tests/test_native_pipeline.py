@@ -66,9 +66,11 @@ def test_vectors_under_asan_and_ubsan() -> None:
     assert steps >= 900, done.stdout      # all_vectors + every_opcode_every_length: 966
 
 
-def fuzz_seed(setup: dict[str, Any], frames: list[tuple[int, bytes]]) -> bytes:
-    """A vector's rings and frames in fuzz_pipeline.c's input format."""
-    out = bytearray([len(setup["rings"])])
+def fuzz_seed(setup: dict[str, Any], frames: list[tuple[int, bytes]],
+              one_armed: bool = False) -> bytes:
+    """A vector's rings and frames in fuzz_pipeline.c's input format; one-armed: each frame
+    from its port's neighbour MAC (02:00:00:00:00:port), addressed to the server."""
+    out = bytearray([len(setup["rings"]) | (0x80 if one_armed else 0)])
     macs = dict(setup["macs"])
     for ring in setup["rings"]:
         spec = RingSpec.from_dict(ring["spec"])
@@ -80,13 +82,16 @@ def fuzz_seed(setup: dict[str, Any], frames: list[tuple[int, bytes]]) -> bytes:
                                           for ip in (c.src_ip, c.dst_ip)),
                                c.src_qpn, c.dst_qpn, c.psn0, ports[c.src_ip], ports[c.dst_ip])
     for port, frame in frames:
+        if one_armed:
+            port, frame = 1, frame[:6] + bytes([2, 0, 0, 0, 0, port]) + frame[12:]
         out += struct.pack("!BH", port, len(frame)) + frame
     return bytes(out)
 
 
 def test_fuzz_30_seconds(tmp_path: Path) -> None:
-    """libFuzzer for ~30 s from the vectors' frames: no crash, no sanitizer report, every
-    built frame's ICRC right and every output on a registered port (fuzz_pipeline.c)."""
+    """libFuzzer for ~30 s from the vectors' frames, in-path and one-armed: no crash, no
+    sanitizer report, every built frame's ICRC right, every output on a registered port or
+    routed right (fuzz_pipeline.c)."""
     need_clang()
     build("fuzz")
     corpus = tmp_path / "corpus"
@@ -94,6 +99,7 @@ def test_fuzz_30_seconds(tmp_path: Path) -> None:
     for i, v in enumerate(all_vectors()):
         frames = [(s.in_port, s.frame) for s in v.steps]
         (corpus / f"{i}-{v.name}").write_bytes(fuzz_seed(v.setup, frames))
+        (corpus / f"{i}-{v.name}-1arm").write_bytes(fuzz_seed(v.setup, frames, one_armed=True))
     done = subprocess.run([str(NATIVE / "fuzz_pipeline"), "-max_total_time=30",
                            "-rss_limit_mb=1024", "-max_len=20000", str(corpus)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)

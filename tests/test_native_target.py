@@ -161,7 +161,9 @@ def _switch(*args: str, netns: str | None = None, **kw: Any) -> subprocess.Popen
      "--role switch only"),
     (["--port", "1=lo", "--port-worker", "2=0"], 2, r"port\(s\) \[2\] not a --port"),
     (["--port", "1=lo", "--workers", "0"], 2, "at least 1"),
-    (["--port", "1=lo", "--one-armed"], 2, "--one-armed is the software switch's")])
+    (["--port", "1=lo", "--one-armed", "--workers", "2"], 2, "one port, one worker"),
+    (["--port", "2=lo", "--one-armed"], 2, "exactly one port, --port 1=IFNAME"),
+    (["--port", "1=lo", "--one-armed", "--xdp-mode", "generic"], 2, "--xdp-mode af_packet")])
 def test_the_native_switch_refuses_bad_command_lines(args: list[str], rc: int, why: str) -> None:
     p = _switch(*args)
     _, err = p.communicate(timeout=60)

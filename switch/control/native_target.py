@@ -6,6 +6,9 @@ NativePipeline`, one per worker). This class only registers rings, reads counter
 answers port lookups, with `SoftwareTarget`'s semantics. Invariant: a ring lives in the
 pipeline of the one worker that owns all of its ports (`NativeIO.port_worker`), so every
 contribution of a slot meets on one core; a ring whose ports span workers is refused.
+In one-armed mode (`router`, switch/native/router.h) there is one worker, a ring's hosts
+are the router's neighbours while it is registered, and their ports its neighbour ports,
+as SoftwareTarget's.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import threading
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from switch.control.target import Target, normalize_mac, resolve_ports
-from switch.native.binding import NativePipeline
+from switch.native.binding import NativePipeline, NativeRouter
 from switch.native.nrio import KINDS
 from nr_contract.spec import RingSpec
 
@@ -41,9 +44,13 @@ class NativeTarget(Target):
     name = "native"
 
     def __init__(self, io: PortIO, pipes: Sequence[NativePipeline],
-                 macs: Mapping[str, int], max_rings: int) -> None:
+                 macs: Mapping[str, int], max_rings: int,
+                 router: Optional[NativeRouter] = None) -> None:
         if len(pipes) != io.workers:
             raise ValueError(f"{len(pipes)} pipelines for {io.workers} workers")
+        if router is not None and len(pipes) != 1:
+            raise ValueError(f"one-armed mode runs one worker, not {len(pipes)}")
+        self.router = router
         self.io = io
         self.pipes = list(pipes)
         self.max_rings = max_rings
@@ -52,6 +59,8 @@ class NativeTarget(Target):
         self._lock = threading.Lock()
 
     def port_of_mac(self, mac: str) -> Optional[int]:
+        if self.router is not None:
+            return self.router.router.port_of_mac(mac)
         return self._macs.get(normalize_mac(mac))
 
     def worker_of_ports(self, ring_id: str, ports: dict[str, int]) -> int:
@@ -69,8 +78,26 @@ class NativeTarget(Target):
         return next(iter(workers.values()))
 
     def register_ring(self, spec: RingSpec, slots: int) -> dict[str, Any]:
+        learned = self.router is not None and self.router.router.add_ring(spec)
+        try:
+            if learned:
+                self.router.sync()
+            return self._register(spec, slots)
+        except Exception:
+            if learned:
+                self._forget(spec.ring_id)
+            raise
+
+    def _forget(self, ring_id: str) -> None:
+        """One-armed: the ring's neighbours go with it."""
+        if self.router is not None:
+            self.router.router.remove_ring(ring_id)
+            self.router.sync()
+
+    def _register(self, spec: RingSpec, slots: int) -> dict[str, Any]:
         ports = resolve_ports(spec, self.port_of_mac)
-        worker = self.worker_of_ports(spec.ring_id, ports)
+        # one-armed: every neighbour port is the one port's, on worker 0
+        worker = 0 if self.router is not None else self.worker_of_ports(spec.ring_id, ports)
         with self._lock:
             old = self._worker.get(spec.ring_id)
             if old is None and len(self._worker) >= self.max_rings:
@@ -92,6 +119,7 @@ class NativeTarget(Target):
         if worker is None:
             raise KeyError(f"ring {ring_id} is not registered")
         self.pipes[worker].unregister_ring(ring_id)
+        self._forget(ring_id)
 
     def counters(self) -> dict[str, Any]:
         """SoftwareTarget's shape; "switch" sums the workers' frames and outputs and counts
@@ -107,7 +135,8 @@ class NativeTarget(Target):
                   "frames": sum(s["frames"] for s in stats),
                   "outputs": sum(s["outputs"] for s in stats),
                   "ownership_errors": sum(s["ownership_errors"] for s in stats),
-                  "fallback_ports": sum(int(c["fallback"]) for c in ports.values())}
+                  "fallback_ports": sum(int(c["fallback"]) for c in ports.values()),
+                  **(self.router.counters() if self.router is not None else {})}
         return {"target": self.name, "rings": rings, "ports": ports, "switch": switch}
 
     def limits(self) -> dict[str, Any]:

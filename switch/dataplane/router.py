@@ -22,6 +22,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import struct
 import threading
@@ -131,6 +132,12 @@ class Router:
         """The neighbour port of a host MAC a registered ring or the static table names."""
         return self._port_of.get(parse_mac(mac))
 
+    def tables(self) -> tuple[dict[int, bytes], dict[bytes, bytes]]:
+        """The data path's tables as published: neighbour port -> MAC, packed IPv4 -> MAC
+        (what the native data plane's router is given: switch/native/router.h)."""
+        with self._lock:
+            return self._mac_of, self._ip_mac
+
     def _neighbours(self) -> dict[str, bytes]:
         out = dict(self._static)
         for hosts in self._rings.values():
@@ -197,3 +204,17 @@ class Router:
         head[CSUM_OFF:CSUM_OFF + 2] = ipv4_checksum(head[ETH_LEN:ETH_LEN + ihl]).to_bytes(2, "big")
         self.counters.routed += 1
         return [head, *rest]
+
+
+def one_armed_router(args: argparse.Namespace, ports: dict[int, str]) -> Optional[Router]:
+    """netreduce-switch --one-armed's Router (None without it), either target; ValueError
+    names what is wrong."""
+    if not args.one_armed:
+        if args.neighbor:
+            raise ValueError("--neighbor needs --one-armed")
+        return None
+    if args.role != "switch":
+        raise ValueError(f"--one-armed: a single aggregation server, not --role {args.role}")
+    if list(ports) != [PHYSICAL_PORT]:
+        raise ValueError(f"--one-armed: exactly one port, --port {PHYSICAL_PORT}=IFNAME")
+    return Router.for_interface(ports[PHYSICAL_PORT], dict(args.neighbor))

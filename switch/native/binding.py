@@ -200,3 +200,90 @@ class NativePipeline:
         if n == NOT_MINE:
             return None
         return [(o.port, ctypes.string_at(o.data, o.len)) for o in self._out.out[:n]]
+
+
+ROUTER_MAX = 256                          # router.h's NRDP_ROUTER_MAX
+ROUTER_COUNTERS = ("routed", "ttl_expired", "no_route", "not_routable", "not_for_router")
+
+
+class RouterTable(ctypes.Structure):
+    _fields_ = [("nmacs", u32), ("mac", (ctypes.c_uint8 * 6) * ROUTER_MAX),
+                ("port", u32 * ROUTER_MAX), ("nips", u32),
+                ("ip", (ctypes.c_uint8 * 4) * ROUTER_MAX),
+                ("ip_mac", (ctypes.c_uint8 * 6) * ROUTER_MAX)]
+
+
+class RouterCounters(ctypes.Structure):
+    _fields_ = [(name, u64) for name in ROUTER_COUNTERS]
+
+
+class NativeRouter:
+    """One-armed mode on the native data plane (router.h): `router` (switch/dataplane/
+    router.py's Router) owns the neighbours and their ports; `sync()` hands its tables to
+    the C router, which the pipeline's worker then sends every frame through. Invariant:
+    the C table is the Router's as of the last sync (call it after every add/remove_ring)."""
+
+    def __init__(self, pipeline: NativePipeline, router: Any, path: Path = LIBRARY) -> None:
+        lib = load(path)
+        vp = ctypes.c_void_p
+        lib.nrdp_router_create.restype = vp
+        lib.nrdp_router_create.argtypes = [ctypes.c_char_p]
+        lib.nrdp_router_destroy.argtypes = [vp]
+        lib.nrdp_router_set.argtypes = [vp, ctypes.POINTER(RouterTable)]
+        lib.nrdp_router_counters.argtypes = [vp, ctypes.POINTER(RouterCounters)]
+        lib.nrdp_route.restype = ctypes.c_int
+        lib.nrdp_route.argtypes = [vp, vp, vp, u32, ctypes.POINTER(OutBatch)]
+        lib.nrdp_set_router.argtypes = [vp, vp]
+        sizes = (ctypes.c_size_t * 2)()
+        lib.nrdp_router_abi_sizes(sizes)
+        if list(sizes) != [ctypes.sizeof(RouterTable), ctypes.sizeof(RouterCounters)]:
+            raise OSError(f"{path}: router.h does not match binding.py ({list(sizes)})")
+        self._lib, self.pipeline, self.router = lib, pipeline, router
+        self._r = lib.nrdp_router_create(bytes(router.own_mac))
+        if not self._r:
+            raise OSError(ctypes.get_errno(), "nrdp_router_create failed")
+        try:
+            self.sync()
+        except ValueError:
+            lib.nrdp_router_destroy(self._r)
+            raise
+        lib.nrdp_set_router(pipeline.address, self._r)
+
+    def sync(self) -> None:
+        """Give the C router the Router's current tables; ValueError if they exceed
+        ROUTER_MAX entries."""
+        mac_of, ip_mac = self.router.tables()
+        if len(mac_of) > ROUTER_MAX or len(ip_mac) > ROUTER_MAX:
+            raise ValueError(f"one-armed: {len(mac_of)} neighbour MACs, {len(ip_mac)} "
+                             f"addresses; the native router holds {ROUTER_MAX} of each")
+        t = RouterTable(nmacs=len(mac_of), nips=len(ip_mac))
+        for i, (port, mac) in enumerate(sorted(mac_of.items())):
+            t.mac[i][:] = list(mac)
+            t.port[i] = port
+        for j, (ip, mac) in enumerate(sorted(ip_mac.items())):
+            t.ip[j][:] = list(ip)
+            t.ip_mac[j][:] = list(mac)
+        if self._lib.nrdp_router_set(self._r, ctypes.byref(t)):
+            raise ValueError("nrdp_router_set refused the table")
+
+    def counters(self) -> dict[str, int]:
+        """router.py's RouterCounters, as the C router counted them."""
+        c = RouterCounters()
+        self._lib.nrdp_router_counters(self._r, ctypes.byref(c))
+        return {name: getattr(c, name) for name in ROUTER_COUNTERS}
+
+    def process(self, frame: bytes) -> list[tuple[int, bytes]]:
+        """One received frame in one-armed mode, off the I/O layer (tests): what leaves."""
+        buf = ctypes.create_string_buffer(bytes(frame), len(frame))
+        out = OutBatch()
+        n = self._lib.nrdp_route(self._r, self.pipeline.address, buf, len(frame),
+                                 ctypes.byref(out))
+        return [(o.port, ctypes.string_at(o.data, o.len)) for o in out.out[:n]]
+
+    def close(self) -> None:
+        """Detach from the pipeline (its worker stopped) and free the C router."""
+        if self._r:
+            if self.pipeline._pipe:
+                self._lib.nrdp_set_router(self.pipeline.address, None)
+            self._lib.nrdp_router_destroy(self._r)
+            self._r = None

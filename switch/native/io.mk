@@ -8,8 +8,8 @@ IO_HDR := $(IO_DIR)io.h $(IO_DIR)nrio.h
 IO_CFLAGS ?= -std=gnu11 -O2 -g -Wall -Wextra -fPIC -march=x86-64-v2 -mpclmul
 IO_LIBS := -lxdp -lbpf -lpthread
 
-NRDP_SRC := $(IO_DIR)packet.c $(IO_DIR)pipeline.c
-NRDP_HDR := $(IO_DIR)packet.h $(IO_DIR)pipeline.h $(IO_DIR)l2.h
+NRDP_SRC := $(IO_DIR)packet.c $(IO_DIR)pipeline.c $(IO_DIR)router.c
+NRDP_HDR := $(IO_DIR)packet.h $(IO_DIR)pipeline.h $(IO_DIR)l2.h $(IO_DIR)router.h
 
 $(IO_DIR)libnrio.so: $(IO_SRC) $(IO_HDR) $(NRDP_SRC) $(NRDP_HDR)
 	$(CC) $(IO_CFLAGS) -shared -o $@ $(IO_SRC) $(NRDP_SRC) $(IO_LIBS) -lisal

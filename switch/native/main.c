@@ -32,6 +32,7 @@
 #else
 #include "pipeline.h"
 #include "packet.h"
+#include "router.h"
 #endif
 
 #define MAX_PORT_NUMBER 4096
@@ -83,8 +84,10 @@ static struct port *nrio_port_by_number(struct nrio *io, uint32_t number)
 static uint8_t *worker_tx_alloc(void *ctx, uint32_t number, uint32_t len)
 {
     struct worker *w = ctx;
-    struct port *q = nrio_port_by_number(w->io, number);
     uint64_t addr;
+    if (nrdp_router_of(w->pipe))      /* one-armed: the router may drop an output, so no */
+        return NULL;                  /* TX buffer (it would leak): the pipe's own buffers */
+    struct port *q = nrio_port_by_number(w->io, number);
     if (!q || q->worker != w->index || q->pool != &w->pool || !w->has_pool ||
         len > w->pool.txspan * NRIO_CHUNK)
         return NULL;
@@ -123,10 +126,15 @@ static void process_frame(struct worker *w, struct port *p, struct rx_frame *f)
 {
 #ifndef NRIO_PIPELINE_STUB
     struct nrdp_fields roce;
-    if (nrdp_parse(f->data, f->len, &roce))   /* the software switch's roce_packets */
+    struct nrdp_router *router = nrdp_router_of(w->pipe);
+    if ((!router || nrdp_router_for_me(router, f->data, f->len)) &&
+        nrdp_parse(f->data, f->len, &roce))   /* the software switch's roce_packets */
         CNT_ADD(p->c.roce_packets, 1);
-#endif
+    int n = router ? nrdp_route(router, w->pipe, f->data, f->len, &w->out)   /* one-armed */
+                   : nrdp_process(w->pipe, p->number, f->data, f->len, &w->out);
+#else
     int n = nrdp_process(w->pipe, p->number, f->data, f->len, &w->out);
+#endif
     if (n == NRDP_NOT_MINE) {         /* not an aggregated connection's: L2 (l2.h) */
         w->out.n = nrdp_l2_forward(nrdp_l2_of(w->pipe), p->number, f->data, f->len,
                                    w->out.out, sizeof w->out.out / sizeof w->out.out[0]);

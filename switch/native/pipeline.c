@@ -71,6 +71,7 @@ struct nrdp_pipe {
     struct nrdp_l2 l2;                 /* for the I/O layer only (nrdp_l2_of) */
     nrdp_tx_alloc_fn tx_alloc;         /* results built in the I/O layer's buffers, or NULL */
     void *tx_ctx;
+    struct nrdp_router *router;        /* one-armed mode (router.h), for the I/O layer only */
     uint8_t scratch[PAYLOAD_OFF + NRDP_MAX_MTU + NRDP_ICRC_LEN];
 };
 
@@ -450,6 +451,18 @@ void nrdp_set_l2(struct nrdp_pipe *pipe, const struct nrdp_l2 *l2)
 const struct nrdp_l2 *nrdp_l2_of(struct nrdp_pipe *pipe)
 {
     return &pipe->l2;
+}
+
+void nrdp_set_router(struct nrdp_pipe *pipe, struct nrdp_router *router)
+{
+    pthread_mutex_lock(&pipe->lock);
+    pipe->router = router;
+    pthread_mutex_unlock(&pipe->lock);
+}
+
+struct nrdp_router *nrdp_router_of(struct nrdp_pipe *pipe)
+{
+    return pipe->router;
 }
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)

@@ -90,6 +90,12 @@ const char *nrdp_counter_name(uint32_t index);
  * pipe's worker starts; nrdp_l2_of reads it without the lock. */
 void nrdp_set_l2(struct nrdp_pipe *pipe, const struct nrdp_l2 *l2);
 const struct nrdp_l2 *nrdp_l2_of(struct nrdp_pipe *pipe);
+/* One-armed mode (router.h): the I/O layer sends every frame through nrdp_route with this
+ * router instead of nrdp_process and L2. Set like nrdp_set_l2 (NULL: off); the router
+ * outlives the pipe's worker. */
+struct nrdp_router;
+void nrdp_set_router(struct nrdp_pipe *pipe, struct nrdp_router *router);
+struct nrdp_router *nrdp_router_of(struct nrdp_pipe *pipe);
 /* Where results are built (the I/O layer's send buffers, so a result leaves without a
  * copy): fn(ctx, port, len) gives a buffer of len bytes the output then points at, whose
  * ownership passes to the caller with the output; NULL: the pipe's own buffer. Set (or

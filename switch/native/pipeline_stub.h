@@ -33,6 +33,12 @@ static inline const struct nrdp_l2 *nrdp_l2_of(struct nrdp_pipe *pipe)
     return &pipe->l2;
 }
 
+static inline void *nrdp_router_of(struct nrdp_pipe *pipe)
+{
+    (void)pipe;                       /* the stub has no one-armed mode */
+    return NULL;
+}
+
 typedef uint8_t *(*nrdp_tx_alloc_fn)(void *ctx, uint32_t port, uint32_t len);
 static inline void nrdp_set_tx_alloc(struct nrdp_pipe *pipe, nrdp_tx_alloc_fn fn, void *ctx)
 {

@@ -24,6 +24,7 @@ from tests.rcmodel.sim import Simulation
 KINDS = ("contribution", "result", "ack")
 LINK_BPS = 10e9                 # serialisation rate of every link
 LATENCY_S = 5e-6                # propagation + switching per link
+AGG = -1                        # a one-armed aggregator's link, in Fabric._busy's keys
 
 
 @dataclass(frozen=True)
@@ -166,3 +167,42 @@ class Fabric:
             self._cross(port, False, emitted)
         if self._emitted >= (self._die_after or (1 << 62, 0))[0]:
             self._die_after = None
+
+
+class OneArmedFabric(Fabric):
+    """Hosts and one aggregator on a shared L2 network (rcmodel.aggregators); `via` holds the
+    (destination IPv4, destination QPN) of every frame the hosts route via the aggregator."""
+
+    def __init__(self, sim: Simulation, pipeline: AggregationPipeline, faults: Faults,
+                 agg_bps: float = LINK_BPS) -> None:
+        super().__init__(sim, pipeline, faults)
+        self.agg_bps = agg_bps
+        self.via: set[bytes] = set()
+
+    def _hop(self, link: tuple[int, bool], bps: float, frame: bytes, kind: str,
+             then: Callable[[bytes], None]) -> None:
+        """One link crossing (serialised behind the link's earlier frames), its faults."""
+        rates = self.faults.rates.get(kind, FaultRates())
+        if self._random.random() < rates.loss:
+            self.lost[kind] += 1
+            return
+        start = max(self.sim.now, self._busy.get(link, 0.0))
+        self._busy[link] = start + len(frame) * 8 / bps
+        self.sim.at(self._busy[link] + LATENCY_S - self.sim.now, then, frame)
+
+    def _cross(self, port: int, to_switch: bool, frame: bytes) -> None:
+        """From host `port` (to_switch) to the aggregator or a host; or from the aggregator
+        to host `port`."""
+        kind = kind_of(frame, to_switch)
+        self.counts[kind] += 1
+        if not to_switch:
+            self._hop((AGG, False), self.agg_bps, frame, kind,
+                      lambda f: self._hop((port, False), LINK_BPS, f, kind, self.hosts[port]))
+        elif frame[30:34] + frame[BTH_OFF + 5:BTH_OFF + 8] in self.via:
+            self._hop((port, True), LINK_BPS, frame, kind,
+                      lambda f: self._hop((AGG, True), self.agg_bps, f, kind,
+                                          lambda g: self._switch(port, g)))
+        else:
+            dst = self.macs[frame[:6]]
+            self._hop((port, True), LINK_BPS, frame, kind,
+                      lambda f: self._hop((dst, False), LINK_BPS, f, kind, self.hosts[dst]))

@@ -34,7 +34,7 @@ from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingEndpoint, ring_spec
 from ring_setup.store_protocol import PeerFailed, RendezvousTimeout
 from switch.dataplane.pipeline import AggregationPipeline
-from tests.rcmodel.fabric import Fabric, FaultRates, Faults
+from tests.rcmodel.fabric import Fabric, FaultRates, Faults, OneArmedFabric
 from tests.rcmodel.rxe import QP, Device, Peer, QPAttr
 from tests.rcmodel.sim import Simulation, Turns
 from tests.rcmodel.tiers import ThreeTierFabric, TwoTierFabric
@@ -240,7 +240,9 @@ class World:
     three tiers (rcmodel.tiers.ThreeTierFabric, rcmodel.pod). `max_ranks` widens the one
     switch's per-ring limit (nr_contract.spec.MAX_RANKS, its slot bitmap's width) for the
     scale study's "one switch of n ports" (rcmodel.scale); the software pipeline's bitmap
-    is a Python int, so nothing else changes.
+    is a Python int, so nothing else changes. `aggregator_bps`: the hosts on a shared network
+    with a one-armed aggregator whose link runs at that rate (rcmodel.fabric.OneArmedFabric;
+    k aggregators: k x LINK_BPS, rcmodel.aggregators).
     """
 
     def __init__(self, n: int, config: FlowConfig, *, faults: Faults = Faults(),
@@ -251,7 +253,8 @@ class World:
                  racks: Optional[Sequence[int]] = None,
                  uplink_faults: FaultRates = FaultRates(),
                  max_ranks: Optional[int] = None,
-                 pods: Optional[Sequence[int]] = None) -> None:
+                 pods: Optional[Sequence[int]] = None,
+                 aggregator_bps: Optional[float] = None) -> None:
         self.n, self.config = n, config
         self.sim = Simulation(max_time, max_events)
         self.turns = Turns(self.sim)
@@ -259,7 +262,9 @@ class World:
         if max_ranks is not None:
             self.pipeline.max_ranks = max_ranks
         self.fabric: Fabric | TwoTierFabric
-        if racks is None:
+        if aggregator_bps is not None:
+            self.fabric = OneArmedFabric(self.sim, self.pipeline, faults, aggregator_bps)
+        elif racks is None:
             self.fabric = Fabric(self.sim, self.pipeline, faults)
         else:
             if sum(racks) != n:
@@ -295,6 +300,9 @@ class World:
                 recv.connect(Peer(self.devices[pred].ip, self.devices[pred].mac,
                                   qps[pred, ring][0].qpn), qps[pred, ring][0].next_psn)
         self.spec: RingSpec = ring_spec(self.endpoints, "inc", "nr-model-inc", config)
+        if isinstance(self.fabric, OneArmedFabric):      # both ways of the "inc" ring
+            self.fabric.via = {bytes(map(int, d.ip.split("."))) + qp.qpn.to_bytes(3, "big")
+                               for r, d in enumerate(self.devices) for qp in qps[r, "inc"]}
         status = SwitchStatus(note="the model registers no ring")
         self.slots: Optional[int] = None
         if switch:
