@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from switch.control.native_target import NativeTarget
@@ -55,17 +56,29 @@ def native_ports(args: argparse.Namespace) -> dict[int, int]:
     return {p: worker_of.get(p, 0) for p in ports}
 
 
+IFF_LOOPBACK = 0x8
+
+
 def check_interfaces(ports: dict[int, str]) -> None:
-    """OSError naming every --port interface this namespace does not have."""
-    missing = []
+    """OSError naming every --port interface this namespace does not have, and any that is
+    a loopback (a program on it would take the machine's own local traffic: its store,
+    its controller, ssh's forwards)."""
+    missing, loopback = [], []
     for n, ifname in sorted(ports.items()):
         try:
             socket.if_nametoindex(ifname)
         except OSError:
             missing.append(f"{n}={ifname}")
+            continue
+        flags = Path(f"/sys/class/net/{ifname}/flags")
+        if flags.exists() and int(flags.read_text(), 16) & IFF_LOOPBACK:
+            loopback.append(f"{n}={ifname}")
     if missing:
         raise OSError(f"no such interface: {', '.join(missing)} (ip link shows this "
                       "namespace's)")
+    if loopback:
+        raise OSError(f"a loopback interface is not a switch port: {', '.join(loopback)} "
+                      "(its traffic is this machine's own)")
 
 
 def run_native(args: argparse.Namespace, options: dict[str, Any]) -> int:

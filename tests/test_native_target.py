@@ -156,6 +156,7 @@ def _switch(*args: str, netns: str | None = None, **kw: Any) -> subprocess.Popen
 
 @pytest.mark.parametrize("args,rc,why", [
     (["--port", "1=nrxnl-nosuch"], 1, "no such interface: 1=nrxnl-nosuch"),
+    (["--port", "1=lo", "--one-armed"], 1, "a loopback interface is not a switch port: 1=lo"),
     (["--port", "1=lo", "--tx-loss", "1=5"], 2, "emulate loss with tc netem"),
     (["--port", "1=lo", "--role", "tor", "--controller", "127.0.0.1:1", "--insecure"], 2,
      "--role switch only"),
