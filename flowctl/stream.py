@@ -24,7 +24,9 @@ Invariants of a `Stream`:
 - liveness is separate from progress: while idle, the stream calls its `liveness` check at
   least every `LIVENESS_POLL` s (it raises when a peer died or aborted: the caller's error,
   naming the peer, propagates as is), and only `config.collective_timeout` s without any
-  completion while the check passes is a `StallError`. A slow but live peer is waited for.
+  completion while the check passes is a `StallError`. A slow but live peer is waited for;
+- a transfer left by an exception leaves the stream `interrupted` for good: its indices and
+  window no longer match the peer's, so only new QPs carry anything again.
 """
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ class Stream:
         self.next_send_index = 0
         self.next_recv_index = 0
         self.empty_resends = 0        # zero-length repeats of an arrived message (rxe's race)
+        self.interrupted = False      # a transfer was left by an exception (module doc)
         link.post_recvs(config.recv_depth)
 
     @property
@@ -119,6 +122,7 @@ class Stream:
         armed = False
         last_progress = time.monotonic()
         window = self.window
+        was, self.interrupted = self.interrupted, True      # until the loop ends normally
         while (settle and window.pending) or posted < len(out) or arrived < len(inc):
             progressed = False
             while posted < len(out) and window.available:
@@ -164,6 +168,7 @@ class Stream:
                 armed = False
         self.next_send_index = out.end_index
         self.next_recv_index = inc.end_index
+        self.interrupted = was
 
     def _send_completed(self, c: Completion) -> None:
         if not c.ok:

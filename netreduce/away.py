@@ -206,6 +206,7 @@ class AwayProtocol:
         self._controller = controller         # rank 0's controller client (or a renewer's)
         self._stats, self._meta, self._workspace = stats, meta, workspace
         self.epoch = 0                        # switch-away epochs settled (all alike)
+        self.settling = 0                     # the epoch being settled, else the last one
         self.reason: str | None = None        # why the switch is away (None: it is not)
         self._away_at = (0, 0.0)              # the call settled and when, for the log
         self._kept: KeptCall | None = None    # wire words that may be needed
@@ -329,7 +330,7 @@ class AwayProtocol:
         output of its call in flight (`target`, None when idle); `seen`: what this rank
         saw, published as the notice unless one is pending. Returns True when the call in
         flight was completed from every rank's wire words (its output written)."""
-        epoch = self.epoch + 1
+        epoch = self.settling = self.epoch + 1
         if self._rendezvous.notice_epoch < epoch:
             self._rendezvous.notice(epoch, f"rank {self.rank}: {seen}")
         reason = self._notice_reason()
@@ -345,10 +346,15 @@ class AwayProtocol:
         good = last is not None and position > last.context.seq
         expected = SWITCH.areas(last.context)[1][:last.context.count].copy() \
             if good and not last.context.inline else None
-        positions = [p["position"] for p in self._rendezvous.gather(
-            f"away.{epoch}", {"position": position}, self._timeout,
-            waiting_for=f"settled the switch's loss (epoch {epoch})")]
-        plan = settle_plan(positions)
+        gathered = self._rendezvous.gather(
+            f"away.{epoch}", {"position": position, "left": self._streams["ring"].interrupted},
+            self._timeout, waiting_for=f"settled the switch's loss (epoch {epoch})")
+        if self.on_fault is not None and any(p.get("left") for p in gathered):
+            # a rank left a "ring" wait mid-transfer for this notice: settled as a host-ring
+            # fault (the ring rebuilt, a host-ring call completed somewhere redone there)
+            self.on_fault(epoch, position, reason)
+            return False
+        plan = settle_plan([p["position"] for p in gathered])
         recovered = False
         if plan.recover and last is not None and last.context.seq == plan.call \
                 and not last.context.inline:

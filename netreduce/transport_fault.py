@@ -92,14 +92,16 @@ def fault_bound(config: FlowConfig) -> float:
 
 
 class RingFault(Exception):
-    """Another rank published a fault of the host ring this rank has not settled (internal:
-    the communicator settles it and redoes the call)."""
+    """A notice this rank has not settled (a host-ring fault, the switch's loss, a fault on
+    "inc") arrived while it waited on the host ring (internal: the communicator settles it
+    and redoes the call; the ring is rebuilt, as the stream was left mid-transfer)."""
 
 
 class Epochs(Protocol):
     """The notice epochs settled, shared with the switch-away protocol (AwayProtocol)."""
 
     epoch: int
+    settling: int           # the epoch being settled (its notice does not end a wait)
     endpoints: list[HostEndpoint]
 
     @property
@@ -127,12 +129,13 @@ class FaultRecovery:
 
     def liveness(self) -> None:
         """The "ring" stream's liveness check: the peers' (PeerFailed), then whether some
-        rank published a host-ring fault this rank has not settled (RingFault)."""
+        rank published a notice this rank has not settled nor is settling (RingFault): a
+        rank waiting here for a peer that left the call for a notice (its WRITE on "inc"
+        failed) leaves the wait to settle it too, as a wait on "inc" does."""
         self._rendezvous.check_peers()
-        notices = self._rendezvous.notices
-        for epoch in range(self._epochs.epoch + 1, self._rendezvous.notice_epoch + 1):
-            if faulted_ring(notices.get(epoch, "")) == "ring":
-                raise RingFault(notices[epoch])
+        epoch = self._rendezvous.notice_epoch
+        if epoch > max(self._epochs.epoch, self._epochs.settling):
+            raise RingFault(self._rendezvous.notices[epoch])
 
     def seen(self, exc: BaseException) -> str:
         """What this rank publishes for `exc`, an error that ended its attempt of a call."""
@@ -155,8 +158,8 @@ class FaultRecovery:
             del self._seen[call]
 
     def settle(self, epoch: int, position: int, reason: str) -> None:
-        """Settle host-ring fault notice `epoch` (module doc, steps 2-5) with this rank's
-        `position`. Returns once call k* is redone here if this rank was past it; the
+        """Settle notice `epoch` (module doc, steps 2-5) with this rank's `position`: a
+        host-ring fault, or any notice some rank left a "ring" wait for (`AwayProtocol.settle`). Returns once call k* is redone here if this rank was past it; the
         caller redoes k* when this rank is at it."""
         t0 = time.monotonic()
         positions = [p["position"] for p in self._rendezvous.gather(
@@ -182,9 +185,10 @@ class FaultRecovery:
                 raise RuntimeError(f"netreduce: rank {self.rank}: {reason}: this rank "
                                    f"completed call #{k} but keeps no copy of its input")
             self._redo(kept[1], k)
-        self._stats.fault_event("faults")
+        if faulted_ring(reason) == "ring":  # else counted by fall_back (a fault on "inc")
+            self._stats.fault_event("faults")
+            self._stats.fault_event("redone")
         self._stats.fault_event("rebuilds")
-        self._stats.fault_event("redone")
         counts = self._stats.fault_event("ms_lost", round(1000 * (time.monotonic() - t0)))
         if self.rank == 0:
             logger.warning("netreduce: %s; epoch %d: the host ring's QPs were rebuilt "

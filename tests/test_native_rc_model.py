@@ -62,14 +62,6 @@ def differential(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tests.rcmodel.fabric, "AggregationPipeline", DifferentialPipeline)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 40, open, not the native pipeline's (the "
-                   "Python one alone fails alike): 2 ranks, one algo='ring' call, retry_cnt 2 "
-                   "at 1 ms, results delayed 0.1 s: rank 0's metadata WRITE on 'inc' fails "
-                   "(its ACK came too late) while rank 1 got the records and waits on 'ring' "
-                   "for the data; the 'ring' stream's liveness leaves only on a host-ring "
-                   "fault, so rank 1 never settles the switch-away notice and rank 0's "
-                   "settle gather times out (RendezvousTimeout at collective_timeout). "
-                   "Leaving that wait needs the host ring rebuilt, as for its own fault")
 def test_rc_properties_with_the_native_pipeline_beside(differential: None) -> None:
     """25 of the property test's scenarios (its own generator, derandomized): every frame
     agrees, in every scenario (thousands of frames in all)."""

@@ -56,3 +56,18 @@ def test_a_host_ring_fault_while_a_rank_closes_is_settled_there() -> None:
          "faults": Faults({"contribution": zero, "result": zero, "ack": late}, seed=0),
          "retry_cnt": 2, "timeout": 8, "near_wrap": False, "calls": [("ring", 1)]}
     assert check_run(s) in ("exact", "failed")
+
+
+def test_a_rank_waiting_on_the_host_ring_leaves_it_for_a_fault_on_inc() -> None:
+    """2 ranks, one algo='ring' call, retry_cnt 2 at 1 ms, results delayed 0.1 s with p 0.5
+    (seed 0): a rank's metadata WRITE on "inc" fails (its ACK came too late) while the other
+    got every record and waits on "ring" for the data. That rank leaves the wait for the
+    notice (the "ring" stream's liveness), the ring is rebuilt and the call redone from its
+    input: exact on both ranks (it hung before: the settle gather's RendezvousTimeout)."""
+    zero = FaultRates(loss=0.0, duplicate=0.0, delay=0.0, delay_s=5e-05)
+    late = FaultRates(loss=0.0, duplicate=0.0, delay=0.5, delay_s=0.1)
+    s = {"n": 2, "config": FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=32,
+                                      collective_timeout=0.5),
+         "faults": Faults({"contribution": zero, "result": late, "ack": zero}, seed=0),
+         "retry_cnt": 2, "timeout": 8, "near_wrap": False, "calls": [("ring", 1)]}
+    assert check_run(s) == "exact"
