@@ -8,7 +8,8 @@ argument; `AwayProtocol` runs it on each rank, in steps:
    the store (`Rendezvous.notice`); a rank waiting on "inc" sees it in its liveness check
    (`SwitchAway`), a transfer error on "inc" that comes with it is one too (`on_inc`);
    a failed completion on "inc" without one is a transport fault, settled as the switch's
-   loss (netreduce/transport_fault.py); a host-ring fault's epoch goes to `on_fault`.
+   loss (netreduce/transport_fault.py); a host-ring fault's epoch goes to `on_fault`, as
+   does one some rank left a "ring" wait for (the ranks learn it in the settle's gather).
 2. Settle epoch e once, under the communicator's call lock (`AwayProtocol.settle`: inside
    the call that saw it, before the next call, or on the progress thread when idle): this
    rank's "inc" QPs go to ERROR (no late WRITE through the lost switch lands in its

@@ -15,9 +15,11 @@ The host ring's protocol, alike on every rank:
 1. Notice: the rank whose completion failed publishes a notice of the next epoch through
    the store, naming itself, the ring and the status (`fault_reason`). The epochs are the
    switch-away protocol's (one sequence, settled in order; `AwayProtocol.settle` hands a
-   host-ring fault's epoch to `FaultRecovery.settle`). A rank waiting on "ring" sees it in
-   the stream's liveness check (`RingFault`); an idle rank settles it on its progress
-   thread.
+   host-ring fault's epoch to `FaultRecovery.settle`). A rank waiting on "ring" leaves the
+   wait for any notice (`RingFault`, the stream's liveness check): the epoch of a notice
+   some rank left a "ring" transfer for (a peer's records failed on "inc" after it got
+   them) is settled here too, the stream being `interrupted`. An idle rank settles it on
+   its progress thread.
 2. Settle epoch e: every rank publishes its position (the call it has not completed; idle:
    its next call); k* is the lowest. Every position is k* or k*+1: a rank completes call
    k+1 only after every rank started it (its metadata exchange needs every record). While

@@ -260,6 +260,27 @@ def test_an_idle_stream_arms_then_sleeps_until_the_collective_timeout() -> None:
     assert link.waits == sorted(link.waits, reverse=True)
 
 
+def test_a_transfer_left_by_its_liveness_check_leaves_the_stream_interrupted() -> None:
+    """On the fake fabric (frozen: nothing moves): a transfer left by an exception (here
+    its liveness check's) marks the stream interrupted, and a later completed transfer
+    does not clear it (its indices no longer match the peer's: only new QPs help)."""
+    fabric = FakeFabric()
+    fabric.frozen = True
+    stream, _, host = loopback(fabric=fabric)
+    buf = host.register(1024)
+    assert not stream.interrupted
+
+    def notice() -> None:
+        raise RuntimeError("a notice")
+    stream.liveness = notice
+    with pytest.raises(RuntimeError, match="a notice"):
+        stream.transfer(Outgoing(buf.local(), buf.remote()), recv_nbytes=1024)
+    assert stream.interrupted
+    stream.liveness, fabric.frozen = None, False
+    stream.transfer(None)                   # the unacknowledged message completes
+    assert stream.interrupted and stream.settled
+
+
 def test_out_of_step_receiver_is_a_sequence_error() -> None:
     stream, _, host = loopback()
     buf = host.register(1024)
