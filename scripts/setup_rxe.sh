@@ -110,7 +110,12 @@ host_up() {  # I
   local got; got=$(in_ns "$ns" rdma link show "rxe$i/1" | grep -o 'netdev [^ ]*' | cut -d' ' -f2 || true)
   [ "$got" = nr0 ] || die "host h$i: rxe$i exists but is bound to '${got:-?}', not nr0 of h$i"
   local j
+  # The aggregators' neighbour entries are static: rxe resolves the next hop when a QP goes
+  # to RTR, and an ARP reply from a TCG-slow aggregator namespace once came too late
+  # (modify QP to RTR: ETIMEDOUT). Aggregator J's MAC is lab_aggregators.sh's.
   for ((j = 0; j < aggregators; j++)); do
+    in_ns "$ns" ip neigh replace "$SUBNET.$((AGG_BASE + j))" \
+      lladdr "$(printf '02:4e:52:00:01:%02x' $((j + 1)))" dev nr0 nud permanent
     in_ns "$ns" ip -4 addr replace "$AGG_NET.$j.$((i + 1))/32" dev nr0
     in_ns "$ns" ip route replace "$AGG_NET.$j.0/24" via "$SUBNET.$((AGG_BASE + j))" dev nr0 \
       src "$AGG_NET.$j.$((i + 1))"

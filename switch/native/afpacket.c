@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,6 +23,9 @@
 #define BLOCK_SIZE (1u << 20)
 #define FRAME_HINT 2048u          /* TPACKET_V3 packs frames; this only sizes tp_frame_nr */
 #define RETIRE_MS 1u              /* a partly filled block is handed over after this long */
+#define SNDBUF_BYTES (4u << 20)   /* frames the kernel may hold queued for this socket */
+#define TX_WAITS 8                /* a full send queue is waited for this many times ... */
+#define TX_WAIT_MS 1              /* ... of up to this long before the frame counts as lost */
 
 #ifndef PACKET_IGNORE_OUTGOING
 #define PACKET_IGNORE_OUTGOING 23
@@ -87,10 +91,22 @@ static void afp_rx_done(struct port *p, struct rx_frame *f, uint32_t n)
     }
 }
 
+/* A frame the kernel cannot queue yet (EAGAIN, ENOBUFS: the socket's send queue is full,
+ * e.g. a veth peer's backlog under a burst of results) is sent again after waiting for
+ * room, a bounded number of times: a frame lost here costs its RC sender a retry timeout
+ * (tens of ms) and, past the retry budget, a transport fault; a wait costs microseconds. */
 static int afp_tx_copy(struct port *p, const uint8_t *data, uint32_t len)
 {
     struct afp_port *a = p->impl;
-    if (send(a->fd, data, len, MSG_DONTWAIT) != (ssize_t)len) {
+    ssize_t sent = send(a->fd, data, len, MSG_DONTWAIT);
+    for (int waits = 0; sent < 0 && (errno == EAGAIN || errno == ENOBUFS) && waits < TX_WAITS;
+         waits++) {
+        struct pollfd pfd = {.fd = a->fd, .events = POLLOUT};
+        if (poll(&pfd, 1, TX_WAIT_MS) < 0 && errno != EINTR)
+            break;
+        sent = send(a->fd, data, len, MSG_DONTWAIT);
+    }
+    if (sent != (ssize_t)len) {
         CNT_ADD(p->c.tx_errors, 1);
         return -1;
     }
@@ -179,6 +195,10 @@ int afp_port_open(struct port *p, char *err, size_t errlen)
     what = "bind";
     if (bind(a->fd, (struct sockaddr *)&sll, sizeof(sll)) < 0)
         goto fail;
+    /* root may exceed net.core.wmem_max (FORCE); else the sysctl's cap is what we get */
+    int sndbuf = SNDBUF_BYTES;
+    if (setsockopt(a->fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof(sndbuf)) < 0)
+        (void)setsockopt(a->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
     p->impl = a;
     p->ops = &afp_port_ops;
     p->c.kind = NRIO_AFPACKET;
