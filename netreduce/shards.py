@@ -143,6 +143,11 @@ class ShardedCommunicator:
             raise
 
     @property
+    def device(self) -> str:
+        """The rxe device (every aggregator's communicator opens the same one)."""
+        return self.shards[0].device
+
+    @property
     def switch(self) -> Any:
         """Aggregator 0's status (`shards[j].switch` for the others)."""
         return self.shards[0].switch
@@ -185,8 +190,8 @@ class ShardedCommunicator:
             self._bytes[j][route] = self._bytes[j].get(route, 0) + (hi - lo) * values.itemsize
         if errors:
             raise errors[0]
-        algos = {self.shards[j].last_algo for j, _ in works}
-        self.last_algo = algos.pop() if len(algos) == 1 else "mixed"
+        algos = sorted({str(self.shards[j].last_algo) for j, _ in works}, reverse=True)
+        self.last_algo = "+".join(algos)    # "switch", "ring", or "switch+ring": some shards
         return result
 
     def stats(self) -> dict[str, Any]:
