@@ -2,10 +2,11 @@
 hosts on a kernel bridge, the aggregator a server with one port that each host's "inc" ring
 is routed through (scripts/lab.sh --aggregators 1: 10.78.0.0/24 via 10.77.0.200, the ring on
 NR_INC_ADDR). The hosts' verbs and rxe are stock; the aggregator's counters of the "inc"
-ring prove the sums were formed there, numpy's the results (allreduce_worker.py). With
---aggregators 2 every call is split over both (netreduce/shards.py): the `k2` tests.
+ring prove the sums were formed there, numpy's the results (allreduce_worker.py). A test
+for k aggregators (1: the single ones, 2: `k2` and k=2) splits every call over the first k
+(netreduce/shards.py) of the lab's K: one boot with K = 2 runs them all (lab_suites.sh d).
 
-    scripts/lab.sh --aggregators 1 -- python -m pytest -q -m lab tests/lab/test_aggregator_lab.py
+    scripts/lab.sh --aggregators 2 -- python -m pytest -q -m lab tests/lab/test_aggregator_lab.py
 """
 from __future__ import annotations
 
@@ -32,39 +33,46 @@ K = int(os.environ.get("NR_LAB_AGGREGATORS", "0"))
 
 
 @pytest.fixture(autouse=True)
-def aggregator_lab(request: pytest.FixtureRequest) -> None:
+def aggregator_lab(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's k aggregators: the first k of the lab's NR_CONTROLLER and NR_INC_ADDR."""
     if K < 1:
-        pytest.fail("this module needs the aggregator lab: scripts/lab.sh --aggregators 1")
-    if ("k2" in request.node.name) != (K == 2) and "every_case" not in request.node.name:
-        pytest.skip(f"for --aggregators {2 if 'k2' in request.node.name else 1} (this lab: {K})")
+        pytest.fail("this module needs the aggregator lab: scripts/lab.sh --aggregators 2")
+    spec = getattr(request.node, "callspec", None)
+    k = spec.params["k"] if spec and "k" in spec.params else 2 if "k2" in request.node.name \
+        else 1
+    if k > K:
+        pytest.skip(f"needs {k} aggregators, this lab has {K}")
+    for var in ("NR_CONTROLLER", "NR_INC_ADDR"):
+        monkeypatch.setenv(var, ",".join(os.environ[var].split(",")[:k]))
 
 
 @pytest.mark.parametrize("loss", ["0%", "1%"])
-def test_every_case_is_exact_through_the_lab_aggregators(
-        loss: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 42's done-when, with this lab's K aggregators (1 or 2) and unchanged user code
-    (the lab's NR_CONTROLLER / NR_INC_ADDR): int32 and float32, 1 element to 16 MiB, in place
-    (odd sizes) and out of place, exact (float32 within the bound) on every rank at `loss` on
-    every host link; with K = 2 each aggregator carries half the bytes (comm.stats())."""
-    mode = ["shards"] if K > 1 else ["correctness", "--algo", "auto", "--timed", str(2**22)]
+@pytest.mark.parametrize("k", [1, 2])
+def test_every_case_is_exact_through_k_aggregators(
+        k: int, loss: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42's done-when through k aggregators and unchanged user code (the lab's
+    NR_CONTROLLER / NR_INC_ADDR): int32 and float32, 1 element to 16 MiB, in place (odd
+    sizes) and out of place, exact (float32 within the bound) on every rank at `loss` on
+    every host link; with k = 2 each aggregator carries half the bytes (comm.stats())."""
     with host_loss(loss):
-        result = run_worker(4, *mode, "--sizes", ",".join(map(str, CASES)), timeout=1500)
+        result = run_worker(4, "shards", "--sizes", ",".join(map(str, CASES)), timeout=1500)
     assert result.ok, f"exit {result.exit_code}"
     for r in range(4):
-        assert lines(result, r, f"OK {mode[0]}"), result.ranks[r].output[-20:]
-    times = [t for t in lines(result, 0, "TIME ")]
+        assert lines(result, r, "OK shards"), result.ranks[r].output[-20:]
+    times = lines(result, 0, "TIME ")
     with capsys.disabled():
-        print(f"\n[K={K} aggregator(s), {loss} loss] " + "; ".join(times))
-    if K == 1:
-        assert lines(result, 0, "OK correctness")[0].endswith("algo=switch")
+        print(f"\n[k={k} aggregator(s), {loss} loss] " + "; ".join(times))
+    stats = json.loads(lines(result, 0, "STATS ")[0])
+    if k == 1:
+        assert stats["calls"] == {"switch": 2 * len(CASES)}, stats
         return
-    rows = json.loads(lines(result, 0, "STATS ")[0])
+    rows = stats["aggregators"]
     moved = [row["bytes"] for row in rows]
     assert sum(moved) == 2 * 4 * sum(CASES), rows            # int32 and float32, 4 bytes
     assert all(abs(b / sum(moved) - 0.5) < 0.02 for b in moved), moved
     assert all(row["fallbacks"] == 0 and row["ring_bytes"] == 0 for row in rows), rows
     with capsys.disabled():
-        print(f"[K=2] bytes per aggregator {moved}")
+        print(f"[k=2] bytes per aggregator {moved}")
 
 
 def test_k2_an_aggregator_restarted_mid_job_costs_at_most_one_call(
@@ -87,7 +95,7 @@ def test_k2_an_aggregator_restarted_mid_job_costs_at_most_one_call(
     (result,) = outcome
     assert result.ok, f"exit {result.exit_code}"
     calls = [c.split() for c in lines(result, 0, "CALL ")]
-    rows = json.loads(lines(result, 0, "STATS ")[0])
+    rows = json.loads(lines(result, 0, "STATS ")[0])["aggregators"]
     assert rows[0]["fallbacks"] == 0 and rows[1]["fallbacks"] == 1, rows
     assert rows[1]["returns"] == 1 and rows[1]["ring_bytes"] > 0, rows
     assert calls[-1][1] == "switch", calls
@@ -95,7 +103,7 @@ def test_k2_an_aggregator_restarted_mid_job_costs_at_most_one_call(
     median = statistics.median(seconds)
     lost = sum(t - median for t in seconds if t > median)
     with capsys.disabled():
-        print(f"\n[K=2, aggregator 1 restarted ({took:.1f} s)] calls {len(calls)}: "
+        print(f"\n[k=2, aggregator 1 restarted ({took:.1f} s)] calls {len(calls)}: "
               f"{' '.join(f'{c[1]}:{c[2]}' for c in calls)}; median {median:.2f} s, lost "
               f"{lost:.2f} s; stats {[{k: v for k, v in r.items() if k != 'stats'} for r in rows]}")
     assert lost <= median + 3.0 + 2.0, (lost, median)   # one call + NOTICE_GRACE + noise
