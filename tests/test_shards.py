@@ -111,7 +111,7 @@ def float_bound(inputs: list[np.ndarray], exact: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
 def test_two_fake_aggregators_share_every_size_exactly_in_proportion(dtype: str) -> None:
     """Sizes 1 .. 100003 elements (not divisible by 2 or by the block), in place and out of
-    place, weights 3:1 published by the controllers: exact vs numpy (float32 within the
+    place, one asynchronous, weights 3:1 published by the controllers: exact vs numpy (float32 within the
     unsharded call's bound), aggregator j carries its share of the bytes."""
     ctls = [controller(3), controller(1)]
 
@@ -120,8 +120,8 @@ def test_two_fake_aggregators_share_every_size_exactly_in_proportion(dtype: str)
         for i, size in enumerate(SIZES):
             x = rank_data(comm.rank, size, dtype)
             out = None if i % 2 else np.empty_like(x)
-            res = comm.allreduce(x, out=out)
-            got.append(res.copy())
+            res = comm.allreduce(x, out=out, async_op=i == 3)     # one through a Work
+            got.append((res.wait() if i == 3 else res).copy())
         return comm.weights, comm.stats(), got
 
     results = run_sharded(body, ctls)
