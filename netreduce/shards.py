@@ -89,9 +89,9 @@ def split(count: int, weights: Sequence[int], align: int) -> list[tuple[int, int
 
 
 def shard_align(count: int, dtype: np.dtype) -> int:
-    """The boundary alignment that keeps a call's exactness (module doc): the float call's
-    block, 1 for integers."""
-    return block_elements(count) if dtype.kind == "f" else 1
+    """The boundary alignment that keeps a call's exactness (module doc): 1 for integers,
+    else (floats, bfloat16 included) the call's block."""
+    return 1 if dtype.kind in "iu" else block_elements(count)
 
 
 def store_exchange(first: Rendezvous, j: int) -> PortExchange:
