@@ -116,6 +116,7 @@ class ShardedCommunicator:
         self._engine = ProgressEngine(f"nr-shards-{self.rank}")
         self._bytes = [dict.fromkeys(("switch", "ring"), 0) for _ in shards]
         self.last_algo: str | None = None
+        self.last_fallback: str | None = None   # a shard's "auto" fallback reason, if any
         self._closed = False
 
     @classmethod
@@ -170,6 +171,12 @@ class ShardedCommunicator:
             self._engine.drain()
         return job()
 
+    def submit(self, job: Callable[[], Any], what: str) -> Work:
+        """`Communicator.submit`: `job()` on this communicator's progress thread, in issue
+        order with the asynchronous calls (netreduce.torch's DDP hook uses it)."""
+        self._check_usable()
+        return self._engine.submit(job, what)
+
     def _run(self, values: np.ndarray, target: np.ndarray, op: str, algo: str,
              result: Any) -> Any:
         ranges = split(values.size, self.weights, shard_align(values.size, values.dtype))
@@ -192,6 +199,8 @@ class ShardedCommunicator:
             raise errors[0]
         algos = sorted({str(self.shards[j].last_algo) for j, _ in works}, reverse=True)
         self.last_algo = "+".join(algos)    # "switch", "ring", or "switch+ring": some shards
+        self.last_fallback = next((self.shards[j].last_fallback for j, _ in works
+                                   if self.shards[j].last_fallback), None)
         return result
 
     def stats(self) -> dict[str, Any]:

@@ -157,11 +157,12 @@ def test_one_fake_aggregator_lost_runs_its_shard_on_the_host_ring_and_stays_exac
                 ctls[1].restart()
             x = rank_data(comm.rank, size, "int32") + c
             out.append(comm.allreduce(x).copy())
-        return comm.weights, comm.stats(), out
+        return comm.weights, comm.stats(), out, (comm.last_algo, comm.last_fallback)
 
     results = run_sharded(body, ctls)
-    weights, stats, _ = results[0]
+    weights, stats, _, last = results[0]
     assert weights == [1, 1]
+    assert last == ("switch+ring", "switch-away")       # aggregator 1 not back yet
     for c in range(calls):
         want = sum(rank_data(r, size, "int32") + c for r in range(N))
         for r in range(N):
