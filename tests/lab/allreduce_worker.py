@@ -413,12 +413,17 @@ def shards(comm: netreduce.ShardedCommunicator, sizes: list[int], calls: int,
     with `calls`, that many int32[size] calls (checked, "CALL i algo seconds") while the
     test restarts aggregator 1: rank 0 prints "RESTART DURING CALL #k" before call 2 and
     waits 0.5 s; the job goes on until aggregator 1 is back and two calls more (at least
-    `calls`); "STATS" (comm.stats(): per aggregator when sharded), "OK shards"."""
-    if calls and not isinstance(comm, netreduce.ShardedCommunicator):
+    `calls`); "STATS" (comm.stats(): per aggregator when sharded), rank 0 "AGG_RINGS" (each
+    aggregator's counters of its ring, after the sizes), "OK shards"."""
+    sharded = isinstance(comm, netreduce.ShardedCommunicator)
+    if calls and not sharded:
         sys.exit(f"FAIL: not a sharded communicator: {comm!r}")
     for count in sizes:
         for dtype in DTYPES:
             reduce_and_check(comm, count, dtype, "auto", count >= 1 << 20)
+    if comm.rank == 0 and sharded:
+        rings = [switch_ring_counters(shard) for shard in comm.shards]
+        print(f"AGG_RINGS {json.dumps(rings)}", flush=True)
     back, i = None, 0
     while calls and (i < calls or back is None or i < back + 2):
         if i == 2 and comm.rank == 0:

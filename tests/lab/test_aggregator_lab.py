@@ -22,7 +22,8 @@ import pytest
 from tests.lab.labhosts import host_loss
 from tests.lab.labswitch import restart_aggregator
 from tests.lab.survive import Cues, check_survived, survive_job
-from tests.lab.switchruns import check_retransmissions_seen, check_switch_run, show_run
+from tests.lab.switchruns import (STRUCTURAL_DROPS, check_retransmissions_seen,
+                                  check_switch_run, show_run)
 from tests.lab.workers import lines, run_worker
 
 pytestmark = pytest.mark.lab
@@ -71,8 +72,13 @@ def test_every_case_is_exact_through_k_aggregators(
     assert sum(moved) == 2 * 4 * sum(CASES), rows            # int32 and float32, 4 bytes
     assert all(abs(b / sum(moved) - 0.5) < 0.02 for b in moved), moved
     assert all(row["fallbacks"] == 0 and row["ring_bytes"] == 0 for row in rows), rows
+    # the aggregators' own counters: each completed about half the slots, no structural drop
+    rings = json.loads(lines(result, 0, "AGG_RINGS ")[0])
+    done = [ring["completed"] for ring in rings]
+    assert all(abs(d / sum(done) - 0.5) < 0.05 for d in done), done
+    assert all(ring[drop] == 0 for ring in rings for drop in STRUCTURAL_DROPS), rings
     with capsys.disabled():
-        print(f"[k=2] bytes per aggregator {moved}")
+        print(f"[k=2] bytes per aggregator {moved}, slots completed {done}")
 
 
 def test_k2_an_aggregator_restarted_mid_job_costs_at_most_one_call(
