@@ -30,6 +30,7 @@ from netreduce.meta import AllreduceMismatch, CallRejected
 from netreduce.progress import Work
 from netreduce.registration import SwitchRegistrationError, SwitchStatus
 from netreduce.routing import SwitchUnavailable
+from netreduce.shards import ShardedCommunicator
 from nr_contract.distribution import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -38,6 +39,7 @@ from ring_setup.store_protocol import RendezvousError, RendezvousTimeout
 
 __all__ = ["AllreduceMismatch", "AllreduceOverflow", "CallRejected", "Communicator",
            "CommunicatorError", "DeviceError", "FlowConfig", "FlowError", "NotQuantizable",
-           "PeerFailure", "RendezvousError", "RendezvousTimeout", "SwitchFailure",
+           "PeerFailure", "RendezvousError", "RendezvousTimeout", "ShardedCommunicator",
+           "SwitchFailure",
            "SwitchRegistrationError", "SwitchStatus", "SwitchUnavailable", "TransportFault", "Work",
            "__version__", "allreduce", "finalize", "get_communicator", "init", "log_to_stderr"]

@@ -17,9 +17,10 @@ from typing import Any
 
 from flowctl.plan import FlowConfig
 from netreduce.comm import Communicator, CommunicatorError
+from netreduce.shards import ShardedCommunicator, aggregators
 from ring_setup.store_protocol import DEFAULT_TIMEOUT
 
-_default: Communicator | None = None
+_default: Communicator | ShardedCommunicator | None = None
 _sigterm_installed = False
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ def init(rank: int | None = None, world_size: int | None = None,
          msg_size: int | None = None, window: int | None = None,
          ack_timeout: int | None = None, retry_cnt: int | None = None, recv_depth: int = 1024,
          collective_timeout: float = 1800.0, switch: str | None = None,
-         timeout: float = DEFAULT_TIMEOUT, exit_on_sigterm: bool = True) -> Communicator:
+         timeout: float = DEFAULT_TIMEOUT, exit_on_sigterm: bool = True
+         ) -> Communicator | ShardedCommunicator:
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
@@ -79,9 +81,13 @@ def init(rank: int | None = None, world_size: int | None = None,
                                ("ack_timeout", ack_timeout)) if v is not None}
     config = FlowConfig(**knobs, recv_depth=recv_depth, collective_timeout=collective_timeout,
                         **({} if retry_cnt is None else {"retry_cnt": retry_cnt}))
-    _default = Communicator.create(rank, world_size, master_addr, master_port, device=device,
-                                   local_addr=local_addr, inc_addr=inc_addr, config=config,
-                                   pinned=frozenset(knobs), switch=switch, timeout=timeout)
+    common = dict(device=device, local_addr=local_addr, config=config,
+                  pinned=frozenset(knobs), timeout=timeout)
+    aggs = aggregators(switch, inc_addr)
+    _default = ShardedCommunicator.create(aggs, rank, world_size, master_addr, master_port,
+                                          **common) if aggs else \
+        Communicator.create(rank, world_size, master_addr, master_port, inc_addr=inc_addr,
+                            switch=switch, **common)
     if exit_on_sigterm:
         _exit_on_sigterm()
     return _default
@@ -104,7 +110,7 @@ def _exit_on_sigterm() -> None:
     _sigterm_installed = True
 
 
-def get_communicator() -> Communicator:
+def get_communicator() -> Communicator | ShardedCommunicator:
     if _default is None:
         raise CommunicatorError("netreduce: no communicator: call netreduce.init() first")
     return _default

@@ -44,8 +44,8 @@ from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange
                             control_bytes)
 from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, SwitchStatus, controller_client,
-                                    fit_inc_ring, register_inc_ring, switch_address,
-                                    unregister)
+                                    fit_inc_ring, published_capacity, register_inc_ring,
+                                    switch_address, unregister)
 from netreduce.rings import INC_ADDR_ENV, Host, RingQPsLike, connect_rings, inc_ring_spec
 from netreduce.routing import (AWAY, FALLBACKS, CallStats, Route, candidates, check_request,
                                route)
@@ -209,6 +209,11 @@ class Communicator:
     def _endpoints(self) -> list[HostEndpoint]:
         """Every rank's endpoints, "inc" as last built (the bench's RTT probe reads them)."""
         return self._away.endpoints
+
+    def published_capacity(self) -> int:
+        """Rank 0: the share of a sharded call its controller publishes (0: none, or no
+        controller here; netreduce/shards.py)."""
+        return published_capacity(self._controller) if self._controller is not None else 0
 
     def inc_ring_spec(self) -> RingSpec:
         """The "inc" ring as the switch controller needs it (identical on every rank)."""

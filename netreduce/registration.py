@@ -193,6 +193,19 @@ def ack_time(exponent: int) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def published_capacity(controller: Controller) -> int:
+    """The share of a sharded call the controller's aggregator publishes
+    (TargetLimits.capacity, netreduce/shards.py); 0 when it publishes none or does not
+    answer (the caller counts that as an equal share)."""
+    try:
+        _, limits = target_limits(controller)
+    except Exception as exc:        # noqa: BLE001 - an equal share then
+        logger.info("netreduce: the controller at %s did not say its capacity: %s",
+                    controller.addr, exc)
+        return 0
+    return int((limits or {}).get("capacity", 0))
+
+
 def fit_inc_ring(rendezvous: Rendezvous, config: FlowConfig, pinned: frozenset[str],
                  controller: Controller | None) -> RingFit:
     """Collective: rank 0 fits `config` to its controller's target (others pass anything,

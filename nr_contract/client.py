@@ -79,7 +79,8 @@ def limits_dict(limits: pb.TargetLimits) -> dict[str, Any]:
             "max_ranks": limits.max_ranks, "max_rings": limits.max_rings,
             "free_rings": limits.free_rings, "max_slot_memory": limits.max_slot_memory,
             "default_lease_ms": limits.default_lease_ms,
-            "max_in_flight": limits.max_in_flight, "ack_timeout": limits.ack_timeout}
+            "max_in_flight": limits.max_in_flight, "ack_timeout": limits.ack_timeout,
+            "capacity": limits.capacity}
 
 
 def _connection_dict(c: pb.ConnectionCounters) -> dict[str, Any]:

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19nr_contract/control.proto\x12\x14netreduce.control.v1\"\xcd\x01\n\x0cTargetLimits\x12\x11\n\tpath_mtus\x18\x01 \x03(\r\x12\x11\n\tmax_slots\x18\x02 \x01(\r\x12\x11\n\tmax_ranks\x18\x03 \x01(\r\x12\x11\n\tmax_rings\x18\x04 \x01(\r\x12\x12\n\nfree_rings\x18\x05 \x01(\r\x12\x17\n\x0fmax_slot_memory\x18\x06 \x01(\x04\x12\x18\n\x10\x64\x65\x66\x61ult_lease_ms\x18\x07 \x01(\r\x12\x15\n\rmax_in_flight\x18\x08 \x01(\r\x12\x13\n\x0b\x61\x63k_timeout\x18\t \x01(\r\"\r\n\x0bPingRequest\"f\n\tPingReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x32\n\x06limits\x18\x02 \x01(\x0b\x32\".netreduce.control.v1.TargetLimits\x12\x15\n\rauth_required\x18\x03 \x01(\x08\"\x8c\x01\n\nConnection\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07src_mac\x18\x04 \x01(\t\x12\x0f\n\x07\x64st_mac\x18\x05 \x01(\t\x12\x0f\n\x07src_qpn\x18\x06 \x01(\r\x12\x0f\n\x07\x64st_qpn\x18\x07 \x01(\r\x12\x0c\n\x04psn0\x18\x08 \x01(\r\"\x95\x01\n\x08RingSpec\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x0b\n\x03mtu\x18\x03 \x01(\r\x12\x10\n\x08msg_size\x18\x04 \x01(\r\x12\x0e\n\x06window\x18\x05 \x01(\r\x12\x35\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32 .netreduce.control.v1.Connection\"s\n\x13RegisterRingRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.netreduce.control.v1.RingSpec\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\r\n\x05racks\x18\t \x03(\r\"\xb6\x01\n\x11RegisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x41\n\x05ports\x18\x03 \x03(\x0b\x32\x32.netreduce.control.v1.RegisterRingReply.PortsEntry\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"$\n\x11RenewLeaseRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"4\n\x0fRenewLeaseReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"(\n\x15UnregisterRingRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"&\n\x13UnregisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"7\n\x0f\x43ountersRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\x08\"1\n\x04Reth\x12\n\n\x02va\x18\x01 \x01(\x04\x12\x0c\n\x04rkey\x18\x02 \x01(\r\x12\x0f\n\x07\x64ma_len\x18\x03 \x01(\r\"\xa9\x02\n\x12\x43onnectionCounters\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07\x64st_qpn\x18\x04 \x01(\r\x12\x0c\n\x04psn0\x18\x05 \x01(\r\x12\x0f\n\x07in_port\x18\x06 \x01(\r\x12\x10\n\x08out_port\x18\x07 \x01(\r\x12(\n\x04reth\x18\x08 \x01(\x0b\x32\x1a.netreduce.control.v1.Reth\x12H\n\x08\x63ounters\x18\t \x03(\x0b\x32\x36.netreduce.control.v1.ConnectionCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xb4\x02\n\x0cRingCounters\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r\x12\x11\n\tnext_emit\x18\x04 \x01(\r\x12\x42\n\x08\x63ounters\x18\x05 \x03(\x0b\x32\x30.netreduce.control.v1.RingCounters.CountersEntry\x12=\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32(.netreduce.control.v1.ConnectionCounters\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x1a\n\x12lease_remaining_ms\x18\x08 \x01(\r\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa1\x01\n\x0cPortCounters\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ifname\x18\x02 \x01(\t\x12\x42\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x30.netreduce.control.v1.PortCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xf2\x02\n\rCountersReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x31\n\x05rings\x18\x02 \x03(\x0b\x32\".netreduce.control.v1.RingCounters\x12\x31\n\x05ports\x18\x03 \x03(\x0b\x32\".netreduce.control.v1.PortCounters\x12?\n\x06switch\x18\x04 \x03(\x0b\x32/.netreduce.control.v1.CountersReply.SwitchEntry\x12H\n\x0bstatic_macs\x18\t \x03(\x0b\x32\x33.netreduce.control.v1.CountersReply.StaticMacsEntry\x1a-\n\x0bSwitchEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x31\n\x0fStaticMacsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xdc\x03\n\nController\x12J\n\x04Ping\x12!.netreduce.control.v1.PingRequest\x1a\x1f.netreduce.control.v1.PingReply\x12\x62\n\x0cRegisterRing\x12).netreduce.control.v1.RegisterRingRequest\x1a\'.netreduce.control.v1.RegisterRingReply\x12\\\n\nRenewLease\x12\'.netreduce.control.v1.RenewLeaseRequest\x1a%.netreduce.control.v1.RenewLeaseReply\x12h\n\x0eUnregisterRing\x12+.netreduce.control.v1.UnregisterRingRequest\x1a).netreduce.control.v1.UnregisterRingReply\x12V\n\x08\x43ounters\x12%.netreduce.control.v1.CountersRequest\x1a#.netreduce.control.v1.CountersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19nr_contract/control.proto\x12\x14netreduce.control.v1\"\xdf\x01\n\x0cTargetLimits\x12\x11\n\tpath_mtus\x18\x01 \x03(\r\x12\x11\n\tmax_slots\x18\x02 \x01(\r\x12\x11\n\tmax_ranks\x18\x03 \x01(\r\x12\x11\n\tmax_rings\x18\x04 \x01(\r\x12\x12\n\nfree_rings\x18\x05 \x01(\r\x12\x17\n\x0fmax_slot_memory\x18\x06 \x01(\x04\x12\x18\n\x10\x64\x65\x66\x61ult_lease_ms\x18\x07 \x01(\r\x12\x15\n\rmax_in_flight\x18\x08 \x01(\r\x12\x13\n\x0b\x61\x63k_timeout\x18\t \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\n \x01(\r\"\r\n\x0bPingRequest\"f\n\tPingReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x32\n\x06limits\x18\x02 \x01(\x0b\x32\".netreduce.control.v1.TargetLimits\x12\x15\n\rauth_required\x18\x03 \x01(\x08\"\x8c\x01\n\nConnection\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07src_mac\x18\x04 \x01(\t\x12\x0f\n\x07\x64st_mac\x18\x05 \x01(\t\x12\x0f\n\x07src_qpn\x18\x06 \x01(\r\x12\x0f\n\x07\x64st_qpn\x18\x07 \x01(\r\x12\x0c\n\x04psn0\x18\x08 \x01(\r\"\x95\x01\n\x08RingSpec\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x0b\n\x03mtu\x18\x03 \x01(\r\x12\x10\n\x08msg_size\x18\x04 \x01(\r\x12\x0e\n\x06window\x18\x05 \x01(\r\x12\x35\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32 .netreduce.control.v1.Connection\"s\n\x13RegisterRingRequest\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.netreduce.control.v1.RingSpec\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\r\n\x05racks\x18\t \x03(\r\"\xb6\x01\n\x11RegisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\r\n\x05slots\x18\x02 \x01(\r\x12\x41\n\x05ports\x18\x03 \x03(\x0b\x32\x32.netreduce.control.v1.RegisterRingReply.PortsEntry\x12\x10\n\x08lease_ms\x18\x04 \x01(\r\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"$\n\x11RenewLeaseRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"4\n\x0fRenewLeaseReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"(\n\x15UnregisterRingRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"&\n\x13UnregisterRingReply\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\"7\n\x0f\x43ountersRequest\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onnections\x18\x02 \x01(\x08\"1\n\x04Reth\x12\n\n\x02va\x18\x01 \x01(\x04\x12\x0c\n\x04rkey\x18\x02 \x01(\r\x12\x0f\n\x07\x64ma_len\x18\x03 \x01(\r\"\xa9\x02\n\x12\x43onnectionCounters\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06src_ip\x18\x02 \x01(\t\x12\x0e\n\x06\x64st_ip\x18\x03 \x01(\t\x12\x0f\n\x07\x64st_qpn\x18\x04 \x01(\r\x12\x0c\n\x04psn0\x18\x05 \x01(\r\x12\x0f\n\x07in_port\x18\x06 \x01(\r\x12\x10\n\x08out_port\x18\x07 \x01(\r\x12(\n\x04reth\x18\x08 \x01(\x0b\x32\x1a.netreduce.control.v1.Reth\x12H\n\x08\x63ounters\x18\t \x03(\x0b\x32\x36.netreduce.control.v1.ConnectionCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xb4\x02\n\x0cRingCounters\x12\x0f\n\x07ring_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r\x12\x11\n\tnext_emit\x18\x04 \x01(\r\x12\x42\n\x08\x63ounters\x18\x05 \x03(\x0b\x32\x30.netreduce.control.v1.RingCounters.CountersEntry\x12=\n\x0b\x63onnections\x18\x06 \x03(\x0b\x32(.netreduce.control.v1.ConnectionCounters\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x1a\n\x12lease_remaining_ms\x18\x08 \x01(\r\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa1\x01\n\x0cPortCounters\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ifname\x18\x02 \x01(\t\x12\x42\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x30.netreduce.control.v1.PortCounters.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xf2\x02\n\rCountersReply\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x31\n\x05rings\x18\x02 \x03(\x0b\x32\".netreduce.control.v1.RingCounters\x12\x31\n\x05ports\x18\x03 \x03(\x0b\x32\".netreduce.control.v1.PortCounters\x12?\n\x06switch\x18\x04 \x03(\x0b\x32/.netreduce.control.v1.CountersReply.SwitchEntry\x12H\n\x0bstatic_macs\x18\t \x03(\x0b\x32\x33.netreduce.control.v1.CountersReply.StaticMacsEntry\x1a-\n\x0bSwitchEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x31\n\x0fStaticMacsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xdc\x03\n\nController\x12J\n\x04Ping\x12!.netreduce.control.v1.PingRequest\x1a\x1f.netreduce.control.v1.PingReply\x12\x62\n\x0cRegisterRing\x12).netreduce.control.v1.RegisterRingRequest\x1a\'.netreduce.control.v1.RegisterRingReply\x12\\\n\nRenewLease\x12\'.netreduce.control.v1.RenewLeaseRequest\x1a%.netreduce.control.v1.RenewLeaseReply\x12h\n\x0eUnregisterRing\x12+.netreduce.control.v1.UnregisterRingRequest\x1a).netreduce.control.v1.UnregisterRingReply\x12V\n\x08\x43ounters\x12%.netreduce.control.v1.CountersRequest\x1a#.netreduce.control.v1.CountersReplyb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nr_contract.control_pb2', globals())
@@ -33,51 +33,51 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _COUNTERSREPLY_STATICMACSENTRY._options = None
   _COUNTERSREPLY_STATICMACSENTRY._serialized_options = b'8\001'
   _TARGETLIMITS._serialized_start=52
-  _TARGETLIMITS._serialized_end=257
-  _PINGREQUEST._serialized_start=259
-  _PINGREQUEST._serialized_end=272
-  _PINGREPLY._serialized_start=274
-  _PINGREPLY._serialized_end=376
-  _CONNECTION._serialized_start=379
-  _CONNECTION._serialized_end=519
-  _RINGSPEC._serialized_start=522
-  _RINGSPEC._serialized_end=671
-  _REGISTERRINGREQUEST._serialized_start=673
-  _REGISTERRINGREQUEST._serialized_end=788
-  _REGISTERRINGREPLY._serialized_start=791
-  _REGISTERRINGREPLY._serialized_end=973
-  _REGISTERRINGREPLY_PORTSENTRY._serialized_start=929
-  _REGISTERRINGREPLY_PORTSENTRY._serialized_end=973
-  _RENEWLEASEREQUEST._serialized_start=975
-  _RENEWLEASEREQUEST._serialized_end=1011
-  _RENEWLEASEREPLY._serialized_start=1013
-  _RENEWLEASEREPLY._serialized_end=1065
-  _UNREGISTERRINGREQUEST._serialized_start=1067
-  _UNREGISTERRINGREQUEST._serialized_end=1107
-  _UNREGISTERRINGREPLY._serialized_start=1109
-  _UNREGISTERRINGREPLY._serialized_end=1147
-  _COUNTERSREQUEST._serialized_start=1149
-  _COUNTERSREQUEST._serialized_end=1204
-  _RETH._serialized_start=1206
-  _RETH._serialized_end=1255
-  _CONNECTIONCOUNTERS._serialized_start=1258
-  _CONNECTIONCOUNTERS._serialized_end=1555
-  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_start=1508
-  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_end=1555
-  _RINGCOUNTERS._serialized_start=1558
-  _RINGCOUNTERS._serialized_end=1866
-  _RINGCOUNTERS_COUNTERSENTRY._serialized_start=1508
-  _RINGCOUNTERS_COUNTERSENTRY._serialized_end=1555
-  _PORTCOUNTERS._serialized_start=1869
-  _PORTCOUNTERS._serialized_end=2030
-  _PORTCOUNTERS_COUNTERSENTRY._serialized_start=1508
-  _PORTCOUNTERS_COUNTERSENTRY._serialized_end=1555
-  _COUNTERSREPLY._serialized_start=2033
-  _COUNTERSREPLY._serialized_end=2403
-  _COUNTERSREPLY_SWITCHENTRY._serialized_start=2307
-  _COUNTERSREPLY_SWITCHENTRY._serialized_end=2352
-  _COUNTERSREPLY_STATICMACSENTRY._serialized_start=2354
-  _COUNTERSREPLY_STATICMACSENTRY._serialized_end=2403
-  _CONTROLLER._serialized_start=2406
-  _CONTROLLER._serialized_end=2882
+  _TARGETLIMITS._serialized_end=275
+  _PINGREQUEST._serialized_start=277
+  _PINGREQUEST._serialized_end=290
+  _PINGREPLY._serialized_start=292
+  _PINGREPLY._serialized_end=394
+  _CONNECTION._serialized_start=397
+  _CONNECTION._serialized_end=537
+  _RINGSPEC._serialized_start=540
+  _RINGSPEC._serialized_end=689
+  _REGISTERRINGREQUEST._serialized_start=691
+  _REGISTERRINGREQUEST._serialized_end=806
+  _REGISTERRINGREPLY._serialized_start=809
+  _REGISTERRINGREPLY._serialized_end=991
+  _REGISTERRINGREPLY_PORTSENTRY._serialized_start=947
+  _REGISTERRINGREPLY_PORTSENTRY._serialized_end=991
+  _RENEWLEASEREQUEST._serialized_start=993
+  _RENEWLEASEREQUEST._serialized_end=1029
+  _RENEWLEASEREPLY._serialized_start=1031
+  _RENEWLEASEREPLY._serialized_end=1083
+  _UNREGISTERRINGREQUEST._serialized_start=1085
+  _UNREGISTERRINGREQUEST._serialized_end=1125
+  _UNREGISTERRINGREPLY._serialized_start=1127
+  _UNREGISTERRINGREPLY._serialized_end=1165
+  _COUNTERSREQUEST._serialized_start=1167
+  _COUNTERSREQUEST._serialized_end=1222
+  _RETH._serialized_start=1224
+  _RETH._serialized_end=1273
+  _CONNECTIONCOUNTERS._serialized_start=1276
+  _CONNECTIONCOUNTERS._serialized_end=1573
+  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_start=1526
+  _CONNECTIONCOUNTERS_COUNTERSENTRY._serialized_end=1573
+  _RINGCOUNTERS._serialized_start=1576
+  _RINGCOUNTERS._serialized_end=1884
+  _RINGCOUNTERS_COUNTERSENTRY._serialized_start=1526
+  _RINGCOUNTERS_COUNTERSENTRY._serialized_end=1573
+  _PORTCOUNTERS._serialized_start=1887
+  _PORTCOUNTERS._serialized_end=2048
+  _PORTCOUNTERS_COUNTERSENTRY._serialized_start=1526
+  _PORTCOUNTERS_COUNTERSENTRY._serialized_end=1573
+  _COUNTERSREPLY._serialized_start=2051
+  _COUNTERSREPLY._serialized_end=2421
+  _COUNTERSREPLY_SWITCHENTRY._serialized_start=2325
+  _COUNTERSREPLY_SWITCHENTRY._serialized_end=2370
+  _COUNTERSREPLY_STATICMACSENTRY._serialized_start=2372
+  _COUNTERSREPLY_STATICMACSENTRY._serialized_end=2421
+  _CONTROLLER._serialized_start=2424
+  _CONTROLLER._serialized_end=2900
 # @@protoc_insertion_point(module_scope)

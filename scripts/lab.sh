@@ -63,8 +63,9 @@
 # network) with K one-armed aggregation servers on it (python -m switch --one-armed, on the
 # C data plane, or in Python with --switch soft; each in a namespace of its own:
 # scripts/lab_aggregators.sh); each host routes 10.78.J.0/24 via
-# aggregator J (scripts/setup_rxe.sh --aggregators), and CMD gets NR_CONTROLLER (aggregator
-# 0's), NR_INC_ADDR=10.78.0.0/24 and NR_LAB_AGGREGATORS=K; CMD may restart aggregator J with
+# aggregator J (scripts/setup_rxe.sh --aggregators), and CMD gets NR_CONTROLLER and
+# NR_INC_ADDR listing every aggregator's controller and 10.78.J.0/24 (K > 1: each call
+# split over the K, netreduce/shards.py) and NR_LAB_AGGREGATORS=K; CMD may restart aggregator J with
 # kind "agg:J" (tests/lab/labswitch.py).
 # Default: --hosts 4 --mtu 9000 --switch native --tcg multi, --native when possible, else --vm.
 set -euo pipefail
@@ -258,7 +259,10 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
   printf 'export NR_LAB_VENV=%q\nexport NR_LAB_PRELOAD=%q\nexport NR_LAB_AGGREGATORS=%q\n' \
     "$VENV" "$preload" "$aggregators"
   if [ "$aggregators" -gt 0 ]; then
-    printf 'export NR_CONTROLLER=%q NR_INC_ADDR=10.78.0.0/24\n' "10.77.0.200:$CTL_PORT"
+    # K > 1: one controller and one routed "inc" network per aggregator (netreduce/shards.py)
+    ctls=$(for ((j = 0; j < aggregators; j++)); do printf '10.77.0.%d:%s,' $((200 + j)) "$CTL_PORT"; done)
+    incs=$(for ((j = 0; j < aggregators; j++)); do printf '10.78.%d.0/24,' "$j"; done)
+    printf 'export NR_CONTROLLER=%q NR_INC_ADDR=%q\n' "${ctls%,}" "${incs%,}"
   fi
   for v in CI PYTEST_ADDOPTS NR_DEBUG; do
     [ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"

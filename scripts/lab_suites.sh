@@ -28,8 +28,11 @@ case ${1:-} in a|c|d) labs=$1; shift ;; esac
 # `scripts/lab.sh --racks 2 --hosts 6 -- python -m pytest -m lab
 # tests/lab/test_multirack_lab.py` runs them all at 6 hosts). Both under multi-threaded TCG
 # (lab.sh's default): two single-threaded VMs side by side were measured slower, not faster
-# (docs/lab.md, "Boot panics"). Lab D: 4 hosts on a plain bridge with a one-armed
-# aggregator (--aggregators 1, tests/lab/test_aggregator_lab.py).
+# (docs/lab.md, "Boot panics"). Lab D: 4 hosts on a plain bridge with two one-armed
+# aggregators (--aggregators 2, tests/lab/test_aggregator_lab.py: its single-aggregator
+# tests use the first, the others split every call over both).
+# Python aggregators (--switch soft): on the native one-armed data plane the k = 1 16 MiB
+# cases met transport faults on "inc" (exact, but over the host ring): issue 42, open.
 lab_rc=0
 for lab in $labs; do
   case $lab in
@@ -42,8 +45,8 @@ for lab in $labs; do
          -k "not one_percent_loss and not a_bmv2_spine" tests/lab/test_multirack_lab.py \
          tests/lab/test_bmv2_fabric.py "$@" || lab_rc=1
        boots=.lab-nrlab6/boots ;;
-    d) stage "test: lab D, 4 hosts on a bridge, 1 one-armed aggregator (one boot)" \
-         "$ROOT/scripts/lab.sh" --name nrlabagg --aggregators 1 --hosts 4 -- env COLUMNS=300 \
+    d) stage "test: lab D, 4 hosts on a bridge, 2 one-armed aggregators (one boot)" \
+         "$ROOT/scripts/lab.sh" --name nrlabagg --aggregators 2 --switch soft --hosts 4 -- env COLUMNS=300 \
          python -m pytest -q -rfEs --durations=8 -m lab tests/lab/test_aggregator_lab.py "$@" \
          || lab_rc=1
        boots=.lab-nrlabagg/boots ;;

@@ -213,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the target's pace, published to clients: rings keep at most this "
                           "many packets unacknowledged per connection (0: only the slots "
                           "bound it)")
+    ctl.add_argument("--capacity", type=int, default=0, metavar="SHARE",
+                     help="this aggregator's share of a call split over several, relative to "
+                          "the others' (netreduce/shards.py; 0: equal shares)")
     ctl.add_argument("--ack-timeout", type=int, default=0, metavar="EXP",
                      help="the target's pace, published to clients: rings use a QP local ACK "
                           "timeout of at least 4.096 us x 2^EXP (0: the hosts' default, 14 = "
@@ -267,7 +270,8 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
                 token_file, hosts_policy=args.hosts_policy, admins=frozenset(args.admin),
                 max_rings=args.max_rings, max_slot_memory=args.max_slot_memory,
                 default_lease_ms=args.lease_ms, max_in_flight=args.max_in_flight,
-                ack_timeout=args.ack_timeout, calls_per_second=args.calls_per_second,
+                ack_timeout=args.ack_timeout, capacity=args.capacity,
+                calls_per_second=args.calls_per_second,
                 insecure=args.insecure),
             "tls": tls}
 

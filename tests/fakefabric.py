@@ -322,7 +322,7 @@ class FakeSwitch:
 
 SOFTWARE_LIMITS = {"path_mtus": [256, 512, 1024, 2048, 4096], "max_slots": 1024,
                    "max_ranks": 32, "max_rings": 0, "free_rings": 0, "max_slot_memory": 0,
-                   "default_lease_ms": 0, "max_in_flight": 0, "ack_timeout": 0}
+                   "default_lease_ms": 0, "max_in_flight": 0, "ack_timeout": 0, "capacity": 0}
 
 
 class FakeControllerError(RuntimeError):

@@ -31,7 +31,7 @@ def test_ping_is_open_and_tells_the_limits(client: ControllerClient) -> None:
     assert client.ping() == {"target": "software", "auth_required": False, "limits": {
         "path_mtus": [256, 512, 1024, 2048, 4096], "max_slots": 1024, "max_ranks": 32,
         "max_rings": 64, "free_rings": 64, "max_slot_memory": 256 << 20,
-        "default_lease_ms": 15000, "max_in_flight": 0, "ack_timeout": 0}}
+        "default_lease_ms": 15000, "max_in_flight": 0, "ack_timeout": 0, "capacity": 0}}
 
 
 def test_register_resolves_ports_from_the_static_map(

@@ -42,6 +42,7 @@ class ControllerConfig:
     default_slots: int = DEFAULT_SLOTS
     max_in_flight: int = 0        # the target's pace (TargetLimits); 0: no requirement
     ack_timeout: int = 0
+    capacity: int = 0             # this aggregator's share of a sharded call (TargetLimits)
     calls_per_second: float = DEFAULT_CALLS_PER_SECOND    # per principal; 0: no limit
     target_calls: int = DEFAULT_TARGET_CALLS     # per principal, at the target at once
 
@@ -58,6 +59,8 @@ class ControllerConfig:
         if not 0 <= self.max_in_flight <= RXE_MAX_INFLIGHT:
             raise ValueError(f"max_in_flight {self.max_in_flight} is not in "
                              f"0..{RXE_MAX_INFLIGHT}")
+        if not 0 <= self.capacity < 2**32:
+            raise ValueError(f"capacity {self.capacity} is not in 0..2^32-1")
         if not 0 <= self.ack_timeout <= MAX_ACK_TIMEOUT:
             raise ValueError(f"ack_timeout {self.ack_timeout} is not in 0..{MAX_ACK_TIMEOUT}")
         unknown = self.admins - set((self.tokens or {}).values())

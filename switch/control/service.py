@@ -127,7 +127,7 @@ class ControllerService:
                 "max_slot_memory": self.config.max_slot_memory,
                 "default_lease_ms": self.config.default_lease_ms,
                 "max_in_flight": self.config.max_in_flight,
-                "ack_timeout": self.config.ack_timeout}
+                "ack_timeout": self.config.ack_timeout, "capacity": self.config.capacity}
 
     def authenticate(self, context: grpc.ServicerContext) -> str:
         """The caller's principal; UNAUTHENTICATED unless it sent a secret of the file (or

@@ -14,6 +14,9 @@
     allreduce_worker.py inc-spec
     allreduce_worker.py floats [--sizes N,...]   (issue 22: NaN under auto, avg, 16-bit floats,
                                                   per-block scales)
+    allreduce_worker.py shards [--sizes N,...] [--calls N --size N]
+                                              (issue 42: the lab's aggregators sharing each
+                                               call; --calls: aggregator 1 restarted mid-job)
     allreduce_worker.py recut --victim R --calls N --size N
                                               (rank R re-cuts its stream between calls, as
                                                rxe's retry race does: docs/roce.md)
@@ -66,7 +69,9 @@ def reduce_and_check(comm: netreduce.Communicator, count: int, dtype: str, algo:
     ran = str(comm.last_algo)
     if algo != "auto" and ran != algo:
         sys.exit(f"FAIL {dtype}[{count}]: algo={algo} ran {ran}")
-    failure = Reference((rank_data(r, count, dtype) for r in range(n)), op).failure(got, ran)
+    # a sharded call ("switch+ring": some shards on the host ring) within the switch's bound
+    failure = Reference((rank_data(r, count, dtype) for r in range(n)), op).failure(
+        got, "switch" if "switch" in ran else ran)
     if failure is not None:
         sys.exit(f"FAIL {dtype}[{count}] op={op} algo={ran}: {failure}")
     if timed:
@@ -401,11 +406,54 @@ def recut(comm: netreduce.Communicator, victim: int, calls: int, size: int) -> N
     print("OK recut", flush=True)
 
 
+def shards(comm: netreduce.ShardedCommunicator, sizes: list[int], calls: int,
+           size: int) -> None:
+    """Issue 42 item 3: every size of `sizes` as int32 and float32 (odd sizes in place),
+    algo="auto", checked (`reduce_and_check`; "TIME" lines from 1 Mi elements on); then,
+    with `calls`, that many int32[size] calls (checked, "CALL i algo seconds") while the
+    test restarts aggregator 1: rank 0 prints "RESTART DURING CALL #k" before call 2 and
+    waits 0.5 s; the job goes on until aggregator 1 is back and two calls more (at least
+    `calls`); "STATS" (comm.stats(): per aggregator when sharded), rank 0 "AGG_RINGS" (each
+    aggregator's counters of its ring, after the sizes), "OK shards"."""
+    sharded = isinstance(comm, netreduce.ShardedCommunicator)
+    if calls and not sharded:
+        sys.exit(f"FAIL: not a sharded communicator: {comm!r}")
+    for count in sizes:
+        for dtype in DTYPES:
+            reduce_and_check(comm, count, dtype, "auto", count >= 1 << 20)
+    if comm.rank == 0 and sharded:
+        rings = [switch_ring_counters(shard) for shard in comm.shards]
+        print(f"AGG_RINGS {json.dumps(rings)}", flush=True)
+    back, i = None, 0
+    while calls and (i < calls or back is None or i < back + 2):
+        if i == 2 and comm.rank == 0:
+            print(f"RESTART DURING CALL #{i}", flush=True)
+        if i == 2:
+            time.sleep(0.5)
+        x = rank_input([comm.rank, size, i], size, "int32")
+        t0 = time.perf_counter()
+        y = comm.allreduce(x, out=np.empty_like(x))
+        dt = time.perf_counter() - t0
+        want = sum(rank_input([r, size, i], size, "int32").astype(np.int64)
+                   for r in range(comm.world_size)).astype(np.int32)
+        if not np.array_equal(y, want):
+            sys.exit(f"FAIL call {i}: int32[{size}] not exact ({comm.last_algo})")
+        print(f"CALL {i} {comm.last_algo} {dt:.2f}", flush=True)
+        if back is None and comm.stats()["aggregators"][1]["returns"]:
+            back = i
+        if i > 600:
+            sys.exit("FAIL: aggregator 1 not back within 600 calls")
+        i += 1
+    print(f"STATS {json.dumps(comm.stats())}", flush=True)
+    print("OK shards", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["correctness", "switch", "hold", "mismatch",
                                     "missing-rank", "stall", "inc-spec", "die", "late",
-                                    "rank0-killed", "floats", "survive", "recut"])
+                                    "rank0-killed", "floats", "survive", "recut",
+                                    "shards"])
     p.add_argument("what", nargs="?", default="count")
     p.add_argument("--sizes", default="1,1000,256,4194304")
     p.add_argument("--timed", type=int, default=4194304)
@@ -422,7 +470,7 @@ def main() -> None:
                    "sleeps before its call")
     p.add_argument("--size", type=int, default=1 << 20, help="survive, recut: int32 per call")
     p.add_argument("--big", type=int, default=1 << 22, help="survive: the call restarted")
-    p.add_argument("--calls", type=int, default=30, help="survive, recut: calls in all")
+    p.add_argument("--calls", type=int, default=30, help="survive, recut, shards: calls in all")
     p.add_argument("--gil", type=float, default=25.0, help="survive: s rank 0 holds the GIL")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -440,7 +488,8 @@ def main() -> None:
         sys.exit("FAIL: init succeeded without the last rank")
 
     comm = netreduce.init(timeout=args.timeout, collective_timeout=args.collective_timeout)
-    print(f"joined {comm!r} ip={comm.inc_ring_spec().connections[rank].src_ip}", flush=True)
+    first = getattr(comm, "shards", [comm])[0]     # a ShardedCommunicator's aggregator 0
+    print(f"joined {comm!r} ip={first.inc_ring_spec().connections[rank].src_ip}", flush=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     dtypes = tuple(args.dtypes.split(","))
     modes = {
@@ -457,6 +506,8 @@ def main() -> None:
         "survive": lambda: survive(comm, args.size, args.big, args.calls, args.until,
                                    args.gil),
         "recut": lambda: recut(comm, args.victim, args.calls, args.size),
+        "shards": lambda: shards(comm, sizes, args.calls if "--calls" in sys.argv else 0,
+                                 args.size),
     }
     modes[args.mode]()
     netreduce.finalize()

@@ -22,7 +22,8 @@ from netreduce.tools.forkserver import NETNS_DIR, Refused, WarmProcess
 
 log = logging.getLogger(__name__)
 
-CONTROLLER = os.environ.get("NR_CONTROLLER", "10.77.0.254:50051")
+# (the first of a list: lab.sh --aggregators K lists K controllers)
+CONTROLLER = os.environ.get("NR_CONTROLLER", "10.77.0.254:50051").split(",")[0]
 HOSTS = int(os.environ.get("NR_LAB_HOSTS", "0"))
 ROOT = Path(__file__).resolve().parents[2]
 

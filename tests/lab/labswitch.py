@@ -130,13 +130,13 @@ def restart_tor(j: int, timeout: float = RESTART_TIMEOUT) -> float:
 
 def restart_aggregator(j: int, timeout: float = RESTART_TIMEOUT) -> float:
     """Restart one-armed aggregator `j` of a lab run with --aggregators (fresh state, same
-    address: scripts/lab_aggregators.sh); the seconds it took, once the controller of
-    $NR_CONTROLLER answers Ping from h0."""
+    address: scripts/lab_aggregators.sh); the seconds it took, once its controller (entry
+    `j` of $NR_CONTROLLER's list) answers Ping from h0."""
     t0 = time.monotonic()
     status, _, rest = _ask("switch", f"agg:{j}", t0 + timeout).partition(" ")
     if status != "ok":
         raise LabSwitchError(f"restart_aggregator({j}): scripts/lab.sh says: {rest}")
-    _ping(f"agg:{j}", t0 + timeout)
+    _ping(f"agg:{j}", t0 + timeout, os.environ["NR_CONTROLLER"].split(",")[j])
     return time.monotonic() - t0
 
 
@@ -177,20 +177,20 @@ def _wait_reply(path: Path, rid: str, kind: str, deadline: float) -> str:
                          f"{path.parent / 'switch.log'})")
 
 
-def _ping(kind: str, deadline: float) -> str:
+def _ping(kind: str, deadline: float, controller: str = CONTROLLER) -> str:
     """The target name the restarted controller's Ping gives, asked from h0."""
     last = ""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise LabSwitchError(f"restart_switch({kind!r}): the {kind} switch is up but its "
-                                 f"controller at {CONTROLLER} does not answer Ping from h0: "
+                                 f"controller at {controller} does not answer Ping from h0: "
                                  f"{last}")
         try:
             # forked by h0's fork server (its imports paid); the whole time left: a cold
             # `python -m switch.ctl` took 10-17 s in an idle lab, and beside 4 busy torch
             # ranks none of six 30 s attempts finished (the RPC itself gives up after 5 s)
-            p = python_in_host(0, "-m", "switch.ctl", "--addr", CONTROLLER, "--timeout", "5",
+            p = python_in_host(0, "-m", "switch.ctl", "--addr", controller, "--timeout", "5",
                                "ping", timeout=left, check=False)
         except subprocess.TimeoutExpired:
             last = "switch.ctl ping did not return in time"

@@ -2,13 +2,18 @@
 hosts on a kernel bridge, the aggregator a server with one port that each host's "inc" ring
 is routed through (scripts/lab.sh --aggregators 1: 10.78.0.0/24 via 10.77.0.200, the ring on
 NR_INC_ADDR). The hosts' verbs and rxe are stock; the aggregator's counters of the "inc"
-ring prove the sums were formed there, numpy's the results (allreduce_worker.py).
+ring prove the sums were formed there, numpy's the results (allreduce_worker.py). A test
+for k aggregators (1: the single ones, 2: `k2` and k=2) splits every call over the first k
+(netreduce/shards.py) of the lab's K: one boot with K = 2 runs them all (lab_suites.sh d).
 
-    scripts/lab.sh --aggregators 1 -- python -m pytest -q -m lab tests/lab/test_aggregator_lab.py
+    scripts/lab.sh --aggregators 2 -- python -m pytest -q -m lab tests/lab/test_aggregator_lab.py
 """
 from __future__ import annotations
 
+import json
 import os
+import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -16,19 +21,98 @@ import pytest
 
 from tests.lab.labhosts import host_loss
 from tests.lab.labswitch import restart_aggregator
-from tests.lab.survive import check_survived, survive_job
-from tests.lab.switchruns import check_retransmissions_seen, check_switch_run, show_run
-from tests.lab.workers import run_worker
+from tests.lab.survive import Cues, check_survived, survive_job
+from tests.lab.switchruns import (STRUCTURAL_DROPS, check_retransmissions_seen,
+                                  check_switch_run, show_run)
+from tests.lab.workers import lines, run_worker
 
 pytestmark = pytest.mark.lab
 
 SIZES = [1, 1000, 256, 2**20 + 1]          # elements; the odd ones make the calls in place
+CASES = [1, 1000, 2**20 + 1, 2**22]        # 1 element .. 16 MiB: x int32, float32 = 8 cases
+K = int(os.environ.get("NR_LAB_AGGREGATORS", "0"))
 
 
 @pytest.fixture(autouse=True)
-def aggregator_lab() -> None:
-    if int(os.environ.get("NR_LAB_AGGREGATORS", "0")) < 1:
-        pytest.fail("this module needs the aggregator lab: scripts/lab.sh --aggregators 1")
+def aggregator_lab(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's k aggregators: the first k of the lab's NR_CONTROLLER and NR_INC_ADDR."""
+    if K < 1:
+        pytest.fail("this module needs the aggregator lab: scripts/lab.sh --aggregators 2")
+    spec = getattr(request.node, "callspec", None)
+    k = spec.params["k"] if spec and "k" in spec.params else 2 if "k2" in request.node.name \
+        else 1
+    if k > K:
+        pytest.skip(f"needs {k} aggregators, this lab has {K}")
+    for var in ("NR_CONTROLLER", "NR_INC_ADDR"):
+        monkeypatch.setenv(var, ",".join(os.environ[var].split(",")[:k]))
+
+
+@pytest.mark.parametrize("loss", ["0%", "1%"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_every_case_is_exact_through_k_aggregators(
+        k: int, loss: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42's done-when through k aggregators and unchanged user code (the lab's
+    NR_CONTROLLER / NR_INC_ADDR): int32 and float32, 1 element to 16 MiB, in place (odd
+    sizes) and out of place, exact (float32 within the bound) on every rank at `loss` on
+    every host link; with k = 2 each aggregator carries half the bytes (comm.stats())."""
+    with host_loss(loss):
+        result = run_worker(4, "shards", "--sizes", ",".join(map(str, CASES)), timeout=1500)
+    assert result.ok, f"exit {result.exit_code}"
+    for r in range(4):
+        assert lines(result, r, "OK shards"), result.ranks[r].output[-20:]
+    times = lines(result, 0, "TIME ")
+    with capsys.disabled():
+        print(f"\n[k={k} aggregator(s), {loss} loss] " + "; ".join(times))
+    stats = json.loads(lines(result, 0, "STATS ")[0])
+    if k == 1:
+        assert stats["calls"] == {"switch": 2 * len(CASES)}, stats
+        return
+    rows = stats["aggregators"]
+    moved = [row["bytes"] for row in rows]
+    assert sum(moved) == 2 * 4 * sum(CASES), rows            # int32 and float32, 4 bytes
+    assert all(abs(b / sum(moved) - 0.5) < 0.02 for b in moved), moved
+    assert all(row["fallbacks"] == 0 and row["ring_bytes"] == 0 for row in rows), rows
+    # the aggregators' own counters: each completed about half the slots, no structural drop
+    rings = json.loads(lines(result, 0, "AGG_RINGS ")[0])
+    done = [ring["completed"] for ring in rings]
+    assert all(abs(d / sum(done) - 0.5) < 0.05 for d in done), done
+    assert all(ring[drop] == 0 for ring in rings for drop in STRUCTURAL_DROPS), rings
+    with capsys.disabled():
+        print(f"[k=2] bytes per aggregator {moved}, slots completed {done}")
+
+
+def test_k2_an_aggregator_restarted_mid_job_costs_at_most_one_call(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Aggregator 1 restarted during call 2 of a job of 4 MiB int32 calls over 2
+    aggregators: every call exact; aggregator 1 falls back once (its shard on its host
+    ring) and returns, aggregator 0 never leaves; the calls' time above the median call's
+    adds up to at most one call's time (plus the restart's notice grace)."""
+    out = Cues("RESTART DURING CALL")
+    outcome: list = []
+    job = threading.Thread(target=lambda: outcome.append(run_worker(
+        4, "shards", "--sizes", "1", "--calls", "12", "--size", str(2**20), timeout=1500,
+        out=out, grace=120)))
+    job.start()
+    try:
+        assert out.seen["RESTART DURING CALL"].wait(900), out.getvalue()[-3000:]
+        took = restart_aggregator(1)
+    finally:
+        job.join(timeout=1500)
+    (result,) = outcome
+    assert result.ok, f"exit {result.exit_code}"
+    calls = [c.split() for c in lines(result, 0, "CALL ")]
+    rows = json.loads(lines(result, 0, "STATS ")[0])["aggregators"]
+    assert rows[0]["fallbacks"] == 0 and rows[1]["fallbacks"] == 1, rows
+    assert rows[1]["returns"] == 1 and rows[1]["ring_bytes"] > 0, rows
+    assert calls[-1][1] == "switch", calls
+    seconds = [float(c[2]) for c in calls]
+    median = statistics.median(seconds)
+    lost = sum(t - median for t in seconds if t > median)
+    with capsys.disabled():
+        print(f"\n[k=2, aggregator 1 restarted ({took:.1f} s)] calls {len(calls)}: "
+              f"{' '.join(f'{c[1]}:{c[2]}' for c in calls)}; median {median:.2f} s, lost "
+              f"{lost:.2f} s; stats {[{k: v for k, v in r.items() if k != 'stats'} for r in rows]}")
+    assert lost <= median + 3.0 + 2.0, (lost, median)   # one call + NOTICE_GRACE + noise
 
 
 def test_allreduce_through_a_one_armed_aggregator_matches_numpy(
