@@ -31,8 +31,6 @@ case ${1:-} in a|c|d) labs=$1; shift ;; esac
 # (docs/lab.md, "Boot panics"). Lab D: 4 hosts on a plain bridge with two one-armed
 # aggregators (--aggregators 2, tests/lab/test_aggregator_lab.py: its single-aggregator
 # tests use the first, the others split every call over both).
-# Python aggregators (--switch soft): on the native one-armed data plane the k = 1 16 MiB
-# cases met transport faults on "inc" (exact, but over the host ring): issue 42, open.
 lab_rc=0
 for lab in $labs; do
   case $lab in
@@ -46,7 +44,7 @@ for lab in $labs; do
          tests/lab/test_bmv2_fabric.py "$@" || lab_rc=1
        boots=.lab-nrlab6/boots ;;
     d) stage "test: lab D, 4 hosts on a bridge, 2 one-armed aggregators (one boot)" \
-         "$ROOT/scripts/lab.sh" --name nrlabagg --aggregators 2 --switch soft --hosts 4 -- env COLUMNS=300 \
+         "$ROOT/scripts/lab.sh" --name nrlabagg --aggregators 2 --hosts 4 -- env COLUMNS=300 \
          python -m pytest -q -rfEs --durations=8 -m lab tests/lab/test_aggregator_lab.py "$@" \
          || lab_rc=1
        boots=.lab-nrlabagg/boots ;;

@@ -52,13 +52,19 @@ def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowCo
         finally:
             comm.close(timeout=5)
 
+    run_threads(n, worker, timeout=60)
+    return out
+
+
+def run_threads(n: int, worker: Callable[[int], None], timeout: float) -> None:
+    """Run worker(rank) for ranks 0..n-1 on threads; assert every one ended within
+    `timeout` s of the joins' start (a rank that hangs fails the test, naming none)."""
     threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=timeout)
     assert not any(t.is_alive() for t in threads), "a rank hung"
-    return out
 
 
 def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:

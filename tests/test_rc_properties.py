@@ -42,6 +42,19 @@ def test_every_run_sums_exactly_or_fails_as_documented() -> None:
 
 
 
+def two_ranks_one_ring_call(late_kind: str) -> dict[str, Any]:
+    """The scenario of the two regressions below: 2 ranks, one algo='ring' call, retry_cnt 2,
+    collective_timeout 0.5 s, the frames of `late_kind` ("ack" or "result") delayed 0.1 s
+    with p 0.5 (seed 0), nothing else faulty."""
+    zero = FaultRates(loss=0.0, duplicate=0.0, delay=0.0, delay_s=5e-05)
+    late = FaultRates(loss=0.0, duplicate=0.0, delay=0.5, delay_s=0.1)
+    rates = {"contribution": zero, "result": zero, "ack": zero, late_kind: late}
+    return {"n": 2, "config": FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=32,
+                                         collective_timeout=0.5),
+            "faults": Faults(rates, seed=0), "retry_cnt": 2, "timeout": 8,
+            "near_wrap": False, "calls": [("ring", 1)]}
+
+
 def test_a_host_ring_fault_while_a_rank_closes_is_settled_there() -> None:
     """The native twin's draw (2 ranks, one algo='ring' call, retry_cnt 2 at 1 ms, every ACK
     delayed 0.1 s with p 0.5): rank 0 completed the call and closes while rank 1's WRITE
@@ -49,12 +62,7 @@ def test_a_host_ring_fault_while_a_rank_closes_is_settled_there() -> None:
     fault is settled as in a call (AwayProtocol.wait_closing), never an abort from close():
     the run ends exact or with TransportFault on every rank (check_run's documented
     outcomes), not with rank 1's PeerFailure naming a rank 0 that raised nothing."""
-    zero = FaultRates(loss=0.0, duplicate=0.0, delay=0.0, delay_s=5e-05)
-    late = FaultRates(loss=0.0, duplicate=0.0, delay=0.5, delay_s=0.1)
-    s = {"n": 2, "config": FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=32,
-                                      collective_timeout=0.5),
-         "faults": Faults({"contribution": zero, "result": zero, "ack": late}, seed=0),
-         "retry_cnt": 2, "timeout": 8, "near_wrap": False, "calls": [("ring", 1)]}
+    s = two_ranks_one_ring_call(late_kind="ack")
     assert check_run(s) in ("exact", "failed")
 
 
@@ -64,10 +72,5 @@ def test_a_rank_waiting_on_the_host_ring_leaves_it_for_a_fault_on_inc() -> None:
     got every record and waits on "ring" for the data. That rank leaves the wait for the
     notice (the "ring" stream's liveness), the ring is rebuilt and the call redone from its
     input: exact on both ranks (it hung before: the settle gather's RendezvousTimeout)."""
-    zero = FaultRates(loss=0.0, duplicate=0.0, delay=0.0, delay_s=5e-05)
-    late = FaultRates(loss=0.0, duplicate=0.0, delay=0.5, delay_s=0.1)
-    s = {"n": 2, "config": FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=32,
-                                      collective_timeout=0.5),
-         "faults": Faults({"contribution": zero, "result": late, "ack": zero}, seed=0),
-         "retry_cnt": 2, "timeout": 8, "near_wrap": False, "calls": [("ring", 1)]}
+    s = two_ranks_one_ring_call(late_kind="result")
     assert check_run(s) == "exact"

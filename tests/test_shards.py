@@ -4,7 +4,6 @@ checked against numpy, with one aggregator lost mid-job."""
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -15,7 +14,7 @@ from netreduce.shards import Aggregator, ShardedCommunicator, aggregators, split
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from tests.fakefabric import SOFTWARE_LIMITS, FakeController, FakeFabric, FakeHost
 from tests.processes import free_port
-from tests.ranks import CFG, rank_data
+from tests.ranks import CFG, rank_data, run_threads
 
 N = 4
 SIZES = [1, 7, 1000, 1024, 2049, 3 * 1024 + 5, 100_003]
@@ -76,12 +75,7 @@ def run_sharded(body: Callable[[ShardedCommunicator], Any],
         finally:
             comm.close(timeout=5)
 
-    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in range(N)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
+    run_threads(N, worker, timeout=120)
     for r in out:
         if isinstance(r, BaseException):
             raise r
