@@ -255,6 +255,10 @@ if command -v p4c >/dev/null && command -v simple_switch_grpc >/dev/null; then s
     "$hosts" "$mtu" "$LABDIR" "$CTL_IP:$CTL_PORT" "$LABDIR/controller.token" "$LABDIR/ca.pem"
   printf 'export NR_LAB_SWITCHES=%q NR_LAB_SWITCH=%q NR_LAB_RACKS=%q NR_LAB_TENANT_TOKENS=%q\n' "$switch_kinds" "$switch" "$racks" "$tenant_tokens"
   printf 'export NR_FORKSERVERS=/run/netreduce-forkservers\n'
+  # rxe's retry forever unless the caller sets a budget: under TCG (and CI's load beside it)
+  # an ACK can come later than a real NIC's 7 x 67 ms; the budget's own tests set the finite
+  # default (tests/lab/test_transport_faults.py, the DDP flaps of test_torch.py)
+  printf 'export NR_RETRY_CNT=%q\n' "${NR_RETRY_CNT:-7}"
   # one variable a line: lab_guest.sh reads NR_LAB_VENV and NR_LAB_AGGREGATORS with sed
   printf 'export NR_LAB_VENV=%q\nexport NR_LAB_PRELOAD=%q\nexport NR_LAB_AGGREGATORS=%q\n' \
     "$VENV" "$preload" "$aggregators"

@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from flowctl.plan import DEFAULT_RETRY_CNT
 from netreduce.tools.launch import LaunchResult, launch
 from tests.lab.labhosts import HOSTS
 from tests.lab.readme import readme_snippets
@@ -58,7 +59,9 @@ def ddp_job(tmp_path_factory: pytest.TempPathFactory,
     where = tmp_path_factory.mktemp("torch")
     script = where / "readme_ddp_then_checks.py"
     script.write_text(readme_snippets()[1] + DDP_CHECK)
-    env = tree_env(user_env())
+    # the library's finite retry budget (the lab's default is rxe's forever): each flap is
+    # a transport fault
+    env = {**tree_env(user_env()), "NR_RETRY_CNT": str(DEFAULT_RETRY_CNT)}
     waited = time.monotonic()
     try:
         listening = torch_server.ready(4)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flowctl.plan import FlowConfig
+from flowctl.plan import DEFAULT_RETRY_CNT, FlowConfig
 from netreduce.tools.launch import LaunchResult, launch
 from netreduce.transport_fault import fault_bound
 from tests.lab.labhosts import run_in_host
@@ -36,8 +36,11 @@ def figure(capsys: pytest.CaptureFixture[str], text: str) -> None:
 
 
 def run_job(*args: str, out: Cues | None = None, timeout: float = 900) -> LaunchResult:
+    """The job at the library's finite retry budget (the lab's own default is rxe's
+    forever: scripts/lab.sh)."""
     return launch([sys.executable, str(WORKER), *args], N, port=next_port(),
-                  timeout=timeout, grace=60, out=out, env=tree_env())
+                  timeout=timeout, grace=60, out=out,
+                  env={**tree_env(), "NR_RETRY_CNT": str(DEFAULT_RETRY_CNT)})
 
 
 def checked(result: LaunchResult, calls: int) -> tuple[list[str], dict, list[str]]:
