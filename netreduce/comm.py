@@ -502,11 +502,7 @@ class Communicator:
         those not started fail with `CommunicatorError`; the one running is aborted
         through the rendezvous, so it fails within about a second here (and on the other
         ranks, as `PeerFailure` naming this rank)."""
-        left, running = self._engine.close(timeout)
-        for work in left:
-            work.finish(error=CommunicatorError(
-                f"netreduce: rank {self.rank}: {work.what} cancelled: the communicator was "
-                f"closed before it started"))
+        running = self._engine.close(timeout, self.rank)
         if running is not None:
             self._rendezvous.abort(f"{running.what} was still running {timeout:g}s after "
                                    f"this rank closed the communicator")

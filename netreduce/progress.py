@@ -11,6 +11,8 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
+from netreduce.errors import CommunicatorError
+
 
 class Work:
     """The handle of one asynchronous call (`allreduce(..., async_op=True)`): `wait()`
@@ -134,17 +136,22 @@ class ProgressEngine:
         with self._cond:
             return self._cond.wait_for(self.idle, timeout)
 
-    def close(self, timeout: float) -> tuple[list[Work], Work | None]:
-        """Refuse new jobs and wait up to `timeout` s for the submitted ones. Returns the
-        works not started by then (taken off the queue, still pending: the caller fails
-        them) and the one still running (None when all finished)."""
+    def close(self, timeout: float, rank: int) -> Work | None:
+        """Refuse new jobs and wait up to `timeout` s for the submitted ones. The works not
+        started by then are taken off the queue and fail with `CommunicatorError` (naming
+        `rank`); returns the one still running (None when all finished)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             self._cond.wait_for(self.idle, timeout)
             left = [work for work, _ in self._queue]
             self._queue.clear()
-            return left, self._running
+            running = self._running
+        for work in left:
+            work.finish(error=CommunicatorError(
+                f"netreduce: rank {rank}: {work.what} cancelled: the communicator was "
+                f"closed before it started"))
+        return running
 
     def join(self, timeout: float) -> bool:
         """Wait up to `timeout` s for the thread to end (after `close`); False if it runs on."""

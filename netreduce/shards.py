@@ -227,11 +227,7 @@ class ShardedCommunicator:
         if self._closed:
             return
         self._closed = True
-        left, running = self._engine.close(timeout)
-        for work in left:
-            work.finish(error=CommunicatorError(
-                f"netreduce: rank {self.rank}: {work.what} cancelled: the communicator was "
-                f"closed before it started"))
+        running = self._engine.close(timeout, self.rank)
         if running is not None:     # its shards' communicators abort it as they close
             logger.warning("netreduce: rank %d: closing with %s still running", self.rank,
                            running.what)
