@@ -1,7 +1,8 @@
 """One rank of a lab transport-fault test (issue 40), run by `netreduce.tools.launch`:
 
     fault_worker.py --calls N --size N [--algo A] [--no-switch] [--expect-fault]
-                    [--kill RING --victim R --at K --delay S]
+                    [--kill RING --victim R --at K --delay S] [--until-fault M]
+                    [--ack-timeout E]
 
 `--calls` calls of int32[size] (checked exactly against every rank's input, out= a fresh
 array, the input untouched); with `--kill`, rank R moves its RING QPs ("inc" or "ring") to
@@ -12,7 +13,11 @@ cue), then STATS and "OK faults". Under algo "switch" a call refused while the s
 is away (`SwitchUnavailable`, alike on every rank) runs again with algo "auto", as the DDP
 hook does ("REFUSED i"): only a call over the ring brings the job back to the switch.
 With `--expect-fault` a call that fails prints "FAILED i seconds: error", finalize()
-returns ("FINALIZED") and the rank exits 0.
+returns ("FINALIZED") and the rank exits 0. With `--until-fault M`, after each call
+from `--calls` on the ranks sum their transport fault counts (a one-element call): the
+first time it is not 0 rank 0 prints "FAULT SEEN i" and the job runs 4 more calls; at M
+calls without one, it ends there (the test names the counters). Every rank prints "HW"
+with its rxe hw_counters that moved during the job.
 """
 from __future__ import annotations
 
@@ -26,10 +31,20 @@ import numpy as np
 
 import netreduce
 from netreduce.tools.reference import rank_input
+from ring_setup.device import hw_counters
+
+AFTER_FAULT = 4     # calls run after the first fault was seen (--until-fault)
+
+
+def faults_seen(comm: netreduce.Communicator) -> int:
+    """Transport faults every rank counted so far, summed (the same on every rank)."""
+    mine = np.array([comm.stats()["transport"]["faults"]], dtype=np.int32)
+    return int(comm.allreduce(mine, algo="auto")[0])
 
 
 def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
     n, start, i = comm.world_size, time.monotonic(), -1
+    hw0 = hw_counters(comm.device)
     while i + 1 < args.calls:
         i += 1
         if comm.rank == 0:
@@ -61,11 +76,21 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
                 not np.array_equal(x, rank_input([comm.rank, args.size, i], args.size, "int32")):
             sys.exit(f"FAIL call {i}: int32[{args.size}] not exact ({comm.last_algo})")
         print(f"CALL {i} {comm.last_algo} {dt:.2f}", flush=True)
+        if args.until_fault and i == args.calls - 1 and i + 1 < args.until_fault:
+            if faults_seen(comm):
+                if comm.rank == 0:
+                    print(f"FAULT SEEN {i}", flush=True)
+                args.calls, args.until_fault = i + 1 + AFTER_FAULT, 0
+            else:
+                args.calls += 1
         if i == args.calls - 1 and comm.last_algo != "switch" and args.until_switch:
             args.calls += 1     # alike on every rank: routes are
             if time.monotonic() - start > args.until_switch:
                 sys.exit(f"FAIL: not back on the switch {args.until_switch:g} s after start")
     print(f"STATS {json.dumps(comm.stats(), sort_keys=True)}", flush=True)
+    hw = hw_counters(comm.device)
+    print(f"HW {json.dumps({k: v - hw0.get(k, 0) for k, v in hw.items() if v != hw0.get(k)})}",
+          flush=True)
     print("OK faults", flush=True)
 
 
@@ -83,9 +108,13 @@ def main() -> None:
                    "loop: FAILED, then finalize()")
     p.add_argument("--until-switch", type=float, default=0.0, help="after the calls, more "
                    "until one goes through the switch, for up to S s from the start")
+    p.add_argument("--until-fault", type=int, default=0, help="more calls (up to M in all) "
+                   "until some rank counted a transport fault, then 4 more")
+    p.add_argument("--ack-timeout", type=int, help="the QPs' ACK timeout exponent")
     args = p.parse_args()
     netreduce.log_to_stderr()
-    comm = netreduce.init(switch="" if args.no_switch else None, collective_timeout=300)
+    comm = netreduce.init(switch="" if args.no_switch else None, collective_timeout=300,
+                          ack_timeout=args.ack_timeout)
     print(f"joined {comm!r}", flush=True)
     run(comm, args)
     netreduce.finalize()

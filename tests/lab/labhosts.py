@@ -16,7 +16,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from netreduce.tools.forkserver import NETNS_DIR, Refused, WarmProcess
 
@@ -137,3 +137,26 @@ def host_loss(loss: str) -> Iterator[None]:
     finally:
         for i in range(HOSTS):
             run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "root", check=False)
+
+
+@contextmanager
+def netem_links(hosts: Iterable[int], netem: list[str]) -> Iterator[None]:
+    """tc netem `netem` (e.g. loss, duplicate, delay, reorder) on each of `hosts`' lab links
+    in both directions: egress on nr0, ingress through an ifb device nr0 redirects to.
+    Removed afterwards whatever happens."""
+    hosts = list(hosts)
+    try:
+        for i in hosts:
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", *netem)
+            run_in_host(i, "ip", "link", "add", "nrifb0", "type", "ifb")
+            run_in_host(i, "ip", "link", "set", "nrifb0", "mtu", "9000", "up")
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "handle", "ffff:", "ingress")
+            run_in_host(i, "tc", "filter", "add", "dev", "nr0", "parent", "ffff:", "matchall",
+                        "action", "mirred", "egress", "redirect", "dev", "nrifb0")
+            run_in_host(i, "tc", "qdisc", "add", "dev", "nrifb0", "root", "netem", *netem)
+        yield
+    finally:
+        for i in hosts:
+            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "root", check=False)
+            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "ingress", check=False)
+            run_in_host(i, "ip", "link", "del", "nrifb0", check=False)

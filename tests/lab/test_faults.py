@@ -18,7 +18,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.lab.labhosts import CONTROLLER, HOSTS, run_in_host, switch_counters, wait_for
+from tests.lab.labhosts import (CONTROLLER, HOSTS, netem_links, run_in_host, switch_counters,
+                               wait_for)
 from tests.lab.switchruns import check_switch_run
 from tests.lab.survive import check_survived, survive_job
 from tests.lab.workers import in_background, lines, run_worker
@@ -36,24 +37,10 @@ def figure(capsys: pytest.CaptureFixture[str], text: str) -> None:
 
 @pytest.fixture
 def netem_both_ways() -> Iterator[None]:
-    """netem (1% loss, 1% duplication, reordering: 75% of frames go at once, the rest
-    1 ms later, behind frames sent after them) on every host's lab link in both directions: egress on nr0, ingress through an
-    ifb device nr0 redirects to. Removed afterwards whatever happens."""
-    try:
-        for i in range(HOSTS):
-            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "root", "netem", *NETEM)
-            run_in_host(i, "ip", "link", "add", "nrifb0", "type", "ifb")
-            run_in_host(i, "ip", "link", "set", "nrifb0", "mtu", "9000", "up")
-            run_in_host(i, "tc", "qdisc", "add", "dev", "nr0", "handle", "ffff:", "ingress")
-            run_in_host(i, "tc", "filter", "add", "dev", "nr0", "parent", "ffff:", "matchall",
-                        "action", "mirred", "egress", "redirect", "dev", "nrifb0")
-            run_in_host(i, "tc", "qdisc", "add", "dev", "nrifb0", "root", "netem", *NETEM)
+    """NETEM (1% loss, 1% duplication, reordering: 75% of frames go at once, the rest 1 ms
+    later, behind frames sent after them) on every host's lab link in both directions."""
+    with netem_links(range(HOSTS), NETEM):
         yield
-    finally:
-        for i in range(HOSTS):
-            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "root", check=False)
-            run_in_host(i, "tc", "qdisc", "del", "dev", "nr0", "ingress", check=False)
-            run_in_host(i, "ip", "link", "del", "nrifb0", check=False)
 
 
 def netem_drops(i: int) -> dict[str, int]:

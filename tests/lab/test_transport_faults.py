@@ -2,8 +2,9 @@
 ERROR mid-call on the switch path ("inc") and on the host ring; a host's link dark for
 20 s (tc netem 100 % loss on all it sends: data and ACKs) in the middle of 45 calls of 4 MiB
 with the default (finite) retry budget, algo auto, switch and ring; a link that stays dark.
-Every call exact on every rank (the worker exits otherwise); the recovery counted alike and
-named in rank 0's log. Figures are printed (docs/transport-faults.md).
+rxe's retry race run past the budget (netem on a host's link, retry_cnt 1). Every call
+exact on every rank (the worker exits otherwise); the recovery counted alike and named in
+rank 0's log. Figures are printed (docs/transport-faults.md).
 
     scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_transport_faults.py
 """
@@ -20,7 +21,8 @@ import pytest
 from flowctl.plan import DEFAULT_RETRY_CNT, FlowConfig
 from netreduce.tools.launch import LaunchResult, launch
 from netreduce.transport_fault import fault_bound
-from tests.lab.labhosts import run_in_host
+from tests.lab.fault_worker import AFTER_FAULT
+from tests.lab.labhosts import netem_links, run_in_host
 from tests.lab.survive import Cues
 from tests.lab.workers import lines, next_port, tree_env
 
@@ -35,18 +37,26 @@ def figure(capsys: pytest.CaptureFixture[str], text: str) -> None:
         print(f"\n[transport-faults] {text}")
 
 
-def run_job(*args: str, out: Cues | None = None, timeout: float = 900) -> LaunchResult:
-    """The job at the library's finite retry budget (the lab's own default is rxe's
-    forever: scripts/lab.sh)."""
+def run_job(*args: str, out: Cues | None = None, timeout: float = 900,
+            retry_cnt: int = DEFAULT_RETRY_CNT) -> LaunchResult:
+    """The job at a finite retry budget (the library's default; the lab's own default is
+    rxe's forever: scripts/lab.sh)."""
     return launch([sys.executable, str(WORKER), *args], N, port=next_port(),
                   timeout=timeout, grace=60, out=out,
-                  env={**tree_env(), "NR_RETRY_CNT": str(DEFAULT_RETRY_CNT)})
+                  env={**tree_env(), "NR_RETRY_CNT": str(retry_cnt)})
+
+
+def tails(result: LaunchResult, lines_per_rank: int = 25) -> str:
+    """The job's exit code and each rank's last lines, for a failed assertion."""
+    return f"exit {result.exit_code}\n" + "\n".join(
+        f"--- rank {r.rank}:\n" + "\n".join(line[:600] for line in r.output[-lines_per_rank:])
+        for r in result.ranks)
 
 
 def checked(result: LaunchResult, calls: int) -> tuple[list[str], dict, list[str]]:
     """Every rank printed OK after at least `calls` exact calls, the same routes and
     counts; returns the routes, the stats and rank 0's output."""
-    assert result.ok, (result.exit_code, [r.output[-30:] for r in result.ranks])
+    assert result.ok, tails(result)
     routes, stats = [], []
     for r in range(N):
         assert lines(result, r, "OK faults"), result.ranks[r].output[-40:]
@@ -62,12 +72,18 @@ def checked(result: LaunchResult, calls: int) -> tuple[list[str], dict, list[str
 def test_a_qp_moved_to_error_mid_call_costs_one_call(
         ring: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 2 moves its "inc" QPs (through the switch, algo auto) or its host-ring QPs (no
-    switch) to ERROR 0.05 s into call 2 of 12 of 1 MiB: every call exact; one fault settled;
-    "inc": calls go on until the job is back on the switch (after the 5 s back-off)."""
+    switch) to ERROR 0.05 s into call 2 of 12 of 1 MiB: `qp_killed`."""
+    qp_killed(ring, 1 << 18, capsys)
+
+
+def qp_killed(ring: str, size: int, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """Rank 2 moves its `ring` QPs to ERROR 0.05 s into call 2 of 12 of int32[size]: every
+    call exact; one fault settled, named in rank 0's log; "inc": calls go on until the job
+    is back on the switch (after the 5 s back-off). Returns rank 0's output."""
     calls = 12
-    args = ["--calls", str(calls), "--size", str(1 << 18), "--kill", ring, "--at", "2",
+    args = ["--calls", str(calls), "--size", str(size), "--kill", ring, "--at", "2",
             "--delay", "0.05"]
-    args += ["--no-switch"] if ring == "ring" else ["--until-switch", "120"]
+    args += ["--no-switch"] if ring == "ring" else ["--until-switch", "300"]
     t0 = time.monotonic()
     routes, stats, out = checked(run_job(*args), calls)
     took = time.monotonic() - t0
@@ -81,9 +97,10 @@ def test_a_qp_moved_to_error_mid_call_costs_one_call(
     else:
         assert t["rebuilds"] == 1 and set(routes) == {"ring"}, (routes, stats)
     secs = [float(c.split()[2]) for c in lines_of(out, "CALL ")]
-    figure(capsys, f"{ring}: QP to ERROR in call 2: routes {''.join(r[0] for r in routes)}, "
-                   f"call 2 {secs[2]:.2f} s vs median {sorted(secs)[len(secs) // 2]:.2f} s; "
-                   f"transport {t}; job {took:.0f} s")
+    figure(capsys, f"{ring}: QP to ERROR in call 2 of int32[{size}]: routes "
+                   f"{''.join(r[0] for r in routes)}, call 2 {secs[2]:.2f} s vs median "
+                   f"{sorted(secs)[len(secs) // 2]:.2f} s; transport {t}; job {took:.0f} s")
+    return out
 
 
 def lines_of(output: list[str], prefix: str) -> list[str]:
@@ -172,7 +189,7 @@ def test_a_link_that_stays_dark_fails_every_rank_within_the_bound(
     bound = fault_bound(FlowConfig()) + 15
     result, dark = dark_job(None, "--calls", "45", "--expect-fault", timeout=600,
                             dark=ROCE_DARK)
-    assert result.ok, (result.exit_code, [r.output[-30:] for r in result.ranks])
+    assert result.ok, tails(result)
     failed = []
     for r in range(N):
         (line,) = lines(result, r, "FAILED ")
@@ -188,3 +205,66 @@ def test_a_link_that_stays_dark_fails_every_rank_within_the_bound(
     assert max(secs) < bound, (secs, bound, failed)
     figure(capsys, f"stays dark: every rank failed after {min(secs):.1f}-{max(secs):.1f} s "
                    f"(bound {bound:.1f} s), link dark {dark:.1f} s; rank 0: {failed[0][:400]}")
+
+
+#: host 2's link both ways (tests/lab/test_faults.py's netem, twice the loss): go-back-N
+#: retries, duplicates the responder re-ACKs, ACKs late behind reordered frames
+RACE_NETEM = ["loss", "2%", "duplicate", "1%", "delay", "1ms", "reorder", "75%", "50%"]
+RACE_RETRY_CNT = 1      # two retries without a completed WQE fail the QP (rxe_comp.c)
+RACE_CALLS = 40         # the bound: calls of 1 MiB before the test gives up on a fault
+#: the link is clean again at the first recovery rank 0 logs (at 1 retry the redo under
+#: RACE_NETEM faults too: 8 attempts end the job) or once the ranks counted a fault
+CLEAN_ON = ("transport fault on '", "FAULT SEEN")
+
+
+@pytest.mark.parametrize("path", ["switch", "ring"])
+def test_rxe_retry_race_past_the_budget_is_recovered(
+        path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """rxe's retry race (docs/roce.md) past the point where the QP errors: RACE_NETEM on
+    host 2's link both ways and NR_RETRY_CNT=1, calls of 1 MiB through the switch (algo
+    auto) or over the host ring (no switch) until the ranks counted a transport fault (at
+    most RACE_CALLS), the link clean again from the first recovery (CLEAN_ON), 4 more calls
+    (through the switch: until one goes there). Every call exact on every rank; >= 1 fault
+    recovered, counted alike and named in rank 0's log; the hosts' rxe counters show the retries, the duplicates
+    and a QP whose retries ran out (or a NAK: the fault's status in rank 0's log)."""
+    args = ["--calls", "2", "--size", str(1 << 18), "--until-fault", str(RACE_CALLS)]
+    args += ["--no-switch"] if path == "ring" else ["--until-switch", "600"]
+    out = Cues(*CLEAN_ON)
+    outcome: list[LaunchResult] = []
+    job = threading.Thread(target=lambda: outcome.append(
+        run_job(*args, out=out, timeout=1200, retry_cnt=RACE_RETRY_CNT)))
+    t0 = time.monotonic()
+    with netem_links([2], RACE_NETEM):
+        job.start()
+        while job.is_alive() and not any(out.seen[cue].wait(0.5) for cue in CLEAN_ON):
+            pass
+    job.join(timeout=1200)
+    took = time.monotonic() - t0
+    (result,) = outcome
+    assert result.ok, tails(result)
+    hw = [json.loads(lines(result, r, "HW ")[0]) for r in range(N)]
+    total = {k: sum(h.get(k, 0) for h in hw) for k in
+             ("completer_retry_err", "retry_exceeded_err", "duplicate_request",
+              "rcvd_seq_err", "out_of_seq_request")}
+    stats = [json.loads(lines(result, r, "STATS ")[0]) for r in range(N)]
+    assert lines(result, 0, "FAULT SEEN "), (
+        f"no transport fault in {RACE_CALLS} calls under {RACE_NETEM} at retry_cnt "
+        f"{RACE_RETRY_CNT}: transport {stats[0]['transport']}, rxe counters {total}")
+    routes, stat, out0 = checked(result, 2 + AFTER_FAULT)
+    t = stat["transport"]
+    assert t["faults"] >= 1 and t["rebuilds"] >= 1, stat
+    named = [line for line in out0 if "transport fault on '" in line]
+    assert named, out0[-60:]
+    assert total["completer_retry_err"] > 0 and total["duplicate_request"] > 0, total
+    # RETRY_EXC_ERR; or the race's NAK "remote invalid request" (docs/roce.md)
+    assert total["retry_exceeded_err"] > 0 or any("invalid request" in line for line in named), \
+        (total, named)
+    if path == "switch":
+        assert routes[-1] == "switch", routes
+    else:
+        assert set(routes) == {"ring"}, routes
+    figure(capsys, f"race {path}: netem {' '.join(RACE_NETEM)} on h2 both ways, retry_cnt "
+                   f"{RACE_RETRY_CNT}: {len(routes)} calls exact, routes "
+                   f"{''.join(r[0] for r in routes)}, transport {t}, switch {stat['switch']}; "
+                   f"rxe counters (4 hosts) {total}; job {took:.0f} s; rank 0 named: "
+                   f"{named[0][:300]}")
