@@ -96,6 +96,12 @@ class Turns:
         self._tokens = itertools.count()
         self._poked: set[int] = set()
 
+    def sleep(self, seconds: float) -> None:
+        """time.sleep on the simulated clock: the rank whose turn it is waits `seconds`."""
+        if self._turn is None:
+            raise RuntimeError("Turns.sleep outside a rank's turn")
+        self.wait(self._turn, seconds, lambda: False)
+
     def poke(self, rank: int) -> None:
         """Something `rank` may be waiting for happened (called from simulation events)."""
         self._poked.add(rank)
