@@ -3,6 +3,7 @@ tests: the module switches the lab's switch to BMv2 (tests/lab/labswitch.py) and
 software switch afterwards. The user program is unchanged (allreduce_worker.py calls
 `netreduce.init()` with defaults): init asks the controller for BMv2's limits and fits the
 "inc" ring to path MTU 256 (4 KiB messages, a 537 ms ACK timeout) by itself. The ring's switch counters prove BMv2 summed.
+A transport fault through BMv2 costs one call (issue 40).
 
 Inside the lab (any --switch; needs p4c and BMv2 on the machine):
     scripts/lab.sh --hosts 4 -- python -m pytest -q -m lab tests/lab/test_bmv2_allreduce.py
@@ -22,6 +23,7 @@ from tests.lab.labswitch import (LabSwitch, available_switches, current_switch, 
                                  use_switch)
 from tests.lab.switchruns import (RECUT_CALLS, check_recut_run, check_retransmissions_seen,
                                   check_switch_run, inc_config, run_recut, show_run)
+from tests.lab.test_transport_faults import qp_killed
 from tests.lab.workers import run_worker
 
 pytestmark = pytest.mark.lab
@@ -115,3 +117,14 @@ def test_bmv2_follows_a_re_cut_stream(bmv2: LabSwitch, capsys: pytest.CaptureFix
     with capsys.disabled():
         print(f"\n[recut] bmv2: {RECUT_CALLS - 1} re-cuts of rank 1's stream followed, "
               f"{RECUT_CALLS} calls exact; ring {ring}")
+
+
+def test_a_qp_moved_to_error_through_bmv2_costs_one_call(
+        bmv2: LabSwitch, capsys: pytest.CaptureFixture[str]) -> None:
+    """test_transport_faults' QP to ERROR on "inc" while BMv2 aggregates (int32[16 Ki]: 256
+    packets per rank and call at BMv2's path MTU): every call exact, the fault recovered
+    (calls over the host ring, then the ring registered with BMv2 again) and named in rank
+    0's log, where the registration names BMv2."""
+    out = qp_killed("inc", 1 << 14, capsys)
+    assert any("registered with the switch" in line and "bmv2 target" in line
+               for line in out), out[-40:]
