@@ -1,0 +1,214 @@
+"""Calls in flight (issue 41): asynchronous calls with K = in_flight outstanding, whole
+communicators on the in-process fake fabric (tests/fakefabric.py: ranks are threads, the
+fake switch sums each message of the registered "inc" ring); results against numpy sums,
+the wire order observed on the fake links themselves."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import netreduce.away as away
+import netreduce.transport_fault as tf
+from netreduce import Communicator
+from netreduce.comm import in_flight_setting
+from netreduce.meta import AllreduceMismatch, CallRejected
+from tests.fakefabric import FakeController, FakeFabric, FakeHost, FakeLink
+from tests.ranks import CFG, run_ranks
+
+N = 3
+COUNT = 100             # int32: one 412-byte data message per call at CFG's 1 KiB messages
+CALLS = 8
+
+
+@pytest.fixture(autouse=True)
+def k4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = 4 calls in flight on every rank; quick back-offs for the fault tests."""
+    monkeypatch.setenv("NR_IN_FLIGHT", "4")
+    monkeypatch.setattr(tf, "BACKOFF_FIRST", 0.01)
+    monkeypatch.setattr(away, "REJOIN_FIRST", 0.3)
+    monkeypatch.setattr(away, "REJOIN_POLL", 0.1)
+
+
+SMALL = 5               # call 5 is small (10 int32): it travels in its records (INLINE)
+
+
+def data(rank: int, call: int) -> np.ndarray:
+    x = np.arange(COUNT, dtype=np.int32) * (rank + 1) + 1000 * call
+    return x[:10] if call == SMALL else x
+
+
+def want(call: int) -> list[int]:
+    return sum(data(r, call).astype(np.int64) for r in range(N)).astype(np.int32).tolist()
+
+
+def async_job(calls: int, algo: dict[int, str] | None = None,
+              args: Any = None, before: Any = None) -> Any:
+    """Each rank submits `calls` async int32 sums at once (out= a fresh array), then waits
+    for them all; per call (result or exception, the output array untouched-check), the
+    order the Works completed in, and the stats. `args(rank, call)` may replace a call's
+    input; `before(comm, host)` runs first."""
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        if before is not None:
+            before(comm, host)
+        done: list[int] = []
+        lock = threading.Lock()
+        works, outs = [], []
+        for c in range(calls):
+            x = data(comm.rank, c) if args is None else args(comm.rank, c)
+            y = np.full(x.shape, -7, dtype=np.int32)
+            w = comm.allreduce(x, out=y, algo=(algo or {}).get(c, "auto"), async_op=True)
+            w.add_done_callback(lambda _, c=c: (lock.acquire(), done.append(c), lock.release()))
+            works.append(w)
+            outs.append(y)
+        got: list[Any] = []
+        for w, y in zip(works, outs):
+            try:
+                w.wait(30)
+                got.append(y.tolist())
+            except CallRejected as exc:
+                got.append((exc, bool(np.all(y == -7))))
+        return got, done, comm.stats()
+    return body
+
+
+def check_exact(results: list[Any], calls: int, skip: tuple[int, ...] = ()) -> None:
+    for r, res in enumerate(results):
+        assert not isinstance(res, BaseException), (r, res)
+        got, done, _ = res
+        assert done == list(range(calls)), (r, done)           # completion in issue order
+        for c in range(calls):
+            if c not in skip:
+                assert got[c] == want(c), (r, c)
+
+
+def test_k4_async_calls_through_the_fake_switch_are_numpy_exact_in_order() -> None:
+    """Every call exact and complete in issue order, the ranks' records going ahead (some
+    calls' records posted behind the previous call's data); two calls over the host ring
+    and a small (inline) one among them keep their place."""
+    fabric = FakeFabric()
+    algo = {3: "ring", 6: "ring"}
+    results = run_ranks(N, async_job(CALLS, algo), fabric=fabric,
+                        controller=FakeController(fabric))
+    check_exact(results, CALLS)
+    for _, _, stats in results:
+        assert stats["calls"] == {"switch": CALLS - 2, "ring": 2}, stats
+
+
+def test_in_flight_setting_takes_the_argument_the_environment_and_refuses_bad_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert in_flight_setting(None) == 4
+    assert in_flight_setting(2) == 2
+    monkeypatch.delenv("NR_IN_FLIGHT")
+    assert in_flight_setting(None) == 1
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="must be an integer >= 1"):
+            in_flight_setting(bad)
+    monkeypatch.setenv("NR_IN_FLIGHT", "many")
+    with pytest.raises(ValueError, match="'many'"):
+        in_flight_setting(None)
+
+
+def test_a_refused_call_among_k4_fake_calls_in_flight_refuses_alone() -> None:
+    """Call 3 (algo="switch") would overflow int32 and call 5 disagrees in shape on rank
+    1: each is refused alike on every rank, its output untouched; every other call is
+    exact, in order, and the communicator stays usable."""
+    def args(rank: int, call: int) -> np.ndarray:
+        if call == 3:
+            return np.full(COUNT, 2**30, dtype=np.int32)
+        if call == 5 and rank == 1:
+            return data(rank, call)[:-2]
+        return data(rank, call)
+
+    fabric = FakeFabric()
+    results = run_ranks(N, async_job(CALLS, {3: "switch"}, args), fabric=fabric,
+                        controller=FakeController(fabric))
+    check_exact(results, CALLS, skip=(3, 5))
+    for got, _, stats in results:
+        (over, untouched3), (mismatch, untouched5) = got[3], got[5]
+        assert "may overflow" in str(over) and untouched3
+        assert isinstance(mismatch, AllreduceMismatch) and untouched5
+        assert stats["calls"] == {"switch": CALLS - 2}, stats
+    assert len({str(got[3][0]) for got, _, _ in results}) == 1
+
+
+def test_a_fake_switch_lost_with_k4_calls_in_flight_recovers_every_call_once() -> None:
+    """The fake switch dies while it emits call 2's data (message 5 on "inc": records and
+    data alternate, one message each): rank 0's successor gets the sum, the others their
+    predecessor's data, while calls 3.. are queued with call 3's records already behind
+    call 2's data. Every call exact, once, in order; the ranks fall back and return."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    fabric.switch.cut = lambda ring, index: 1 if index == 5 else None
+
+    def later(comm: Communicator, host: FakeHost) -> None:
+        time.sleep(0.05)
+
+    results = run_ranks(N, async_job(CALLS, before=later), fabric=fabric,
+                        controller=controller)
+    check_exact(results, CALLS)
+    for _, _, stats in results:
+        assert stats["switch"]["fallbacks"] == 1 and stats["switch"]["recovered"] == 1, stats
+
+
+def test_an_inc_fault_on_fake_qps_with_k4_calls_in_flight_recovers_every_call_once() -> None:
+    """Rank 1's "inc" QPs fail a WRITE in call 2 (its records behind call 1's data, or
+    its data): settled as the switch's loss, every call exact, once, in order."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+
+    def fail(comm: Communicator, host: FakeHost) -> None:
+        if comm.rank == 1:
+            host.rings["inc"].fail_at = host.rings["inc"].delivered + 4
+
+    results = run_ranks(N, async_job(CALLS, before=fail), fabric=fabric,
+                        controller=controller)
+    check_exact(results, CALLS)
+    for _, _, stats in results:
+        assert stats["switch"]["fallbacks"] == 1, stats
+        assert stats["transport"]["faults"] == 1, stats
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_the_next_calls_records_leave_before_this_calls_data_complete_on_the_fake_links(
+        k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Observed on rank 0's fake "inc" link (each call's records and data one message each).
+    With K = 4 the records of call c+1 are posted before the sum of call c's data has
+    arrived (K = 1: only after)."""
+    monkeypatch.setenv("NR_IN_FLIGHT", str(k))
+    events: list[tuple[str, int]] = []
+    links: dict[int, Any] = {}
+    post, poll = FakeLink.post_write, FakeLink.poll_recvs
+
+    def post_write(self: FakeLink, index: int, src: Any, dst: Any) -> None:
+        if self.qps is links.get(0):
+            events.append(("post", index))
+        post(self, index, src, dst)
+
+    def poll_recvs(self: FakeLink, max_count: int) -> Any:
+        got = poll(self, max_count)
+        if self.qps is links.get(0):
+            events.extend(("arrived", c.index) for c in got)
+        return got
+
+    monkeypatch.setattr(FakeLink, "post_write", post_write)
+    monkeypatch.setattr(FakeLink, "poll_recvs", poll_recvs)
+
+    def record_link(comm: Communicator, host: FakeHost) -> None:
+        links[comm.rank] = host.rings["inc"]
+
+    fabric = FakeFabric()
+    results = run_ranks(N, async_job(CALLS, before=record_link), fabric=fabric,
+                        controller=FakeController(fabric))
+    check_exact(results, CALLS)
+    # messages: call c's records, then its data (none for the small call SMALL)
+    records = [2 * c - (c > SMALL) for c in range(CALLS)]
+    early = [c for c in range(CALLS - 1) if c != SMALL and events.index(
+        ("post", records[c + 1])) < events.index(("arrived", records[c] + 1))]
+    if k == 1:
+        assert early == []
+    else:
+        assert len(early) >= CALLS - 4, (early, events)
