@@ -73,7 +73,7 @@ def init(rank: int | None = None, world_size: int | None = None,
     `timeout`: every wait for peers during setup. `exit_on_sigterm`: turn SIGTERM into
     SystemExit(143) while the communicator lives, if SIGTERM has its default action (see the
     module doc; False leaves SIGTERM alone). `in_flight` (else $NR_IN_FLIGHT, else 1): the
-    asynchronous calls kept in flight, alike on every rank (docs/library.md)."""
+    asynchronous calls kept in flight, alike on every rank (docs/reliability.md)."""
     global _default
     if _default is not None:
         raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "

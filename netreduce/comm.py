@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 _FAILED_LEAVE_TIMEOUT = 5.0
 IN_FLIGHT_ENV = "NR_IN_FLIGHT"
-DEFAULT_IN_FLIGHT = 1     # asynchronous calls in flight (docs/library.md, "Calls in flight")
+DEFAULT_IN_FLIGHT = 1     # asynchronous calls in flight (docs/reliability.md, "Switch restarts")
 
 
 def in_flight_setting(in_flight: int | None) -> int:
@@ -223,7 +223,7 @@ class Communicator:
 
     @property
     def in_flight(self) -> int:
-        """Asynchronous calls kept in flight (fixed at creation; docs/library.md)."""
+        """Asynchronous calls kept in flight (fixed at creation; docs/reliability.md)."""
         return self._in_flight
 
     @property

@@ -17,7 +17,7 @@ from netreduce import Communicator
 from netreduce.comm import in_flight_setting
 from netreduce.meta import AllreduceMismatch, CallRejected
 from tests.fakefabric import FakeController, FakeFabric, FakeHost, FakeLink
-from tests.ranks import CFG, run_ranks
+from tests.ranks import run_ranks
 
 N = 3
 COUNT = 100             # int32: one 412-byte data message per call at CFG's 1 KiB messages
