@@ -24,38 +24,18 @@ import argparse
 import json
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
 
 import numpy as np
 
 from netreduce.comm import Communicator
 from netreduce.meta import RECORD_STRIDE
-from netreduce.progress import ProgressEngine, Work
+from netreduce.progress import Work
 from tests.rcmodel.calls import data
 from tests.rcmodel.scale import CONFIG, LATENCY_S, _stream, _us, formula_switch_time_us
+from tests.ranks import RankEngine
 from tests.rcmodel.world import World
 
 WARMUP = 2          # calls before the steady state is timed
-
-
-class RankEngine(ProgressEngine):
-    """A progress engine whose jobs run on the rank's own thread (`run_next`), the one the
-    model schedules; `peek` and the order of jobs are the engine's."""
-
-    def submit(self, job: Callable[[], Any], what: str, payload: Any = None) -> Work:
-        work = Work(what)
-        self._queue.append((work, job, payload))
-        return work
-
-    def on_thread(self) -> bool:
-        return True
-
-    def run_next(self) -> None:
-        work, job, _ = self._queue.popleft()
-        try:
-            work.finish(result=job())
-        except BaseException as exc:        # noqa: BLE001 - handed to the caller's wait()
-            work.finish(error=exc)
 
 
 @dataclass(frozen=True)
