@@ -178,8 +178,9 @@ class Rejoiner:
 @dataclass(frozen=True)
 class KeptCall:
     """A call routed through the switch, kept until every rank completed it (started the
-    next call; with calls in flight: posted its data, docs/reliability.md): its context (workspace and wire words, the successor's workspace) and this
-    rank's record of it (a small call's data: `context.inline`)."""
+    next call; with calls in flight: posted the next call's data, docs/reliability.md): its
+    context (workspace and wire words, the successor's workspace) and this rank's record
+    of it (a small call's data: `context.inline`)."""
 
     context: CallContext
     record: CallMeta

@@ -14,10 +14,13 @@ import pytest
 import netreduce.away as away
 import netreduce.transport_fault as tf
 from netreduce import Communicator
+from flowctl.link import RemoteBuffer
+from netreduce import CommunicatorError, PeerFailure
 from netreduce.comm import in_flight_setting
-from netreduce.meta import AllreduceMismatch, CallRejected
+from netreduce.meta import IN_FLIGHT, AllreduceMismatch, CallMeta, CallRejected, check_agreement
 from tests.fakefabric import FakeController, FakeFabric, FakeHost, FakeLink
 from tests.ranks import run_ranks
+from tests.test_faults import die
 
 N = 3
 COUNT = 100             # int32: one 412-byte data message per call at CFG's 1 KiB messages
@@ -212,3 +215,40 @@ def test_the_next_calls_records_leave_before_this_calls_data_complete_on_the_fak
         assert early == []
     else:
         assert len(early) >= CALLS - 4, (early, events)
+
+
+def test_a_rank_dying_with_k4_fake_calls_in_flight_is_named_and_the_rest_fail_alike() -> None:
+    """Rank 2 completes calls 0 and 1, then dies; the others have calls 0..5 issued, call
+    2's records already behind call 1's data: calls 0 and 1 exact, call 2 `PeerFailure`
+    naming rank 2, the calls after it `CommunicatorError` (the communicator unusable)."""
+    fabric = FakeFabric()
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        calls = 2 if comm.rank == 2 else 6
+        works = [comm.allreduce(data(comm.rank, c), async_op=True) for c in range(calls)]
+        got: list[Any] = []
+        for w in works:
+            try:
+                got.append(w.wait(30).tolist())
+            except CommunicatorError as exc:
+                got.append(exc)
+        if comm.rank == 2:
+            die(comm)
+        return got
+
+    results = run_ranks(N, body, fabric=fabric, controller=FakeController(fabric))
+    assert results[2] == [want(0), want(1)]
+    for r in (0, 1):
+        got = results[r]
+        assert got[:2] == [want(0), want(1)], r
+        assert isinstance(got[2], PeerFailure) and got[2].ranks == [2], got[2]
+        assert all(type(e) is CommunicatorError and "unusable" in str(e) for e in got[3:]), got
+
+
+def test_ranks_that_disagree_on_calls_in_flight_are_refused_alike() -> None:
+    def record(rank: int, flags: int) -> CallMeta:
+        return CallMeta(rank, 0, 10, "int32", "sum", "auto", RemoteBuffer(0, 0, 0),
+                        flags=flags)
+    with pytest.raises(AllreduceMismatch, match=r"in_flight > 1 on rank 1, 1 on the others"):
+        check_agreement([record(0, 0), record(1, IN_FLIGHT), record(2, 0)])
+    check_agreement([record(r, IN_FLIGHT) for r in range(3)])
