@@ -252,3 +252,22 @@ def test_ranks_that_disagree_on_calls_in_flight_are_refused_alike() -> None:
     with pytest.raises(AllreduceMismatch, match=r"in_flight > 1 on rank 1, 1 on the others"):
         check_agreement([record(0, 0), record(1, IN_FLIGHT), record(2, 0)])
     check_agreement([record(r, IN_FLIGHT) for r in range(3)])
+
+
+def test_a_host_ring_fault_on_fake_qps_amid_k4_calls_in_flight_recovers_every_call_once() -> None:
+    """Call 3 runs algo="ring" amid switch calls (its records behind call 2's data); rank
+    1's third "ring" WRITE of it fails: a transport fault, settled (the ranks leave the
+    switch, rebuild the host ring, redo call 3); every call exact, once, in order."""
+    fabric = FakeFabric()
+
+    def fail(comm: Communicator, host: FakeHost) -> None:
+        if comm.rank == 1:
+            host.rings["ring"].fail_at = host.rings["ring"].delivered + 2
+
+    results = run_ranks(N, async_job(CALLS, {3: "ring"}, before=fail), fabric=fabric,
+                        controller=FakeController(fabric))
+    check_exact(results, CALLS)
+    for _, _, stats in results:
+        t = stats["transport"]
+        assert (t["faults"], t["rebuilds"], t["redone"]) == (1, 1, 1), t
+        assert stats["switch"]["fallbacks"] == 1, stats
