@@ -410,7 +410,7 @@ class Communicator:
         if taken.algorithm is SWITCH:   # kept: its wire words may be summed over the ring
             if context.inline:
                 self._confirm(early, mine)
-            away.run_switch(self._behind(context), array, target, mine)
+            away.run_switch(self._behind(context, target), array, target, mine)
         else:
             away.settle_inc(through_switch)
             self._faults.keep(seq, call)    # a rank ahead redoes it after a fault
@@ -435,7 +435,7 @@ class Communicator:
                         op=call.op, algo=call.algo, workspace=workspace.remote(),
                         lo=data.lo, hi=data.hi, blocks=data.blocks, flags=flags), workspace
 
-    def _behind(self, context: CallContext) -> CallContext:
+    def _behind(self, context: CallContext, target: np.ndarray) -> CallContext:
         """Calls in flight: the records of the next queued call (`ProgressEngine.peek`)
         go on "inc" right behind this switch call's data (`CallContext.then`), so its
         agreement arrives with this call's sums. The wire order on "inc" -- a call's data,
@@ -443,10 +443,12 @@ class Communicator:
         rank decides alone. Not for a small call (its records are its data: completing it
         would not wait for this call's completion everywhere), nor when the data and the
         records outnumber the "inc" window (the records would wait for its credits: the
-        RC model measured 3 % slower than after the data, at 256 KiB)."""
+        RC model measured 3 % slower than after the data, at 256 KiB), nor when the next
+        call's input may be this call's output `target` (its records describe the result).
+        """
         nxt = self._engine.peek()
         if self._in_flight < 2 or context.inline or not isinstance(nxt, _Call) \
-                or not self._away.aggregating:
+                or not self._away.aggregating or np.may_share_memory(nxt.array, target):
             return context
         config = self._streams["inc"].config
         if len(MessagePlan(wire_bytes(context.count, self.world_size), config.msg_size)) + \

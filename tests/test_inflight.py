@@ -271,3 +271,24 @@ def test_a_host_ring_fault_on_fake_qps_amid_k4_calls_in_flight_recovers_every_ca
         t = stats["transport"]
         assert (t["faults"], t["rebuilds"], t["redone"]) == (1, 1, 1), t
         assert stats["switch"]["fallbacks"] == 1, stats
+
+
+def test_k4_fake_calls_in_place_on_one_buffer_each_reduce_the_previous_result() -> None:
+    """Three async in-place calls on the same float32 buffer: each reduces what the one
+    before returned (x, then n x sum, then n^2 x sum), so no call's records may be taken
+    from the buffer before the call ahead of it wrote its result there."""
+    fabric = FakeFabric()
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x = np.random.default_rng(comm.rank).standard_normal(COUNT).astype(np.float32) * 1000
+        works = [comm.allreduce(x, async_op=True) for _ in range(3)]
+        for w in works:
+            w.wait(30)
+        return x
+
+    results = run_ranks(N, body, fabric=fabric, controller=FakeController(fabric))
+    total = sum(np.random.default_rng(r).standard_normal(COUNT).astype(np.float32) * 1000
+                for r in range(N))
+    for x in results:
+        assert not isinstance(x, BaseException), x
+        assert np.allclose(x, total.astype(np.float64) * N * N, rtol=1e-4, atol=1e-2), x[:4]
