@@ -381,7 +381,11 @@ class Communicator:
         through_switch, was_away = away.aggregating, away.reason is not None
         ahead, self._ahead = self._ahead, None
         if ahead is not None:           # a settle voids them (`_settle`)
-            assert ahead.call is call and ahead.record.seq == seq and through_switch
+            if ahead.call is not call or ahead.record.seq != seq or not through_switch:
+                raise CommunicatorError(
+                    f"netreduce: rank {self.rank}: {call.what(seq)} overtook the asynchronous "
+                    f"{ahead.call.what(ahead.record.seq)}, whose records went ahead (calls "
+                    f"issued from several threads at once)")
             mine, workspace = ahead.record, ahead.workspace
             exchange: Callable[[], list[CallMeta]] = lambda: self._meta.collect(seq)
         else:
@@ -448,7 +452,8 @@ class Communicator:
         """
         nxt = self._engine.peek()
         if self._in_flight < 2 or context.inline or not isinstance(nxt, _Call) \
-                or not self._away.aggregating or np.may_share_memory(nxt.array, target):
+                or not self._engine.on_thread() or not self._away.aggregating \
+                or np.may_share_memory(nxt.array, target):
             return context
         config = self._streams["inc"].config
         if len(MessagePlan(wire_bytes(context.count, self.world_size), config.msg_size)) + \
