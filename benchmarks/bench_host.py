@@ -45,7 +45,8 @@ import numpy as np
 from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
 from netreduce.algorithms.switch import SwitchAllreduce
-from netreduce.comm import IN_FLIGHT_ENV, Communicator
+from netreduce.comm import Communicator
+from netreduce.inflight import IN_FLIGHT_ENV
 from netreduce.meta import MetaExchange
 from netreduce.tools.bench.runplan import format_size, parse_sizes
 from tests.fakefabric import FakeController, FakeFabric, FakeLink

@@ -33,16 +33,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from flowctl.plan import FlowConfig, MessagePlan
+from flowctl.plan import FlowConfig
 from flowctl.stream import CompletionError, Stream
 from netreduce.algorithms import CallContext
-from netreduce.algorithms.switch import SWITCH, wire_bytes
+from netreduce.algorithms.switch import SWITCH
 from netreduce.away import AwayProtocol, SwitchAway
 from netreduce.errors import CommunicatorError, PeerFailure, TransportFault
-from netreduce.meta import (AHEAD, IN_FLIGHT, INLINE, RECORD_STRIDE, REJOIN, CallMeta,
-                            CallRejected, MetaExchange,
-                            SwitchNotAggregating, check_agreement, check_dtype, check_op,
-                            control_bytes)
+from netreduce.inflight import Ahead, fits_window, in_flight_setting, slot
+from netreduce.meta import (AHEAD, IN_FLIGHT, INLINE, REJOIN, CallMeta, CallRejected,
+                            MetaExchange, SwitchNotAggregating, check_agreement, check_dtype,
+                            check_op, control_bytes)
 from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, SwitchStatus, controller_client,
                                     fit_inc_ring, published_capacity, register_inc_ring,
@@ -62,22 +62,6 @@ from ring_setup.store_protocol import DEFAULT_TIMEOUT, PeerFailed, RendezvousErr
 logger = logging.getLogger(__name__)
 
 _FAILED_LEAVE_TIMEOUT = 5.0
-IN_FLIGHT_ENV = "NR_IN_FLIGHT"
-DEFAULT_IN_FLIGHT = 1     # asynchronous calls in flight (docs/reliability.md, "Switch restarts")
-
-
-def in_flight_setting(in_flight: int | None) -> int:
-    """`in_flight`, else $NR_IN_FLIGHT, else DEFAULT_IN_FLIGHT; ValueError unless >= 1."""
-    raw: object = in_flight if in_flight is not None else \
-        os.environ.get(IN_FLIGHT_ENV, DEFAULT_IN_FLIGHT)
-    try:
-        value = int(raw)      # type: ignore[call-overload]
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"netreduce: in_flight (${IN_FLIGHT_ENV}) must be an integer >= 1, "
-                         f"not {raw!r}")
-    return value
 
 
 class Communicator:
@@ -104,10 +88,10 @@ class Communicator:
                                   self.world_size, through_switch=switch.registered)
         # calls in flight (`in_flight` > 1, alike on every rank: their records say so):
         # call seq works in workspace seq % 2, and the next queued call's records travel
-        # behind the running call's data (`_behind`, `_Ahead`)
+        # behind the running call's data (`_behind`, netreduce/inflight.py)
         self._in_flight = in_flight_setting(in_flight)
         self._workspaces = (Workspace(host.register), Workspace(host.register))
-        self._ahead: _Ahead | None = None
+        self._ahead: Ahead | None = None
         self._calls = 0                       # calls started: the next one's seq (all alike)
         self._running = threading.Lock()      # one call runs at a time (see _run)
         self._engine = ProgressEngine(f"nr-progress-{self.rank}")
@@ -372,7 +356,7 @@ class Communicator:
     def _attempt(self, call: "_Call", seq: int) -> Route:
         """Call `seq` once: route it before the exchange (`candidates`), metadata exchange
         (through the switch while it aggregates, else around the host ring; or only its
-        bank received, when its records went behind the previous call's data: `_Ahead`),
+        bank received, when its records went behind the previous call's data: `Ahead`),
         agreement, rejoining the switch when rank 0's record asks for it, route, run.
         Raises `SwitchAway` / `SwitchNotAggregating` when the switch stopped aggregating
         during it (the caller settles)."""
@@ -422,8 +406,7 @@ class Communicator:
         return taken
 
     def _slot(self, seq: int) -> int:
-        """The workspace of call `seq`: calls in flight alternate two."""
-        return seq % 2 if self._in_flight > 1 else 0
+        return slot(seq, self._in_flight)
 
     def _record(self, call: "_Call", seq: int, flags: int) -> tuple[CallMeta, RegisteredMemory]:
         """This rank's record of call `seq` and its workspace, sized for every route the
@@ -445,26 +428,21 @@ class Communicator:
         agreement arrives with this call's sums. The wire order on "inc" -- a call's data,
         then the next call's records -- is the same whenever a rank posts them, so each
         rank decides alone. Not for a small call (its records are its data: completing it
-        would not wait for this call's completion everywhere), nor when the data and the
-        records outnumber the "inc" window (the records would wait for its credits: the
-        RC model measured 3 % slower than after the data, at 256 KiB), nor when the next
-        call's input may be this call's output `target` (its records describe the result).
-        """
+        would not wait for this call's completion everywhere), nor past the "inc" window
+        (`fits_window`), nor when the next call's input may be this call's output `target`
+        (its records describe the result)."""
         nxt = self._engine.peek()
         if self._in_flight < 2 or context.inline or not isinstance(nxt, _Call) \
                 or not self._engine.on_thread() or not self._away.aggregating \
-                or np.may_share_memory(nxt.array, target):
-            return context
-        config = self._streams["inc"].config
-        if len(MessagePlan(wire_bytes(context.count, self.world_size), config.msg_size)) + \
-                len(MessagePlan(self.world_size * RECORD_STRIDE, config.msg_size)) > config.window:
+                or np.may_share_memory(nxt.array, target) \
+                or not fits_window(context.count, self.world_size, self._streams["inc"].config):
             return context
         record, workspace = self._record(nxt, context.seq + 1, AHEAD)
         if record.flags & INLINE:
             return context
         self._away.settle_inc(True)     # the records' send area is rewritten
         then = self._meta.outgoing(record)
-        self._ahead = _Ahead(nxt, record, workspace)
+        self._ahead = Ahead(nxt, record, workspace)
         return replace(context, then=then)
 
     def _confirm(self, early: bool, mine: CallMeta) -> None:
@@ -619,17 +597,6 @@ class Communicator:
                 f"inc mtu={self.inc_config.mtu}, msg_size={self.inc_config.msg_size}, "
                 f"window={self.inc_config.window}, ack_timeout={self.inc_config.ack_timeout}, "
                 f"switch={self.switch.ring_id!r})")
-
-
-@dataclass(frozen=True)
-class _Ahead:
-    """The records of the next call, posted behind the running call's data (`_behind`):
-    the next `_attempt` of that call only receives their bank, unless a settle voided
-    them first (the "inc" QPs went to ERROR with them; the call starts afresh)."""
-
-    call: "_Call"
-    record: CallMeta
-    workspace: RegisteredMemory
 
 
 @dataclass(frozen=True)

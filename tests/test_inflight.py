@@ -16,7 +16,7 @@ import netreduce.transport_fault as tf
 from netreduce import Communicator
 from flowctl.link import RemoteBuffer
 from netreduce import CommunicatorError, PeerFailure
-from netreduce.comm import in_flight_setting
+from netreduce.inflight import in_flight_setting
 from netreduce.meta import IN_FLIGHT, AllreduceMismatch, CallMeta, CallRejected, check_agreement
 from tests.fakefabric import FakeController, FakeFabric, FakeHost, FakeLink
 from tests.ranks import run_ranks
