@@ -8,15 +8,15 @@ The model schedules one thread per rank (rcmodel.sim.Turns), so each rank runs i
 progress engine's jobs itself (`RankEngine`): it keeps K calls submitted, runs the oldest,
 submits the next; the call the engine runs sees the next one queued, as the progress thread
 does. Reported per configuration: the simulated time per call in steady state (the
-stream's pace: bytes / time = its throughput) and each call's latency from its submission
-(about K times that), every result checked against numpy.
+stream's pace: bytes / time = its throughput; the last call, with no records behind its
+data, left out) and each call's latency from its submission (about K times that), every
+result checked against numpy.
 
 `formula_in_flight_us`, the closed form: with K >= 2 the next call's records travel right
-behind this call's data (netreduce/comm.py), so a call costs its data transfer
-(rcmodel.scale's switch formula without the metadata bank) plus what the bank's own
-serialisation behind the data (and its last packet's store-and-forward) outlasts the
-data's ACK wait: the metadata round is gone --
-where data and records fit the "inc" window together (else they go after, as with K = 1).
+behind this call's data (netreduce/comm.py), so a call costs rcmodel.scale's switch
+formula less the metadata bank's round trip (2 links and its last packet's store and
+forward): the bank's bytes still cross the host link, its latency is hidden -- where data
+and records fit the "inc" window together (else they go after, as with K = 1).
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ class Point:
 
 
 def run(n: int, size: int, k: int, calls: int = 8, world: World | None = None) -> Point:
-    """`calls` int32 calls of `size` bytes with `k` outstanding on every rank of a one-switch
-    model world (in_flight=k)."""
+    """`calls` (>= WARMUP + 2) int32 calls of `size` bytes with `k` outstanding on every
+    rank of a one-switch model world (in_flight=k)."""
     count = size // 4
     world = world or World(n, CONFIG, max_ranks=n if n > 32 else None, in_flight=k)
 
@@ -81,7 +81,9 @@ def run(n: int, size: int, k: int, calls: int = 8, world: World | None = None) -
     if bad:
         raise bad[0]
     ends = np.max([r[0] for r in results], axis=0)
-    per_call = (ends[-1] - ends[WARMUP - 1]) / (calls - WARMUP)
+    # steady state: the calls after the warm-up but the last, each with the next call's
+    # records behind its data (the last one has none: it ends early)
+    per_call = (ends[-2] - ends[WARMUP - 1]) / (calls - WARMUP - 1)
     latency = float(np.mean([np.mean(r[1][WARMUP:]) for r in results]))
     return Point(n, size, k, calls, per_call * 1e6, latency * 1e6, size * 8 / per_call / 1e9,
                  all(r[2] for r in results))
@@ -89,18 +91,16 @@ def run(n: int, size: int, k: int, calls: int = 8, world: World | None = None) -
 
 def formula_in_flight_us(size: int, n: int, k: int) -> float:
     """The closed form of a call's time in steady state through one switch (module doc):
-    K = 1 is rcmodel.scale's switch call; K >= 2 drops the metadata bank's round, keeping
-    its serialisation behind the data where it outlasts the data's ACK wait (when both fit
-    the window; counted from the sizes, not with flowctl's planner)."""
+    K = 1 is rcmodel.scale's switch call; K >= 2 drops the metadata bank's latency, keeping
+    its serialisation (when data and bank fit the window; counted from the sizes, not with
+    flowctl's planner)."""
     whole = formula_switch_time_us("1sw", size, n)
     fits = -(-(size + 4 * n) // CONFIG.msg_size) + -(-n * RECORD_STRIDE // CONFIG.msg_size) \
         <= CONFIG.window
     if k == 1 or not fits:
         return whole
-    bank_wire, bank_last = _stream(n * RECORD_STRIDE, CONFIG)
-    bank_round = _us(bank_wire) + 2 * LATENCY_S * 1e6 + _us(bank_last)
-    ack = 2 * LATENCY_S * 1e6
-    return whole - bank_round + max(0.0, _us(bank_wire) + _us(bank_last) - ack)
+    _, bank_last = _stream(n * RECORD_STRIDE, CONFIG)
+    return whole - 2 * LATENCY_S * 1e6 - _us(bank_last)
 
 
 def main(argv: list[str] | None = None) -> None:
