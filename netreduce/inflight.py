@@ -5,6 +5,8 @@ with that call's sums and its data can follow at once (netreduce/comm.py, `_behi
 Invariants (docs/reliability.md, "Switch restarts"):
 - the wire order on "inc" -- a call's data, then the next call's records -- is the same
   whenever a rank posts them, so each rank decides alone whether its records go ahead;
+  the switch's slots are taken in that one order, so no call waits for a slot a later
+  call holds, and the records go ahead only where they fit the window with the data;
 - `in_flight` is alike on every rank (each record says so: meta.IN_FLIGHT; a mismatch is
   `AllreduceMismatch`): with in_flight > 1 call seq works in workspace `slot(seq)`, so
   the next call's workspace is not the running call's;
