@@ -263,13 +263,22 @@ class Communicator:
             self._engine.drain()
         return self._run(call)
 
-    def submit(self, job: Callable[[], Any], what: str) -> Work:
+    def submit(self, job: Callable[[], Any], what: str,
+               first: tuple[Any, str, str] | None = None) -> Work:
         """Run `job()` on the progress thread, in issue order with the asynchronous calls;
         the returned `Work` completes with what `job` returns or raises. `job` may call
         `allreduce` synchronously (it runs at once, on that thread): how a composite
-        operation (the DDP hook's call, then its fallback) keeps its place in the order."""
+        operation (the DDP hook's call, then its fallback) keeps its place in the order.
+        `first`: the (array, op, algo) of the in-place call `job` makes first, whose
+        records may then go ahead (calls in flight); arguments it refuses are `job`'s."""
         self._check_usable()
-        return self._engine.submit(job, what)
+        payload = None
+        if first is not None:
+            try:
+                payload = self._prepare(*first, None)
+            except (TypeError, ValueError):     # the job's own call raises them
+                pass
+        return self._engine.submit(job, what, payload=payload)
 
     def _prepare(self, array: Any, op: str, algo: str, out: Any) -> "_Call":
         """Check one call's arguments (no exchange)."""
@@ -365,7 +374,7 @@ class Communicator:
         through_switch, was_away = away.aggregating, away.reason is not None
         ahead, self._ahead = self._ahead, None
         if ahead is not None:           # a settle voids them (`_settle`)
-            if ahead.call is not call or ahead.record.seq != seq or not through_switch:
+            if not ahead.call.same(call) or ahead.record.seq != seq or not through_switch:
                 raise CommunicatorError(
                     f"netreduce: rank {self.rank}: {call.what(seq)} overtook the asynchronous "
                     f"{ahead.call.what(ahead.record.seq)}, whose records went ahead (calls "
@@ -610,6 +619,15 @@ class _Call:
     op: str
     ufunc: np.ufunc
     algo: str                                   # as asked: "auto", "switch" or "ring"
+
+    def same(self, other: "_Call") -> bool:
+        """The same call: its arrays in the same memory, the same op and algo (a job's own
+        call and the one `Communicator.submit` was told it makes first)."""
+        def where(a: np.ndarray) -> tuple:
+            return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
+        return self is other or (where(self.array) == where(other.array)
+                                 and where(self.target) == where(other.target)
+                                 and (self.op, self.algo) == (other.op, other.algo))
 
     def what(self, seq: int | None) -> str:
         """How messages name the call (`seq`: its number once it started)."""

@@ -175,13 +175,9 @@ def test_an_inc_fault_on_fake_qps_with_k4_calls_in_flight_recovers_every_call_on
         assert stats["transport"]["faults"] == 1, stats
 
 
-@pytest.mark.parametrize("k", [1, 4])
-def test_the_next_calls_records_leave_before_this_calls_data_complete_on_the_fake_links(
-        k: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Observed on rank 0's fake "inc" link (each call's records and data one message each).
-    With K = 4 the records of call c+1 are posted before the sum of call c's data has
-    arrived (K = 1: only after)."""
-    monkeypatch.setenv("NR_IN_FLIGHT", str(k))
+def observe_rank0_inc(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]], Any]:
+    """Rank 0's fake "inc" link, observed: ("post", message index) and ("arrived", index)
+    in the order they happened; the `before` hook that names the link (rank 0's)."""
     events: list[tuple[str, int]] = []
     links: dict[int, Any] = {}
     post, poll = FakeLink.post_write, FakeLink.poll_recvs
@@ -202,19 +198,58 @@ def test_the_next_calls_records_leave_before_this_calls_data_complete_on_the_fak
 
     def record_link(comm: Communicator, host: FakeHost) -> None:
         links[comm.rank] = host.rings["inc"]
+    return events, record_link
 
+
+def early(events: list[tuple[str, int]], records: list[int]) -> list[int]:
+    """The calls c whose next call's records (message records[c + 1]) were posted before
+    c's data (the message after records[c]) arrived."""
+    return [c for c in range(len(records) - 1) if records[c + 1] == records[c] + 2
+            and events.index(("post", records[c + 1])) < events.index(("arrived",
+                                                                       records[c] + 1))]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_the_next_calls_records_leave_before_this_calls_data_complete_on_the_fake_links(
+        k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Observed on rank 0's fake "inc" link (each call's records and data one message each).
+    With K = 4 the records of call c+1 are posted before the sum of call c's data has
+    arrived (K = 1: only after)."""
+    monkeypatch.setenv("NR_IN_FLIGHT", str(k))
+    events, record_link = observe_rank0_inc(monkeypatch)
     fabric = FakeFabric()
     results = run_ranks(N, async_job(CALLS, before=record_link), fabric=fabric,
                         controller=FakeController(fabric))
     check_exact(results, CALLS)
     # messages: call c's records, then its data (none for the small call SMALL)
-    records = [2 * c - (c > SMALL) for c in range(CALLS)]
-    early = [c for c in range(CALLS - 1) if c != SMALL and events.index(
-        ("post", records[c + 1])) < events.index(("arrived", records[c] + 1))]
+    ahead = early(events, [2 * c - (c > SMALL) for c in range(CALLS)])
     if k == 1:
-        assert early == []
+        assert ahead == []
     else:
-        assert len(early) >= CALLS - 4, (early, events)
+        assert len(ahead) >= CALLS - 4, (ahead, events)
+
+
+def test_jobs_submitted_with_their_first_call_send_its_records_ahead_on_the_fake_links(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DDP hook's way (`comm.submit(job, what, first=(array, op, algo))`): each job
+    averages its float32 buffer in place with a synchronous call on the progress thread;
+    the records of the next job's call go ahead, every average within float32 rounding."""
+    events, record_link = observe_rank0_inc(monkeypatch)
+    fabric = FakeFabric()
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        record_link(comm, host)
+        xs = [data(comm.rank, c).astype(np.float32) for c in range(4)]
+        works = [comm.submit(lambda x=x: comm.allreduce(x, op="avg"), f"job {c}",
+                             first=(x, "avg", "auto")) for c, x in enumerate(xs)]
+        return [w.wait(30).tolist() for w in works]
+
+    results = run_ranks(N, body, fabric=fabric, controller=FakeController(fabric))
+    for got in results:
+        assert not isinstance(got, BaseException), got
+        for c in range(4):
+            assert np.allclose(got[c], np.array(want(c)) / N, rtol=1e-6), c
+    assert len(early(events, [0, 2, 4, 6])) >= 2, events
 
 
 def test_a_rank_dying_with_k4_fake_calls_in_flight_is_named_and_the_rest_fail_alike() -> None:
