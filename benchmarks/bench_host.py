@@ -2,7 +2,7 @@
 
     make -C netreduce/native && PYTHONPATH=$PWD python -m benchmarks.bench_host
         [--sizes 4,1K,64K,1M,16M,64M] [--dtypes int32,float32] [--ranks 2] [--budget 0.5]
-        [--repeat 3] [--cprofile SIZE:DTYPE]
+        [--repeat 3] [--cprofile SIZE:DTYPE] [--in-flight K]
 
 Ranks are threads of this process over the in-process fabric (tests/fakefabric.py: RDMA
 WRITEs are memmoves, its fake switch sums each message), running the real host code
@@ -20,7 +20,10 @@ buffer, best of 5) is measured in the same run, alone and with every rank copyin
 compared with the latter). Figures are rank 0's, medians over the calls of a batch, of the
 batch (of `--repeat`) with the least library CPU: the machine is shared, and other load
 only adds. A "BENCH_HOST {...}" JSON line per size and dtype goes to stdout, then
-a table; `--cprofile` prints rank 0's cProfile of that size (by own time).
+a table; `--cprofile` prints rank 0's cProfile of that size (by own time). `--in-flight K`:
+asynchronous calls, K outstanding (in_flight=K), their jobs run on the rank's own thread
+(tests.ranks.RankEngine) so that its clock holds them: a call's CPU is one job run plus the
+next call's submission (the next call's records posted behind this call's data included).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import cProfile
 import functools
 import io
 import json
+import os
 import pstats
 import sys
 import threading
@@ -42,15 +46,18 @@ from flowctl.plan import FlowConfig
 from flowctl.stream import Stream
 from netreduce.algorithms.switch import SwitchAllreduce
 from netreduce.comm import Communicator
+from netreduce.inflight import IN_FLIGHT_ENV
 from netreduce.meta import MetaExchange
 from netreduce.tools.bench.runplan import format_size, parse_sizes
 from tests.fakefabric import FakeController, FakeFabric, FakeLink
-from tests.ranks import run_ranks
+from tests.ranks import RankEngine, run_ranks
 
 #: (label, owner, attribute): the functions whose exclusive CPU is counted apart
 WRAPPED: tuple[tuple[str, Any, str], ...] = (
     ("call", Communicator, "allreduce"),          # argument checks, routing, agreement...
+    ("call", RankEngine, "run_next"),             # an asynchronous call (--in-flight)
     ("meta", MetaExchange, "exchange"),           # packing and unpacking the records
+    ("meta", MetaExchange, "collect"),            # the records that went ahead
     ("range", SwitchAllreduce, "local_range"),    # min/max (and block floors) pass
     ("send", SwitchAllreduce, "send"),            # the seal, copy in / quantize
     ("deliver", SwitchAllreduce, "deliver"),      # copy out / dequantize
@@ -153,9 +160,10 @@ def calls_for(nbytes: int, budget: float) -> int:
 
 def rank_body(split: Split, sizes: list[int], dtypes: list[str], budget: float,
               profile: tuple[int, str] | None, together: threading.Barrier,
-              repeat: int) -> Callable[[Communicator, Any], list[dict]]:
+              repeat: int, in_flight: int = 1) -> Callable[[Communicator, Any], list[dict]]:
     def body(comm: Communicator, host: Any) -> list[dict]:
         rows = []
+        engine = comm._engine = RankEngine(f"bench rank {comm.rank}")
         overhead = split.cost()
         together.wait()
         busy = copy_bandwidth()         # every rank copies at once, as their calls overlap
@@ -170,15 +178,27 @@ def rank_body(split: Split, sizes: list[int], dtypes: list[str], budget: float,
                     comm.allreduce(data, algo="switch", out=out)
                 inc = comm._streams["inc"]
                 calls, batches = calls_for(data.nbytes, budget), []
+
+                def submit() -> Any:
+                    return comm.allreduce(data, algo="switch", out=out, async_op=True)
                 for _ in range(repeat):
                     per_call, posted = [], inc.next_send_index
+                    works = [submit() for _ in range(in_flight - 1)]
                     for _ in range(calls):
                         ns = split.counts()
                         ns.clear()
                         t0 = time.thread_time_ns()
-                        comm.allreduce(data, algo="switch", out=out)
+                        if in_flight > 1:        # this call's job, the next one submitted
+                            works.append(submit())
+                            engine.run_next()
+                            works.pop(0).wait(0)
+                        else:
+                            comm.allreduce(data, algo="switch", out=out)
                         total = time.thread_time_ns() - t0
                         per_call.append({**ns, "thread": total})
+                    for work in works:          # untimed: the calls left outstanding
+                        engine.run_next()
+                        work.wait(0)
                     batches.append(summarize(per_call, dtype, data.nbytes,
                                              (inc.next_send_index - posted) / calls, overhead))
                 row = min(batches, key=lambda b: b["library_us"])
@@ -219,19 +239,26 @@ def profiled(call: Callable[[], Any], calls: int) -> str:
 
 
 def measure(sizes: list[int], dtypes: list[str], ranks: int = 2, budget: float = 0.5,
-            profile: tuple[int, str] | None = None, repeat: int = 3) -> list[dict]:
+            profile: tuple[int, str] | None = None, repeat: int = 3,
+            in_flight: int = 1) -> list[dict]:
     """Rank 0's rows (see the module doc), one per dtype and size."""
     split = Split()
     undo = split.install()
     split.on = True
     fabric = FakeFabric()
+    was = os.environ.get(IN_FLIGHT_ENV)
+    os.environ[IN_FLIGHT_ENV] = str(in_flight)      # the communicators run_ranks builds
     try:
         results = run_ranks(ranks, rank_body(split, sizes, dtypes, budget, profile,
-                                             threading.Barrier(ranks), repeat),
+                                             threading.Barrier(ranks), repeat, in_flight),
                             cfg=CONFIG, fabric=fabric, controller=FakeController(fabric))
     finally:
         split.on = False
         undo()
+        if was is None:
+            del os.environ[IN_FLIGHT_ENV]
+        else:
+            os.environ[IN_FLIGHT_ENV] = was
     for r in results:
         if isinstance(r, BaseException):
             raise r
@@ -265,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3,
                         help="batches per size: the one of least library CPU is reported")
     parser.add_argument("--cprofile", default=None, help="SIZE:DTYPE: rank 0's cProfile")
+    parser.add_argument("--in-flight", type=int, default=1, metavar="K",
+                        help="asynchronous calls outstanding (module doc)")
     args = parser.parse_args(argv)
     profile = None
     if args.cprofile:
@@ -272,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = (parse_sizes(size)[0], dtype or "int32")
     copy_bps = copy_bandwidth()
     rows = measure(parse_sizes(args.sizes), args.dtypes.split(","), args.ranks, args.budget,
-                   profile, args.repeat)
+                   profile, args.repeat, args.in_flight)
     for row in rows:
         print("BENCH_HOST " + json.dumps({k: v for k, v in row.items() if k != "cprofile"}
                                          | {"copy_gbps": copy_bps * 8 / 1e9}))

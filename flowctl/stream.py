@@ -13,7 +13,9 @@ Invariants of a `Stream`:
   order, before its own) and, unless called with `settle=False`, returns only when
   nothing is outstanding. An unsettled transfer returns once every expected message has
   arrived and every message of its own is posted: its sources must stay unchanged until a
-  later transfer or `settle()` reaps their completions (go-back-N re-reads them);
+  later transfer or `settle()` reaps their completions (go-back-N re-reads them). A
+  transfer's `then` part is posted behind its own messages (the next call's records
+  behind this call's data) and is never waited for: it stays unsettled;
 - a receive that wrote no bytes and carries the immediate of the message that arrived last
   is not a message: rxe sends a message again as one zero-length packet after a retry race
   (docs/roce.md); it is counted (`empty_resends`), logged and its receive reposted;
@@ -110,26 +112,34 @@ class Stream:
             self.transfer(None)
 
     def transfer(self, send: Outgoing | None, recv_nbytes: int = 0,
-                 on_arrival: OnArrival | None = None, settle: bool = True) -> None:
+                 on_arrival: OnArrival | None = None, settle: bool = True,
+                 then: Outgoing | None = None) -> None:
         """Send `send` to the successor while `recv_nbytes` arrive from the predecessor;
         `on_arrival(message)` runs for each arrived message, in order. Returns when every
         expected message has arrived and every message is posted and, with `settle`, every
-        message sent so far acknowledged (see the module's invariants)."""
+        message sent so far but `then`'s acknowledged (see the module's invariants); `then`
+        is posted behind `send`, as messages of its own."""
         out = MessagePlan(send.src.nbytes if send else 0, self.config.msg_size,
                           self.next_send_index)
+        parts, end_index = [(m, send) for m in out], out.end_index
+        if then is not None:
+            behind = MessagePlan(then.src.nbytes, self.config.msg_size, out.end_index)
+            parts, end_index = parts + [(m, then) for m in behind], behind.end_index
+        unsettled = len(parts) - len(out)     # `then`'s messages: never waited for here
         inc = MessagePlan(recv_nbytes, self.config.msg_size, self.next_recv_index)
         posted = arrived = 0
         armed = False
         last_progress = time.monotonic()
         window = self.window
         was, self.interrupted = self.interrupted, True      # until the loop ends normally
-        while (settle and window.pending) or posted < len(out) or arrived < len(inc):
+        while (settle and window.pending > unsettled) or posted < len(parts) \
+                or arrived < len(inc):
             progressed = False
-            while posted < len(out) and window.available:
-                assert send is not None
-                m = out[posted]
-                self.link.post_write(m.index, send.src.slice(m.offset, m.length),
-                                     send.dst.slice(m.offset, m.length))
+            while posted < len(parts) and window.available:
+                m, part = parts[posted]
+                assert part is not None
+                self.link.post_write(m.index, part.src.slice(m.offset, m.length),
+                                     part.dst.slice(m.offset, m.length))
                 window.post(m.index)
                 posted += 1
                 progressed = True
@@ -159,14 +169,14 @@ class Stream:
             idle_for = time.monotonic() - last_progress
             if idle_for > self.config.collective_timeout:
                 pending_recv = inc[arrived] if arrived < len(inc) else None
-                raise StallError(self._stall_message(len(out) - posted, pending_recv))
+                raise StallError(self._stall_message(len(parts) - posted, pending_recv))
             elif not armed:
                 self.link.arm()
                 armed = True
             else:
                 self.link.wait(min(LIVENESS_POLL, self.config.collective_timeout - idle_for))
                 armed = False
-        self.next_send_index = out.end_index
+        self.next_send_index = end_index
         self.next_recv_index = inc.end_index
         self.interrupted = was
 

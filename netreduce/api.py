@@ -48,8 +48,8 @@ def init(rank: int | None = None, world_size: int | None = None,
          msg_size: int | None = None, window: int | None = None,
          ack_timeout: int | None = None, retry_cnt: int | None = None, recv_depth: int = 1024,
          collective_timeout: float = 1800.0, switch: str | None = None,
-         timeout: float = DEFAULT_TIMEOUT, exit_on_sigterm: bool = True
-         ) -> Communicator | ShardedCommunicator:
+         timeout: float = DEFAULT_TIMEOUT, exit_on_sigterm: bool = True,
+         in_flight: int | None = None) -> Communicator | ShardedCommunicator:
     """Create this process's default communicator (see `Communicator.create`); it is
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
@@ -72,7 +72,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     timeout); a dead or failed peer is reported within about a second whatever this is.
     `timeout`: every wait for peers during setup. `exit_on_sigterm`: turn SIGTERM into
     SystemExit(143) while the communicator lives, if SIGTERM has its default action (see the
-    module doc; False leaves SIGTERM alone)."""
+    module doc; False leaves SIGTERM alone). `in_flight` (else $NR_IN_FLIGHT, else 1): the
+    asynchronous calls kept in flight, alike on every rank (docs/reliability.md)."""
     global _default
     if _default is not None:
         raise CommunicatorError("netreduce.init: already initialised (netreduce.finalize() "
@@ -82,7 +83,7 @@ def init(rank: int | None = None, world_size: int | None = None,
     config = FlowConfig(**knobs, recv_depth=recv_depth, collective_timeout=collective_timeout,
                         **({} if retry_cnt is None else {"retry_cnt": retry_cnt}))
     common = dict(device=device, local_addr=local_addr, config=config,
-                  pinned=frozenset(knobs), timeout=timeout)
+                  pinned=frozenset(knobs), timeout=timeout, in_flight=in_flight)
     aggs = aggregators(switch, inc_addr)
     _default = ShardedCommunicator.create(aggs, rank, world_size, master_addr, master_port,
                                           **common) if aggs else \

@@ -177,9 +177,10 @@ class Rejoiner:
 
 @dataclass(frozen=True)
 class KeptCall:
-    """The last call routed through the switch, kept until every rank started the next
-    call: its context (workspace and wire words, the successor's workspace) and this
-    rank's record of it (a small call's data: `context.inline`)."""
+    """A call routed through the switch, kept until every rank completed it (started the
+    next call; with calls in flight: posted the next call's data, docs/reliability.md): its
+    context (workspace and wire words, the successor's workspace) and this rank's record
+    of it (a small call's data: `context.inline`)."""
 
     context: CallContext
     record: CallMeta
@@ -196,7 +197,8 @@ class AwayProtocol:
                  endpoints: list[HostEndpoint], streams: dict[str, Stream],
                  inc: RingQPsLike | None, inc_config: FlowConfig, timeout: float,
                  status: SwitchStatus, controller: Controller | None, stats: CallStats,
-                 meta: MetaExchange, workspace: Workspace) -> None:
+                 meta: MetaExchange, workspaces: Sequence[Workspace],
+                 slot: Callable[[int], int] = lambda seq: 0) -> None:
         self._rendezvous, self.rank = rendezvous, rendezvous.rank
         self._host, self._control = host, control
         self.endpoints = endpoints            # every rank's, "inc" as last built
@@ -205,12 +207,13 @@ class AwayProtocol:
         self._inc_config, self._timeout = inc_config, timeout
         self.status = status                  # is "inc" registered with a switch (all alike)
         self._controller = controller         # rank 0's controller client (or a renewer's)
-        self._stats, self._meta, self._workspace = stats, meta, workspace
+        self._stats, self._meta = stats, meta
+        self._workspaces, self._slot = workspaces, slot   # call seq's: workspaces[slot(seq)]
         self.epoch = 0                        # switch-away epochs settled (all alike)
         self.settling = 0                     # the epoch being settled, else the last one
         self.reason: str | None = None        # why the switch is away (None: it is not)
         self._away_at = (0, 0.0)              # the call settled and when, for the log
-        self._kept: KeptCall | None = None    # wire words that may be needed
+        self._kept: dict[int, KeptCall] = {}  # by seq: wire words that may be needed
         self._began: CallMeta | None = None   # this rank's record of the last call it began
         self._generation = 0                  # "inc" rings built again
         self._backoff = Backoff()
@@ -234,8 +237,8 @@ class AwayProtocol:
 
     @property
     def keeping(self) -> bool:
-        """The last switch call's wire words are kept (its workspace must stay untouched)."""
-        return self._kept is not None
+        """Switch calls' wire words are kept (their workspaces must stay untouched)."""
+        return bool(self._kept)
 
     @property
     def rejoin_due(self) -> bool:
@@ -246,16 +249,21 @@ class AwayProtocol:
         """This rank is about to exchange `record`, its record of the call it begins."""
         self._began = record
 
-    def forget_kept(self) -> None:
-        """The last switch call's wire words will never be needed again: every rank started
-        the next call, so every rank completed it (or a settle used them)."""
-        self._kept = None
-        self._workspace.release_retired()
+    def forget_kept(self, below: int | None = None) -> None:
+        """The wire words of the switch calls before call `below` (None: all) will never be
+        needed again: every rank completed them (or a settle used them). A workspace's
+        retired buffers go once no kept call uses that workspace."""
+        self._kept = {seq: k for seq, k in self._kept.items()
+                      if below is not None and seq >= below}
+        used = {self._slot(seq) for seq in self._kept}
+        for slot, workspace in enumerate(self._workspaces):
+            if slot not in used:
+                workspace.release_retired()
 
     def run_switch(self, context: CallContext, src: np.ndarray, dst: np.ndarray,
                    record: CallMeta) -> None:
         """Run an agreed call through the switch, keeping it (`record`: this rank's)."""
-        self._kept = KeptCall(context, record)
+        self._kept[context.seq] = KeptCall(context, record)
         self.on_inc(True, lambda: SWITCH.run(context, src, dst))
 
     def settle_inc(self, used: bool) -> None:
@@ -341,12 +349,11 @@ class AwayProtocol:
         self._stop_lease()
         if self._inc is not None:
             self._inc.to_error()    # no late WRITE through the lost switch lands in our memory
-        last = self._kept
-        # what the switch gave this rank with a good seal, before any rank's recovery ring
-        # can write into this workspace (its staging overlaps the receive area)
-        good = last is not None and position > last.context.seq
-        expected = SWITCH.areas(last.context)[1][:last.context.count].copy() \
-            if good and not last.context.inline else None
+        # what the switch gave this rank with a good seal (its last call completed), before
+        # any rank's recovery ring can write into that workspace (staging overlaps it)
+        good = self._kept.get(position - 1)
+        expected = SWITCH.areas(good.context)[1][:good.context.count].copy() \
+            if good is not None and not good.context.inline else None
         gathered = self._rendezvous.gather(
             f"away.{epoch}", {"position": position, "left": self._streams["ring"].interrupted},
             self._timeout, waiting_for=f"settled the switch's loss (epoch {epoch})")
@@ -357,9 +364,9 @@ class AwayProtocol:
             return False
         plan = settle_plan([p["position"] for p in gathered])
         recovered = False
-        if plan.recover and last is not None and last.context.seq == plan.call \
-                and not last.context.inline:
-            summed = self._sum_wire(last.context, expected)
+        last = self._kept.get(plan.call)
+        if plan.recover and last is not None and not last.context.inline:
+            summed = self._sum_wire(last.context, expected if last is good else None)
             if position == plan.call:
                 assert target is not None, "a rank at the settled call has it in flight"
                 SWITCH.deliver(last.context, summed, target)
@@ -414,8 +421,8 @@ class AwayProtocol:
         `target`, the others check that the switch gave them the same records. Returns
         True when it wrote `target`. `SwitchFailure` when this rank holds neither that
         call's wire words (`settle` sums those) nor its record of a small call."""
-        last = self._kept
-        kept = last is not None and last.context.seq == seq
+        last = self._kept.get(seq)
+        kept = last is not None
         if position > seq and not kept:
             raise SwitchFailure(
                 f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
@@ -427,7 +434,7 @@ class AwayProtocol:
                 f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
                 f"lost ({reason}); call #{seq} must be finished from every rank's wire words "
                 f"(or records), but this rank holds "
-                f"{'none' if last is None else f'those of call #{last.context.seq}'}")
+                f"{'those of calls ' + str(sorted(self._kept)) if self._kept else 'none'}")
         records = self._meta.exchange(mine, through_switch=False)
         if position > seq:
             assert last is not None

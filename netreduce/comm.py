@@ -39,9 +39,10 @@ from netreduce.algorithms import CallContext
 from netreduce.algorithms.switch import SWITCH
 from netreduce.away import AwayProtocol, SwitchAway
 from netreduce.errors import CommunicatorError, PeerFailure, TransportFault
-from netreduce.meta import (INLINE, REJOIN, CallMeta, CallRejected, MetaExchange,
-                            SwitchNotAggregating, check_agreement, check_dtype, check_op,
-                            control_bytes)
+from netreduce.inflight import Ahead, fits_window, in_flight_setting, slot
+from netreduce.meta import (AHEAD, IN_FLIGHT, INLINE, REJOIN, CallMeta, CallRejected,
+                            MetaExchange, SwitchNotAggregating, check_agreement, check_dtype,
+                            check_op, control_bytes)
 from netreduce.progress import ProgressEngine, Work
 from netreduce.registration import (LEASE_RANKS, Controller, SwitchStatus, controller_client,
                                     fit_inc_ring, published_capacity, register_inc_ring,
@@ -72,7 +73,8 @@ class Communicator:
                  control: RegisteredMemory, switch: SwitchStatus,
                  controller: Controller | None,
                  inc_config: FlowConfig | None = None,
-                 rings: dict[str, RingQPsLike] | None = None) -> None:
+                 rings: dict[str, RingQPsLike] | None = None,
+                 in_flight: int | None = None) -> None:
         self._rendezvous = rendezvous
         self._host = host
         self.config = config                  # the "ring" ring's knobs: what the user asked
@@ -84,7 +86,12 @@ class Communicator:
         _, successor = neighbours(endpoints, self.rank)
         self._meta = MetaExchange(streams, control, successor.control, self.rank,
                                   self.world_size, through_switch=switch.registered)
-        self._workspace = Workspace(host.register)
+        # calls in flight (`in_flight` > 1, alike on every rank: their records say so):
+        # call seq works in workspace seq % 2, and the next queued call's records travel
+        # behind the running call's data (`_behind`, netreduce/inflight.py)
+        self._in_flight = in_flight_setting(in_flight)
+        self._workspaces = (Workspace(host.register), Workspace(host.register))
+        self._ahead: Ahead | None = None
         self._calls = 0                       # calls started: the next one's seq (all alike)
         self._running = threading.Lock()      # one call runs at a time (see _run)
         self._engine = ProgressEngine(f"nr-progress-{self.rank}")
@@ -98,7 +105,7 @@ class Communicator:
             rendezvous=rendezvous, host=host, control=control, endpoints=endpoints,
             streams=streams, inc=(rings or {}).get("inc"), inc_config=self.inc_config,
             timeout=config.collective_timeout, status=switch, controller=controller,
-            stats=self._stats, meta=self._meta, workspace=self._workspace)
+            stats=self._stats, meta=self._meta, workspaces=self._workspaces, slot=self._slot)
         self._faults = FaultRecovery(
             rendezvous=rendezvous, host=host, control=control, config=config, streams=streams,
             qps=(rings or {}).get("ring"), epochs=self._away, stats=self._stats,
@@ -113,7 +120,8 @@ class Communicator:
                inc_addr: str | None = None,
                config: FlowConfig = FlowConfig(), pinned: frozenset[str] = frozenset(),
                switch: str | None = None, timeout: float = DEFAULT_TIMEOUT,
-               port_exchange: PortExchange | None = None) -> "Communicator":
+               port_exchange: PortExchange | None = None,
+               in_flight: int | None = None) -> "Communicator":
         """Rendezvous with the other ranks (arguments, else RANK, WORLD_SIZE, MASTER_ADDR,
         MASTER_PORT; when torch owns MASTER_PORT, `torch_store_in_use`, rank 0 serves the
         store on a free port and passes it through torch's store: `netreduce.torch`; or
@@ -133,7 +141,7 @@ class Communicator:
         bounds every wait for peers; the controller gets min(10 s, timeout / 2) per call
         (min(30 s, timeout / 2) to register, unregister or read counters: a fabric programs
         several switches), so that a silent controller is reported before the other ranks
-        stop waiting."""
+        stop waiting. `in_flight`: asynchronous calls in flight (`in_flight_setting`)."""
         from ring_setup.verbs.host import RdmaHost   # pyverbs: only where a real device is opened
         rdzv = RendezvousConfig.resolve(rank, world_size, master_addr, master_port, timeout)
         ip = local_addr or source_ipv4_towards(rdzv.master_addr)
@@ -150,7 +158,7 @@ class Communicator:
                                                min(30.0, timeout / 2), rdzv.rank)
             inc_addr = inc_addr or os.environ.get(INC_ADDR_ENV) or None
             host = RdmaHost(ip, device, config, {"inc": inc_addr} if inc_addr else {})
-            comm = cls.connect(rendezvous, host, config, controller, pinned)
+            comm = cls.connect(rendezvous, host, config, controller, pinned, in_flight)
         except BaseException as exc:
             if not isinstance(exc, RendezvousError):    # the others could not know: tell them
                 rendezvous.abort(f"{type(exc).__name__}: {exc}")
@@ -167,7 +175,8 @@ class Communicator:
     @classmethod
     def connect(cls, rendezvous: Rendezvous, host: Host, config: FlowConfig,
                 controller: Controller | None = None,
-                pinned: frozenset[str] = frozenset()) -> "Communicator":
+                pinned: frozenset[str] = frozenset(),
+                in_flight: int | None = None) -> "Communicator":
         """Build both QP rings with the other ranks: rank 0 fits the "inc" ring's knobs to
         `controller`'s target (`netreduce.registration.fit_inc_ring`; "ring" keeps
         `config` but for the ACK timeout: its packets cross the same switch, at the same
@@ -194,7 +203,12 @@ class Communicator:
             raise
         return cls(rendezvous=rendezvous, host=host, config=config, inc_config=fit.config,
                    endpoints=endpoints, streams=streams, control=control, switch=switch,
-                   controller=controller, rings=rings)
+                   controller=controller, rings=rings, in_flight=in_flight)
+
+    @property
+    def in_flight(self) -> int:
+        """Asynchronous calls kept in flight (fixed at creation; docs/reliability.md)."""
+        return self._in_flight
 
     @property
     def device(self) -> str:
@@ -244,18 +258,27 @@ class Communicator:
         self._check_usable()
         call = self._prepare(array, op, algo, out)
         if async_op:
-            return self._engine.submit(lambda: self._run(call), call.what(None))
+            return self._engine.submit(lambda: self._run(call), call.what(None), payload=call)
         if not self._engine.on_thread():
             self._engine.drain()
         return self._run(call)
 
-    def submit(self, job: Callable[[], Any], what: str) -> Work:
+    def submit(self, job: Callable[[], Any], what: str,
+               first: tuple[Any, str, str] | None = None) -> Work:
         """Run `job()` on the progress thread, in issue order with the asynchronous calls;
         the returned `Work` completes with what `job` returns or raises. `job` may call
         `allreduce` synchronously (it runs at once, on that thread): how a composite
-        operation (the DDP hook's call, then its fallback) keeps its place in the order."""
+        operation (the DDP hook's call, then its fallback) keeps its place in the order.
+        `first`: the (array, op, algo) of the in-place call `job` makes first, whose
+        records may then go ahead (calls in flight); arguments it refuses are `job`'s."""
         self._check_usable()
-        return self._engine.submit(job, what)
+        payload = None
+        if first is not None:
+            try:
+                payload = self._prepare(*first, None)
+            except (TypeError, ValueError):     # the job's own call raises them
+                pass
+        return self._engine.submit(job, what, payload=payload)
 
     def _prepare(self, array: Any, op: str, algo: str, out: Any) -> "_Call":
         """Check one call's arguments (no exchange)."""
@@ -325,6 +348,7 @@ class Communicator:
         else (a switch call's wire words summed over a failed host ring) it is a
         `CommunicatorError`."""
         while self._away.pending or seen is not None:
+            self._ahead = None          # "inc" goes to ERROR: the records ahead are void
             epoch = self._away.epoch
             try:
                 if self._away.settle(position, target, seen):
@@ -340,30 +364,36 @@ class Communicator:
 
     def _attempt(self, call: "_Call", seq: int) -> Route:
         """Call `seq` once: route it before the exchange (`candidates`), metadata exchange
-        (through the switch while it aggregates, else around the host ring), agreement,
-        rejoining the switch when rank 0's record asks for it, route, run. Raises
-        `SwitchAway` / `SwitchNotAggregating` when the switch stopped aggregating during it
-        (the caller settles)."""
-        array, target, dtype, away = call.array, call.target, call.array.dtype, self._away
+        (through the switch while it aggregates, else around the host ring; or only its
+        bank received, when its records went behind the previous call's data: `Ahead`),
+        agreement, rejoining the switch when rank 0's record asks for it, route, run.
+        Raises `SwitchAway` / `SwitchNotAggregating` when the switch stopped aggregating
+        during it (the caller settles)."""
+        array, target, away = call.array, call.target, self._away
         self._rendezvous.check_peers()
         through_switch, was_away = away.aggregating, away.reason is not None
-        algorithms = candidates(call.algo, dtype, call.op, away.status, away.reason)
-        workspace = self._workspace.ensure(max(
-            a.workspace_bytes(array.size, dtype, self.world_size) for a in algorithms),
-            keep=away.keeping)
-        data = algorithms[0].local_range(array)
-        mine = CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
-                        op=call.op, algo=call.algo, workspace=workspace.remote(),
-                        lo=data.lo, hi=data.hi, blocks=data.blocks,
-                        flags=(REJOIN if away.rejoin_due else 0) | (INLINE if data.inline else 0))
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:           # a settle voids them (`_settle`)
+            if not ahead.call.same(call) or ahead.record.seq != seq or not through_switch:
+                raise CommunicatorError(
+                    f"netreduce: rank {self.rank}: {call.what(seq)} overtook the asynchronous "
+                    f"{ahead.call.what(ahead.record.seq)}, whose records went ahead (calls "
+                    f"issued from several threads at once)")
+            mine, workspace = ahead.record, ahead.workspace
+            exchange: Callable[[], list[CallMeta]] = lambda: self._meta.collect(seq)
+        else:
+            mine, workspace = self._record(call, seq, REJOIN if away.rejoin_due else 0)
+            exchange = lambda: self._meta.exchange(mine, through_switch, settle=False)
         self._calls = seq + 1
         away.began(mine)
         # unsettled: the switch's successor acknowledges these records while this rank
         # checks and routes the call; the "inc" stream is settled before any output is
         # written (a call whose acknowledgement fails is settled as not completed here)
-        records = away.on_inc(through_switch, lambda: self._meta.exchange(
-            mine, through_switch, settle=False))
-        away.forget_kept()      # every rank started this call: the last one is complete
+        records = away.on_inc(through_switch, exchange)
+        # every rank started this call, so completed the last one -- unless some rank
+        # posted these records before completing it (AHEAD): then the one before
+        early = any(m.flags & AHEAD for m in records)
+        away.forget_kept(seq - 1 if early else seq)
         self._faults.forget(seq)
         try:
             context = self._context(call, records, workspace)
@@ -371,15 +401,68 @@ class Communicator:
                 away.rejoin(seq)        # alike on every rank; this call still runs the ring
             taken = route(call.algo, context, call.op, through_switch, away=was_away)
         except CallRejected:
+            self._confirm(early, mine)
             away.settle_inc(through_switch)
             raise
         if taken.algorithm is SWITCH:   # kept: its wire words may be summed over the ring
-            away.run_switch(context, array, target, mine)
+            if context.inline:
+                self._confirm(early, mine)
+            away.run_switch(self._behind(context, target), array, target, mine)
         else:
             away.settle_inc(through_switch)
             self._faults.keep(seq, call)    # a rank ahead redoes it after a fault
             taken.algorithm.run(context, array, target)
         return taken
+
+    def _slot(self, seq: int) -> int:
+        return slot(seq, self._in_flight)
+
+    def _record(self, call: "_Call", seq: int, flags: int) -> tuple[CallMeta, RegisteredMemory]:
+        """This rank's record of call `seq` and its workspace, sized for every route the
+        call may take (`candidates`)."""
+        array, dtype, away = call.array, call.array.dtype, self._away
+        algorithms = candidates(call.algo, dtype, call.op, away.status, away.reason)
+        workspace = self._workspaces[self._slot(seq)].ensure(max(
+            a.workspace_bytes(array.size, dtype, self.world_size) for a in algorithms),
+            keep=away.keeping)
+        data = algorithms[0].local_range(array)
+        flags |= (INLINE if data.inline else 0) | (IN_FLIGHT if self._in_flight > 1 else 0)
+        return CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
+                        op=call.op, algo=call.algo, workspace=workspace.remote(),
+                        lo=data.lo, hi=data.hi, blocks=data.blocks, flags=flags), workspace
+
+    def _behind(self, context: CallContext, target: np.ndarray) -> CallContext:
+        """Calls in flight: the records of the next queued call (`ProgressEngine.peek`)
+        go on "inc" right behind this switch call's data (`CallContext.then`), so its
+        agreement arrives with this call's sums. The wire order on "inc" -- a call's data,
+        then the next call's records -- is the same whenever a rank posts them, so each
+        rank decides alone. Not for a small call (its records are its data: completing it
+        would not wait for this call's completion everywhere), nor past the "inc" window
+        (`fits_window`), nor when the next call's input may be this call's output `target`
+        (its records describe the result)."""
+        nxt = self._engine.peek()
+        if self._in_flight < 2 or context.inline or not isinstance(nxt, _Call) \
+                or not self._engine.on_thread() or not self._away.aggregating \
+                or np.may_share_memory(nxt.array, target) \
+                or not fits_window(context.count, self.world_size, self._streams["inc"].config):
+            return context
+        record, workspace = self._record(nxt, context.seq + 1, AHEAD)
+        if record.flags & INLINE:
+            return context
+        self._away.settle_inc(True)     # the records' send area is rewritten
+        then = self._meta.outgoing(record)
+        self._ahead = Ahead(nxt, record, workspace)
+        return replace(context, then=then)
+
+    def _confirm(self, early: bool, mine: CallMeta) -> None:
+        """A call ending without its data moving on "inc" (refused, or a small call) whose
+        records some rank posted early (`early`: AHEAD, alike on every rank) first
+        exchanges them once more through the switch: every rank sends these only after
+        it completed the previous call, so no rank gets two calls ahead of another (the
+        switch-away settle's positions, docs/reliability.md)."""
+        if early:
+            self._away.settle_inc(True)
+            self._away.on_inc(True, lambda: self._meta.exchange(mine, True, settle=False))
 
     def _context(self, call: "_Call", records: list[CallMeta],
                  workspace: RegisteredMemory) -> CallContext:
@@ -477,7 +560,8 @@ class Communicator:
         self._away.release()
         if self._controller is not None:
             self._controller.close()
-        self._workspace.close()
+        for workspace in self._workspaces:
+            workspace.close()
         self._control.close()
         self._host.close()
 
@@ -535,6 +619,15 @@ class _Call:
     op: str
     ufunc: np.ufunc
     algo: str                                   # as asked: "auto", "switch" or "ring"
+
+    def same(self, other: "_Call") -> bool:
+        """The same call: its arrays in the same memory, the same op and algo (a job's own
+        call and the one `Communicator.submit` was told it makes first)."""
+        def where(a: np.ndarray) -> tuple:
+            return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
+        return self is other or (where(self.array) == where(other.array)
+                                 and where(self.target) == where(other.target)
+                                 and (self.op, self.algo) == (other.op, other.algo))
 
     def what(self, seq: int | None) -> str:
         """How messages name the call (`seq`: its number once it started)."""

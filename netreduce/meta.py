@@ -21,9 +21,9 @@ the switch (4 ranks: 1 KiB; one packet at MTU 4096, four at BMv2's 256).
 A small call through the switch (at most MAX_BLOCK_BYTES of data) carries its data in the
 record's block bytes (flag INLINE): the exchange is then the whole call, one pass through
 the switch (netreduce/algorithms/switch.py).
-Two banks suffice: a rank can only start call k+2 after its successor started call k+1, i.e.
-finished reading call k's records (through the switch, a bank is written only once every
-rank has contributed, i.e. has finished the previous call).
+Two banks suffice: a rank posts call k+2's records only after it read call k+1's, i.e.
+after it finished reading call k's (through the switch, a bank is written only once every
+rank has contributed), also when they travel behind call k+1's data (calls in flight).
 """
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ REJOIN = 1                # CallMeta.flags, rank 0's: the switch answers again, 
 #                           this call (netreduce/away.py, docs/reliability.md)
 INLINE = 2                # CallMeta.flags: `blocks` holds the rank's data itself, a small call
 #                           whose records are its whole exchange (algorithms/switch.py)
+IN_FLIGHT = 4             # CallMeta.flags: the rank keeps calls in flight (its calls' workspaces
+#                           alternate; alike on every rank: netreduce/comm.py)
+AHEAD = 8                 # CallMeta.flags: posted behind the previous call's data, before this
+#                           rank completed that call (netreduce/comm.py)
 
 
 class CallRejected(Exception):
@@ -179,27 +183,46 @@ class MetaExchange:
         n, r, seq = self.world_size, self.rank, mine.seq
         if through_switch is None:
             through_switch = self.through_switch
+        if through_switch:
+            self.streams["inc"].transfer(self.outgoing(mine), recv_nbytes=n * RECORD_STRIDE,
+                                         settle=settle)
+            return self.records(seq, True)
         view = self.control.view()
         local = self.control.local()
         record = np.frombuffer(mine.pack(), dtype=np.uint8)
-        if through_switch:
-            stream = self.streams["inc"]
-            bank, send, size = self._slot(seq, 0), self._send_area, n * RECORD_STRIDE
-            view[send:send + size] = 0
-            view[send + r * RECORD_STRIDE:send + r * RECORD_STRIDE + record.size] = record
-            stream.transfer(Outgoing(local.slice(send, size),
-                                     self.successor_control.slice(bank, size)),
-                            recv_nbytes=size, settle=settle)
-        else:
-            stream = self.streams["ring"]
-            at = self._slot(seq, r)
-            view[at:at + RECORD_STRIDE] = 0
-            view[at:at + record.size] = record
-            for j in range(n - 1):
-                at = self._slot(seq, (r - j) % n)
-                stream.transfer(Outgoing(local.slice(at, RECORD_STRIDE),
-                                         self.successor_control.slice(at, RECORD_STRIDE)),
-                                recv_nbytes=RECORD_STRIDE)
+        stream = self.streams["ring"]
+        at = self._slot(seq, r)
+        view[at:at + RECORD_STRIDE] = 0
+        view[at:at + record.size] = record
+        for j in range(n - 1):
+            at = self._slot(seq, (r - j) % n)
+            stream.transfer(Outgoing(local.slice(at, RECORD_STRIDE),
+                                     self.successor_control.slice(at, RECORD_STRIDE)),
+                            recv_nbytes=RECORD_STRIDE)
+        return self.records(seq, False)
+
+    def outgoing(self, mine: CallMeta) -> Outgoing:
+        """This rank's records of a call through the switch, written into the send area as
+        the bank-sized message to post on "inc" (by `exchange`, or behind the previous
+        call's data: `collect` then receives the bank). The send area must be settled."""
+        n, r = self.world_size, self.rank
+        view, send, size = self.control.view(), self._send_area, n * RECORD_STRIDE
+        record = np.frombuffer(mine.pack(), dtype=np.uint8)
+        view[send:send + size] = 0
+        view[send + r * RECORD_STRIDE:send + r * RECORD_STRIDE + record.size] = record
+        return Outgoing(self.control.local().slice(send, size),
+                        self.successor_control.slice(self._slot(mine.seq, 0), size))
+
+    def collect(self, seq: int) -> list[CallMeta]:
+        """The bank of call `seq` through the switch, whose records this rank posted
+        already (`outgoing`, behind the previous call's data): received unsettled."""
+        self.streams["inc"].transfer(None, recv_nbytes=self.world_size * RECORD_STRIDE,
+                                     settle=False)
+        return self.records(seq, True)
+
+    def records(self, seq: int, through_switch: bool) -> list[CallMeta]:
+        """Every rank's record of call `seq` as its bank holds them, checked."""
+        n, r, view = self.world_size, self.rank, self.control.view()
         records = []
         for q in range(n):
             at = self._slot(seq, q)
@@ -224,7 +247,7 @@ def check_agreement(records: list[CallMeta]) -> None:
     depends only on the records, which every rank holds alike, so every rank raises the
     same message."""
     def call_of(m: CallMeta) -> tuple:
-        return m.seq, m.count, m.dtype, m.op, m.algo, m.flags & INLINE
+        return m.seq, m.count, m.dtype, m.op, m.algo, m.flags & (INLINE | IN_FLIGHT)
     first = call_of(records[0])
     if all(call_of(m) == first for m in records):
         return
@@ -238,6 +261,11 @@ def check_agreement(records: list[CallMeta]) -> None:
     if len(groups) > 1:
         raise AllreduceMismatch(f"allreduce call #{seqs[0]}: ranks disagree: " + "; ".join(
             f"{desc} on {ranks_phrase(ranks)}" for desc, ranks in groups.items()))
+    keeping = [m.rank for m in records if m.flags & IN_FLIGHT]
+    if 0 < len(keeping) < len(records):
+        raise AllreduceMismatch(
+            f"allreduce call #{seqs[0]}: ranks disagree on calls in flight: in_flight > 1 on "
+            f"{ranks_phrase(keeping)}, 1 on the others (set in_flight / $NR_IN_FLIGHT alike)")
     inline = [m.rank for m in records if m.flags & INLINE]
     if 0 < len(inline) < len(records):
         raise AllreduceMismatch(

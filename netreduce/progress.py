@@ -3,7 +3,9 @@
 Invariant: the jobs a `ProgressEngine` was given run one at a time, in the order they were
 submitted, on its single thread; every submitted `Work` completes exactly once, with the
 job's result or its exception (or the caller's cancellation at close), and its callbacks
-run once, right after it completes.
+run once, right after it completes. `peek` shows the payload of the job that runs next (the
+communicator posts that call's records behind the running call's data: netreduce/comm.py);
+nothing but `close` takes a job off the queue, so that job runs next.
 """
 from __future__ import annotations
 
@@ -87,18 +89,19 @@ class ProgressEngine:
     def __init__(self, name: str) -> None:
         self._name = name
         self._cond = threading.Condition()
-        self._queue: deque[tuple[Work, Callable[[], Any]]] = deque()
+        self._queue: deque[tuple[Work, Callable[[], Any], Any]] = deque()
         self._running: Work | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def submit(self, job: Callable[[], Any], what: str) -> Work:
-        """Queue `job`; its `Work` completes with what it returns or raises."""
+    def submit(self, job: Callable[[], Any], what: str, payload: Any = None) -> Work:
+        """Queue `job`; its `Work` completes with what it returns or raises. `payload`: what
+        `peek` shows while the job waits."""
         work = Work(what)
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"netreduce: {what}: the communicator is closing")
-            self._queue.append((work, job))
+            self._queue.append((work, job, payload))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name,
                                                 daemon=True)
@@ -112,7 +115,7 @@ class ProgressEngine:
                 self._cond.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return
-                work, job = self._queue.popleft()
+                work, job, _ = self._queue.popleft()
                 self._running = work
             try:
                 result = job()
@@ -123,6 +126,11 @@ class ProgressEngine:
             with self._cond:
                 self._running = None
                 self._cond.notify_all()
+
+    def peek(self) -> Any:
+        """The payload of the job that runs next (None: none queued, or it has none)."""
+        with self._cond:
+            return self._queue[0][2] if self._queue and not self._closed else None
 
     def on_thread(self) -> bool:
         """Is the caller the progress thread (a job calling back into the communicator)?"""
@@ -144,7 +152,7 @@ class ProgressEngine:
             self._closed = True
             self._cond.notify_all()
             self._cond.wait_for(self.idle, timeout)
-            left = [work for work, _ in self._queue]
+            left = [work for work, _, _ in self._queue]
             self._queue.clear()
             running = self._running
         for work in left:

@@ -171,9 +171,10 @@ class ShardedCommunicator:
             self._engine.drain()
         return job()
 
-    def submit(self, job: Callable[[], Any], what: str) -> Work:
+    def submit(self, job: Callable[[], Any], what: str, first: Any = None) -> Work:
         """`Communicator.submit`: `job()` on this communicator's progress thread, in issue
-        order with the asynchronous calls (netreduce.torch's DDP hook uses it)."""
+        order with the asynchronous calls (netreduce.torch's DDP hook uses it); `first` is
+        not used: the shards' calls run one at a time on their own communicators."""
         self._check_usable()
         return self._engine.submit(job, what)
 

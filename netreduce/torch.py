@@ -177,7 +177,8 @@ def allreduce_hook(state: HookState | Communicator | None,
     # (annotations evaluated, not postponed: DDP checks them against dist.GradBucket)
     comm, algo = _resolve(state)
     return _ddp_future(comm.submit(lambda: average_bucket(comm, bucket, algo),
-                                   f"DDP gradient bucket {bucket.index()}"))
+                                   f"DDP gradient bucket {bucket.index()}",
+                                   first=(bucket.buffer(), "avg", algo)))
 
 
 def bf16_allreduce_hook(state: HookState | Communicator | None,

@@ -11,6 +11,7 @@ import numpy as np
 from flowctl import FlowConfig
 from flowctl.plan import MessagePlan
 from netreduce.comm import Communicator
+from netreduce.progress import ProgressEngine, Work
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
 from tests.processes import free_port
@@ -65,6 +66,27 @@ def run_threads(n: int, worker: Callable[[int], None], timeout: float) -> None:
     for t in threads:
         t.join(timeout=timeout)
     assert not any(t.is_alive() for t in threads), "a rank hung"
+
+
+class RankEngine(ProgressEngine):
+    """A progress engine whose jobs run on the rank's own thread (`run_next`): the RC
+    model schedules that thread alone (tests/rcmodel/inflight.py), and benchmarks/
+    bench_host.py reads its CPU; `peek` and the order of jobs are the engine's."""
+
+    def submit(self, job: Callable[[], Any], what: str, payload: Any = None) -> Work:
+        work = Work(what)
+        self._queue.append((work, job, payload))
+        return work
+
+    def on_thread(self) -> bool:
+        return True
+
+    def run_next(self) -> None:
+        work, job, _ = self._queue.popleft()
+        try:
+            work.finish(result=job())
+        except BaseException as exc:        # noqa: BLE001 - handed to the caller's wait()
+            work.finish(error=exc)
 
 
 def rank_data(rank: int, count: int, dtype: str) -> np.ndarray:

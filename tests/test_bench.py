@@ -16,7 +16,8 @@ from netreduce.algorithms.switch import SWITCH
 from netreduce.tools import cli
 from netreduce.tools.bench import runner, tenants
 from netreduce.tools.bench.progressbar import Progress
-from netreduce.tools.bench.results import (Collector, Record, Result, Summary, document, gbps,
+from netreduce.tools.bench.results import (LATENCY, Collector, Record, Result, Summary,
+                                           document, gbps,
                                            latency_table, quartiles, ratios, rtt_us, table,
                                            validate)
 from netreduce.tools.bench.runplan import (BenchPlan, format_size, parse_algos, parse_iters,
@@ -575,3 +576,31 @@ def test_spine_bytes_per_call_in_the_table_the_json_and_the_plot(tmp_path: Path)
     from netreduce.tools.bench.plot import plot
     plot(results, 4, "int32", tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_worker_keeps_k_calls_in_flight_through_the_fake_switch_and_reports_latency(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--in-flight 4: every allreduce job's calls verified, their latencies summed per rank
+    (each at least the job's time per call, at most the whole job's)."""
+    monkeypatch.setenv("NR_IN_FLIGHT", "4")
+    plan = BenchPlan(workers=3, sizes=(4096,), algos=("switch",), jobs=1, warmup=0, iters=12,
+                     in_flight=4)
+    fabric = FakeFabric()
+
+    def body(comm: Any, host: Any) -> list[Record]:
+        records: list[Record] = []
+        run(comm, plan, records.append)
+        return records
+
+    per_rank = run_ranks(3, body, fabric=fabric, controller=FakeController(fabric))
+    for records in per_rank:
+        assert isinstance(records, list), records
+        link, switch = records
+        assert switch.algo == "switch" and switch.ok and switch.calls == 12
+        assert LATENCY not in link.counters
+        assert switch.per_call_ns * 12 <= switch.counters[LATENCY] <= switch.ns * 12
+    result = Result("switch", 4096, 3)
+    result.add(per_rank[0][1])              # one rank's record: latency / (calls x workers)
+    assert result.latency_us == pytest.approx(per_rank[0][1].counters[LATENCY] / 36 / 1e3)
+    with pytest.raises(ValueError, match="in-flight >= 1"):
+        BenchPlan(workers=3, sizes=(4096,), algos=("ring",), in_flight=0)

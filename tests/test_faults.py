@@ -125,7 +125,7 @@ def test_the_seal_catches_a_fake_switch_that_stopped_aggregating_mid_call() -> N
     workspace = Workspace(host.register).ensure(SWITCH.workspace_bytes(count, 4, n))
 
     class RawStream:
-        def transfer(self, send: Any, recv_nbytes: int) -> None:
+        def transfer(self, send: Any, recv_nbytes: int, then: Any = None) -> None:
             got = workspace.view()[SWITCH_RECV(count, n):].view("<i4")
             got[:count] = 7
             got[count:count + n] = [1, 0, 0]       # rank 0's seal only

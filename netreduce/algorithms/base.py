@@ -23,7 +23,7 @@ from typing import Mapping, NamedTuple, Protocol
 import numpy as np
 
 from flowctl.link import RemoteBuffer
-from flowctl.stream import Stream
+from flowctl.stream import Outgoing, Stream
 from netreduce.workspace import RegisteredMemory
 
 
@@ -54,6 +54,8 @@ class CallContext:
     streams: Mapping[str, Stream]   # by ring name
     blocks: tuple[bytes, ...] = ()  # every rank's `local_range(...).blocks`, by rank
     inline: bool = False            # every rank's `blocks` is its data (`DataRange.inline`)
+    then: Outgoing | None = None    # posted on "inc" behind this call's data, unsettled:
+    #                                 the next call's records (calls in flight, comm.py)
 
 
 class Algorithm(Protocol):

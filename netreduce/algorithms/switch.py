@@ -425,7 +425,7 @@ class SwitchAllreduce:
             quantize(src, self.exponents(call), data)
         send = Outgoing(call.workspace.local().slice(0, nbytes),
                         call.peer_workspace.slice(at, nbytes))
-        call.streams["inc"].transfer(send, recv_nbytes=nbytes)
+        call.streams["inc"].transfer(send, recv_nbytes=nbytes, then=call.then)
         sealed = summed[call.count:]
         if not np.all(sealed == 1):
             raise SwitchNotAggregating(

@@ -242,7 +242,8 @@ class World:
     scale study's "one switch of n ports" (rcmodel.scale); the software pipeline's bitmap
     is a Python int, so nothing else changes. `aggregator_bps`: the hosts on a shared network
     with a one-armed aggregator whose link runs at that rate (rcmodel.fabric.OneArmedFabric;
-    k aggregators: k x LINK_BPS, rcmodel.aggregators).
+    k aggregators: k x LINK_BPS, rcmodel.aggregators). `in_flight`: every communicator's
+    (tests.rcmodel.inflight).
     """
 
     def __init__(self, n: int, config: FlowConfig, *, faults: Faults = Faults(),
@@ -254,7 +255,7 @@ class World:
                  uplink_faults: FaultRates = FaultRates(),
                  max_ranks: Optional[int] = None,
                  pods: Optional[Sequence[int]] = None,
-                 aggregator_bps: Optional[float] = None) -> None:
+                 aggregator_bps: Optional[float] = None, in_flight: int = 1) -> None:
         self.n, self.config = n, config
         self.sim = Simulation(max_time, max_events)
         self.turns = Turns(self.sim)
@@ -325,7 +326,8 @@ class World:
                 rendezvous=rendezvous, host=ModelHost(dev, attr, self.turns, r),
                 config=config, endpoints=self.endpoints, streams=streams,
                 control=controls[r], switch=status, controller=None,
-                rings={ring: ModelRingQPs(*qps[r, ring]) for ring in RINGS}))
+                rings={ring: ModelRingQPs(*qps[r, ring]) for ring in RINGS},
+                in_flight=in_flight))
 
     def run(self, body: Callable[[Communicator], Any]) -> list[Any]:
         """body(comm) on every rank; each rank's result or exception (see the module doc)."""

@@ -30,7 +30,10 @@ against size). `--sweep` is the latency sweep: sizes 4 B .. 16 MiB by
 powers of 4 (unless --sizes says otherwise; sizes also take MIN:MAX:FACTOR ranges as
 nccl-tests' -b/-e/-f), --iters auto and --rtt. `--tenants T` runs T such jobs at once on
 disjoint shares of the hosts, each under its own principal, and adds each one's share of
-the aggregate (netreduce.tools.bench.tenants).
+the aggregate (netreduce.tools.bench.tenants). `--in-flight K` keeps K asynchronous calls
+outstanding in every allreduce job (nccl-tests' aggregated iterations; --iters 8 K): the
+times are then the stream's per call and each result adds a call's mean latency
+(tests/rcmodel/inflight.py gives the same curves in the RC model).
 Exit code: 0, 1 if a result did not match numpy, 2 on bad options, else the
 failing worker's.
 """

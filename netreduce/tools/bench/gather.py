@@ -77,5 +77,5 @@ def meta(plan: BenchPlan, started_at: datetime) -> dict[str, Any]:
             "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "started_at": started_at.isoformat(timespec="seconds"),
             "sizes": list(plan.sizes), "algos": list(plan.algos), "jobs": plan.jobs,
-            "warmup": plan.warmup, "seed": plan.seed,
+            "warmup": plan.warmup, "seed": plan.seed, "in_flight": plan.in_flight,
             "lab": {k: v for k, v in os.environ.items() if k.startswith("NR_")}}

@@ -19,7 +19,8 @@ included); a result is verified when it is 0.
 
 The JSON document (`document`; `validate` checks its shape): {"meta": META_KEYS, "results":
 [RESULT_KEYS, one per column and size, with the rxe counters, the lab's CPU shares and, on
-a fabric, "spine_bytes_per_call"], "link_gbps", "rtt_us", "ratios": [RATIO_KEYS per size]}.
+a fabric, "spine_bytes_per_call"; with --in-flight, "latency_us"], "link_gbps", "rtt_us",
+"ratios": [RATIO_KEYS per size]}.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from netreduce.tools.reference import SWITCH_PER_CALL
 PREFIX = "NRBENCH "        # a worker's stdout line carrying one Record
 CPU = "cpu_"               # Record.counters keys holding CPU time by state
 SPINE = "spine_bytes"      # Record.counters key: bytes over a fabric's ToR-spine links
+LATENCY = "latency_ns"     # Record.counters key: the job's calls' latencies, summed (in flight)
 
 
 def gbps(nbytes: int, ns: float) -> float:
@@ -188,12 +190,20 @@ class Result:
     def rxe(self) -> dict[str, int]:
         """The rxe hw_counters that moved, all ranks, all jobs (warmup included)."""
         return {k: v for k, v in sorted(self.counters.items())
-                if not k.startswith(CPU) and k != SPINE}
+                if not k.startswith(CPU) and k not in (SPINE, LATENCY)}
 
     @property
     def spine_bytes_per_call(self) -> float | None:
         """Bytes over the ToR-spine links per job (None: not a two-tier fabric)."""
         return self.counters[SPINE] / self.calls if SPINE in self.counters else None
+
+    @property
+    def latency_us(self) -> float | None:
+        """Calls in flight: a call's mean latency from its submission to its completion,
+        every rank and job (None: the calls ran one at a time, latency = time per call)."""
+        if LATENCY not in self.counters or not self.calls:
+            return None
+        return self.counters[LATENCY] / (self.calls * self.workers) / 1e3
 
     @property
     def vm_cpu(self) -> dict[str, float]:
@@ -241,6 +251,9 @@ class Result:
             lines.append(f"  {name}: #{ns:.0f}# ns Goodput: #{gbps(self.moved_bytes, ns):.4f}# "
                          f"Gbps.")
         lines.append(f"  Std dev: #{s.std:.0f}# ns")
+        if self.latency_us is not None:
+            lines.append(f"  calls in flight: a call's mean latency {self.latency_us:.1f} us "
+                         f"(all jobs and ranks); the times above are the stream's per call")
         if self.rxe:
             lines.append("  rxe counters, all ranks, warmup included: " + " ".join(
                 f"{k}={v}" for k, v in self.rxe.items()))
@@ -258,7 +271,8 @@ class Result:
                 "busbw_GBps": gigabytes(self.busbw_gbps), "wrong": self.wrong,
                 "verified": self.verified,
                 "rxe": self.rxe, "vm_cpu": self.vm_cpu,
-                "spine_bytes_per_call": self.spine_bytes_per_call}
+                "spine_bytes_per_call": self.spine_bytes_per_call,
+                "latency_us": self.latency_us}
 
 
 def _find(results: list[Result], algo: str, size: int) -> Result | None:

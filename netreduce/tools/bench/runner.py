@@ -68,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"scale per call, as before per-block scales, to compare with "
                         f"switch in one run)")
     p.add_argument("--jobs", type=int, default=5, help="timed jobs per size and algorithm")
+    p.add_argument("--in-flight", type=int, default=1, metavar="K",
+                   help="asynchronous calls outstanding per allreduce job (K > 1: the "
+                        "stream's time per call and each call's latency; --iters defaults "
+                        "to 8 K)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed jobs per size and algorithm before the timed ones")
     p.add_argument("--window", type=int, default=2,
@@ -100,12 +104,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def plan_of(args: argparse.Namespace) -> BenchPlan:
     algos = args.algos or default_algos()
     sizes = args.sizes or parse_sizes(SWEEP if args.sweep else DEFAULT_SIZES)
-    iters = args.iters if args.iters is not None else 0 if args.sweep else 1
+    iters = args.iters if args.iters is not None else 0 if args.sweep else \
+        8 * args.in_flight if args.in_flight > 1 else 1
     return BenchPlan(workers=args.workers, sizes=tuple(sizes), algos=tuple(algos),
                      dtype=args.dtype, jobs=args.jobs, warmup=args.warmup,
                      window=args.window, msg_size=args.msg_size, mtu=args.mtu,
                      seed=args.seed, ack_timeout=args.ack_timeout, iters=iters,
-                     rtt=args.rtt or args.sweep)
+                     rtt=args.rtt or args.sweep, in_flight=args.in_flight)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -101,7 +101,9 @@ class BenchPlan:
     """Identical on every rank. For every size: `warmup` untimed then `jobs` timed rounds of
     one job per column: the link, then each algorithm, then (with `rtt`) the RC round trip
     between ranks 0 and 1 (see netreduce.tools.bench.worker). A job makes `calls(size)`
-    calls back to back (`iters`; 0 = auto) and reports its time per call."""
+    calls back to back (`iters`; 0 = auto) and reports its time per call; with `in_flight`
+    K > 1 an allreduce job keeps K asynchronous calls outstanding (nccl-tests' aggregated
+    iterations): its time per call is the stream's pace, each call's latency reported too."""
 
     workers: int
     sizes: tuple[int, ...]
@@ -116,11 +118,14 @@ class BenchPlan:
     ack_timeout: int | None = None     # the QPs' local ACK timeout exponent; None: init's
     iters: int = 1                     # calls per job; 0: auto (`calls`)
     rtt: bool = False                  # measure the RC round trip column too
+    in_flight: int = 1                 # asynchronous calls outstanding per allreduce job
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.jobs < 1 or self.warmup < 0 or self.iters < 0:
-            raise ValueError(f"bench: need workers >= 1, jobs >= 1, warmup >= 0, iters >= 0 "
-                             f"(got {self.workers}, {self.jobs}, {self.warmup}, {self.iters})")
+        if self.workers < 1 or self.jobs < 1 or self.warmup < 0 or self.iters < 0 \
+                or self.in_flight < 1:
+            raise ValueError(f"bench: need workers >= 1, jobs >= 1, warmup >= 0, iters >= 0, "
+                             f"in-flight >= 1 (got {self.workers}, {self.jobs}, {self.warmup}, "
+                             f"{self.iters}, {self.in_flight})")
         if self.rtt and self.workers < 2:
             raise ValueError("bench: the RC round trip needs 2 or more workers")
         if self.dtype not in DTYPES:

@@ -6,7 +6,8 @@ For every size of the plan, `warmup` + `jobs` rounds; a round runs one job of ev
 in order -- the link (netreduce.tools.bench.link_baseline), then each allreduce algorithm, then with
 `--rtt` the RC round trip between ranks 0 and 1 (netreduce.tools.bench.rtt) -- so that a
 slow spell of the lab hits every column alike. A job makes `plan.calls(size)` calls back to
-back. A job: prepare, barrier (a one-element ring
+back (with `in_flight` K > 1, an allreduce job keeps K asynchronous calls outstanding and
+adds up their latencies, `results.LATENCY`). A job: prepare, barrier (a one-element ring
 allreduce: nobody leaves it before every rank entered it), run (timed), verify, read the
 rxe counters (and, rank 0, the lab's CPU time by state and, on a two-tier fabric, the bytes
 that crossed its ToR-spine links, read around the job's barriers). One `Record` line per job goes
@@ -19,6 +20,7 @@ import argparse
 import os
 import sys
 import time
+from collections import deque
 from contextlib import nullcontext
 from typing import Any, Callable, Protocol
 
@@ -28,7 +30,7 @@ import netreduce
 from netreduce.algorithms.switch import one_scale_per_call
 from netreduce.tools.bench.link_baseline import LinkProbe
 from netreduce.tools.bench.runplan import LINK, RTT, BenchPlan
-from netreduce.tools.bench.results import CPU, SPINE, Record
+from netreduce.tools.bench.results import CPU, LATENCY, SPINE, Record
 from netreduce.tools.bench.rtt import RTT_PINGS, PingPong
 from netreduce.tools.reference import SWITCH_PER_CALL, Reference, rank_input as seeded_input
 from ring_setup.device import hw_counters
@@ -54,7 +56,7 @@ class Measured(Protocol):
     came out wrong on this rank, nccl-tests' #wrong."""
 
     def prepare(self) -> None: ...
-    def run(self, calls: int) -> None: ...
+    def run(self, calls: int) -> dict[str, int]: ...     # counters of its own (in flight)
     def wrong(self) -> int: ...
 
 
@@ -63,8 +65,9 @@ class AllreduceJob:
     `one_scale_per_call` (every rank runs the same columns, so every rank enters it)."""
 
     def __init__(self, comm: netreduce.Communicator, column: str, x: np.ndarray,
-                 reference: Reference) -> None:
+                 reference: Reference, in_flight: int = 1) -> None:
         self.comm, self.column, self.x, self.reference = comm, column, x, reference
+        self.in_flight = in_flight
         self.algo = "switch" if column == SWITCH_PER_CALL else column
         self.scales = one_scale_per_call if column == SWITCH_PER_CALL else nullcontext
         self.out = np.empty_like(x)
@@ -72,13 +75,35 @@ class AllreduceJob:
     def prepare(self) -> None:
         self.out.fill(0)                  # a job that wrote nothing cannot pass the check
 
-    def run(self, calls: int) -> None:
+    def run(self, calls: int) -> dict[str, int]:
         with self.scales():
+            if self.in_flight > 1:
+                return {LATENCY: self._in_flight(calls)}
             for _ in range(calls):
                 self.comm.allreduce(self.x, algo=self.algo, out=self.out)
-                if self.comm.last_algo != self.algo:
-                    raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator "
-                                       f"ran {self.comm.last_algo!r}")
+                self._check_route()
+        return {}
+
+    def _in_flight(self, calls: int) -> int:
+        """`calls` asynchronous calls, `in_flight` outstanding (all into `out`, in order);
+        their latencies (ns, submission to completion) summed."""
+        outstanding: deque[tuple[int, Any]] = deque()
+        total = 0
+        for c in range(calls + self.in_flight):
+            if len(outstanding) == self.in_flight or (c >= calls and outstanding):
+                started, work = outstanding.popleft()
+                work.wait()
+                total += time.perf_counter_ns() - started
+                self._check_route()
+            if c < calls:
+                outstanding.append((time.perf_counter_ns(), self.comm.allreduce(
+                    self.x, algo=self.algo, out=self.out, async_op=True)))
+        return total
+
+    def _check_route(self) -> None:
+        if self.comm.last_algo != self.algo:
+            raise RuntimeError(f"bench: asked for algo={self.algo!r}, the communicator "
+                               f"ran {self.comm.last_algo!r}")
 
     def wrong(self) -> int:
         """Elements outside the bound of the column's algorithm (int32: not exact)."""
@@ -92,9 +117,10 @@ class LinkJob:
     def prepare(self) -> None:
         self.probe.prepare(self.size)
 
-    def run(self, calls: int) -> None:
+    def run(self, calls: int) -> dict[str, int]:
         for _ in range(calls):
             self.probe.run()
+        return {}
 
     def wrong(self) -> int:
         return self.probe.wrong()
@@ -109,8 +135,9 @@ class RoundTripJob:
     def prepare(self) -> None:
         return None
 
-    def run(self, calls: int) -> None:
+    def run(self, calls: int) -> dict[str, int]:
         self.pingpong.run(calls)
+        return {}
 
     def wrong(self) -> int:
         return self.pingpong.wrong()
@@ -179,7 +206,8 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
             jobs: dict[str, Measured] = {
                 column: LinkJob(probe, size) if column == LINK
                 else RoundTripJob(pingpong) if column == RTT and pingpong is not None
-                else AllreduceJob(comm, column, x, reference) for column in plan.columns}
+                else AllreduceJob(comm, column, x, reference, plan.in_flight)
+                for column in plan.columns}
             calls = plan.calls(size)
             counters = hw_counters(comm.device)
             for i in range(-plan.warmup, plan.jobs):
@@ -190,14 +218,14 @@ def run(comm: netreduce.Communicator, plan: BenchPlan, emit: Callable[[Record], 
                     comm.allreduce(token, algo="ring")           # the barrier
                     cpu = lab_cpu() if comm.rank == 0 else {}
                     t0 = time.perf_counter_ns()
-                    job.run(n_calls)
+                    own = job.run(n_calls)
                     ns = time.perf_counter_ns() - t0
                     cpu = _moved(cpu, lab_cpu()) if comm.rank == 0 else {}
                     comm.allreduce(token, algo="ring")           # every rank is done
                     crossed = _moved(crossed, spine.read())
                     now = hw_counters(comm.device)
                     emit(Record(column, size, i, ns, job.wrong(),
-                                _moved(counters, now) | cpu | crossed, n_calls))
+                                _moved(counters, now) | cpu | crossed | own, n_calls))
                     counters = now
     finally:
         spine.close()
@@ -213,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = BenchPlan.from_json(parser.parse_args(argv).plan)
     netreduce.log_to_stderr()
     comm = netreduce.init(mtu=plan.mtu, msg_size=plan.msg_size, window=plan.window,
-                          ack_timeout=plan.ack_timeout,
+                          ack_timeout=plan.ack_timeout, in_flight=plan.in_flight,
                           switch=None if plan.needs_switch else "")  # None: $NR_CONTROLLER
     run(comm, plan, lambda record: print(record.line(), flush=True))
     netreduce.finalize()
