@@ -12,7 +12,7 @@ from typing import Any, Callable
 from flowctl.plan import FlowConfig
 from netreduce.tools.launch import LaunchResult
 from tests.lab.switchruns import STRUCTURAL_DROPS, data_packets, meta_packets
-from tests.lab.workers import lines, run_worker
+from tests.lab.workers import lines, run_worker, why
 
 
 class Cues(io.StringIO):
@@ -62,7 +62,7 @@ def check_survived(result: LaunchResult, n: int, calls: int, size: int,
     assert result.ok, f"exit {result.exit_code}"
     routes, stats = [], []
     for r in range(n):
-        assert lines(result, r, "OK survive"), result.ranks[r].output[-40:]
+        assert lines(result, r, "OK survive"), why(result, r)
         routes.append([c.split()[1] for c in lines(result, r, "CALL ")])
         stats.append(json.loads(lines(result, r, "STATS ")[0]))
     assert routes == [routes[0]] * n and stats == [stats[0]] * n, (routes, stats)

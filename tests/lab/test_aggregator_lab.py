@@ -24,7 +24,7 @@ from tests.lab.labswitch import restart_aggregator
 from tests.lab.survive import Cues, check_survived, survive_job
 from tests.lab.switchruns import (STRUCTURAL_DROPS, check_retransmissions_seen,
                                   check_switch_run, show_run)
-from tests.lab.workers import lines, run_worker
+from tests.lab.workers import lines, run_worker, why
 
 pytestmark = pytest.mark.lab
 
@@ -59,7 +59,7 @@ def test_every_case_is_exact_through_k_aggregators(
         result = run_worker(4, "shards", "--sizes", ",".join(map(str, CASES)), timeout=1500)
     assert result.ok, f"exit {result.exit_code}"
     for r in range(4):
-        assert lines(result, r, "OK shards"), result.ranks[r].output[-20:]
+        assert lines(result, r, "OK shards"), why(result, r)
     times = lines(result, 0, "TIME ")
     with capsys.disabled():
         print(f"\n[k={k} aggregator(s), {loss} loss] " + "; ".join(times))

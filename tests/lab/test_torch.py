@@ -27,7 +27,7 @@ from netreduce.tools.launch import LaunchResult, launch
 from tests.lab.labhosts import HOSTS
 from tests.lab.readme import readme_snippets
 from tests.lab.torchserver import TORCH_PRELOAD, TorchForkServer, TorchForkServerError
-from tests.lab.workers import next_port, tree_env, user_env
+from tests.lab.workers import next_port, tree_env, user_env, why
 
 pytestmark = pytest.mark.lab
 
@@ -85,7 +85,7 @@ def test_the_readme_ddp_snippet_trains_with_the_hook(ddp_job: LaunchResult) -> N
     """The README's DDP snippet, run verbatim on 4 ranks: one step through its hook leaves
     every rank the same averaged gradients, summed by the switch."""
     checks = [x for r in ddp_job.ranks for x in r.output if x.startswith("README-CHECK ddp")]
-    assert len(checks) == 4, [r.output[-20:] for r in ddp_job.ranks]
+    assert len(checks) == 4, "\n".join(why(ddp_job, r) for r in range(4))
     sums = {re.search(r"grad sum (\S+)", c)[1] for c in checks}
     assert len(sums) == 1, checks          # every rank holds the same averaged gradients
     assert all(c.endswith("algo switch") for c in checks), checks
@@ -97,10 +97,11 @@ def test_ddp_with_netreduce_against_gloo(ddp_job: LaunchResult) -> None:
     like gloo, then rank 2 is killed during backward and the others name it."""
     for r in (r for r in range(4) if r != VICTIM):
         out = ddp_job.ranks[r].output
-        assert ddp_job.ranks[r].returncode == 0, "\n".join(out[-40:])
+        assert ddp_job.ranks[r].returncode == 0, why(ddp_job, r)
         for mode in ("switch", "ring", "backend"):
-            assert any(x.startswith(f"OK {mode}: max |param - gloo|") for x in out), out
-        assert any(x.startswith("OK bf16 gradients: switch") for x in out), out
+            assert any(x.startswith(f"OK {mode}: max |param - gloo|") for x in out), \
+                why(ddp_job, r)
+        assert any(x.startswith("OK bf16 gradients: switch") for x in out), why(ddp_job, r)
         line = next(x for x in out if x.startswith("OK nan:"))
         assert f"netreduce: rank {r}: DDP gradient bucket" in line and "holds NaN or Inf" in line
         line = next(x for x in out if x.startswith("OK error:"))
@@ -118,6 +119,7 @@ def test_ddp_trains_through_two_switch_restarts_and_two_link_flaps(
     per restart and a recovered fault per flap on every rank (the victim dies only after)."""
     for r in range(4):
         out = ddp_job.ranks[r].output
-        assert any(x.startswith("OK survive: max |param - gloo|") for x in out), out[-40:]
+        assert any(x.startswith("OK survive: max |param - gloo|") for x in out), \
+            why(ddp_job, r)
     print("\n".join(x for x in ddp_job.ranks[0].output if x.startswith(("OK survive",
                                                                         "netreduce: "))))

@@ -24,7 +24,7 @@ from netreduce.transport_fault import fault_bound
 from tests.lab.fault_worker import AFTER_FAULT
 from tests.lab.labhosts import netem_links, run_in_host
 from tests.lab.survive import Cues
-from tests.lab.workers import lines, next_port, tree_env
+from tests.lab.workers import lines, next_port, tree_env, why
 
 pytestmark = pytest.mark.lab
 
@@ -59,7 +59,7 @@ def checked(result: LaunchResult, calls: int) -> tuple[list[str], dict, list[str
     assert result.ok, tails(result)
     routes, stats = [], []
     for r in range(N):
-        assert lines(result, r, "OK faults"), result.ranks[r].output[-40:]
+        assert lines(result, r, "OK faults"), why(result, r)
         routes.append([c.split()[1] for c in lines(result, r, "CALL ")])
         stats.append(json.loads(lines(result, r, "STATS ")[0]))
     assert len(routes[0]) >= calls and routes == [routes[0]] * N, routes

@@ -92,3 +92,19 @@ def in_background(n: int, *args: str, until: Path, marker: str
 def lines(result: LaunchResult, rank: int, prefix: str) -> list[str]:
     """Rank `rank`'s output lines that start with `prefix`, the prefix cut off."""
     return [line[len(prefix):] for line in result.ranks[rank].output if line.startswith(prefix)]
+
+
+#: what a rank's output says when it failed: its checks' verdicts, exceptions, the library's
+#: errors and warnings (the lines a CI summary must show first; its tail is cut)
+_WHY = ("FAIL", "Traceback", "netreduce.errors.", "RuntimeError", "AssertionError",
+        "SystemExit", "ERROR", "WARNING")
+
+
+def why(result: LaunchResult, rank: int, tail: int = 25) -> str:
+    """Rank `rank`'s failure for an assertion message, most telling first: its exit code,
+    the lines naming a failure or an error (at most 15), then the last `tail` lines."""
+    r = result.ranks[rank]
+    told = [x for x in r.output if any(w in x for w in _WHY)][-15:]
+    return "\n".join([f"rank {rank}: exit {r.returncode}"
+                      f"{' (stopped by the launcher)' if r.stopped else ''}",
+                      *told, "... last lines:", *r.output[-tail:]])
