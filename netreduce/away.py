@@ -186,6 +186,21 @@ class KeptCall:
     record: CallMeta
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """Settled call k* to finish from every rank's kept data (`AwayProtocol._recover`),
+    kept until every rank started the next call, so that a host-ring fault that interrupts
+    it redoes it (netreduce/transport_fault.py): this rank's wire words of k* copied before
+    the first attempt (the host ring sums them in place, over the workspace's send area),
+    and what the switch gave it with a good seal (`expected`); `context` None: a small call,
+    finished from its records again."""
+
+    call: int
+    context: CallContext | None = None
+    words: np.ndarray | None = None
+    expected: np.ndarray | None = None
+
+
 class AwayProtocol:
     """One rank's side of the switch (module doc): the "inc" ring (QPs, stream, endpoints),
     its registration (`status`, alike on every rank) and lease, the switch-away epochs
@@ -214,7 +229,9 @@ class AwayProtocol:
         self.reason: str | None = None        # why the switch is away (None: it is not)
         self._away_at = (0, 0.0)              # the call settled and when, for the log
         self._kept: dict[int, KeptCall] = {}  # by seq: wire words that may be needed
+        self._recovery: Recovery | None = None    # the last settled call finished from them
         self._began: CallMeta | None = None   # this rank's record of the last call it began
+        self._failed_at: float | None = None  # when a wait on "inc" last failed (unsettled)
         self._generation = 0                  # "inc" rings built again
         self._backoff = Backoff()
         self._rejoiner: Rejoiner | None = None
@@ -255,6 +272,8 @@ class AwayProtocol:
         retired buffers go once no kept call uses that workspace."""
         self._kept = {seq: k for seq, k in self._kept.items()
                       if below is not None and seq >= below}
+        if self._recovery is not None and (below is None or self._recovery.call < below):
+            self._recovery = None
         used = {self._slot(seq) for seq in self._kept}
         for slot, workspace in enumerate(self._workspaces):
             if slot not in used:
@@ -281,6 +300,7 @@ class AwayProtocol:
         try:
             return step()
         except FlowError as exc:
+            self._failed_at = self._failed_at or time.monotonic()
             if not isinstance(exc, SwitchNotAggregating) and self._notice_within(NOTICE_GRACE):
                 raise SwitchAway(f"a transfer on 'inc' failed after the switch went away: "
                                  f"{exc}") from exc
@@ -330,7 +350,13 @@ class AwayProtocol:
         self._rendezvous.check_peers()
         epoch = self._rendezvous.notice_epoch
         if epoch > self.epoch:
+            self._failed_at = self._failed_at or time.monotonic()
             raise SwitchAway(self._rendezvous.notices[epoch])
+
+    def recovered(self) -> None:
+        """This rank's call completed (idle: its settle ended): the time since the faults
+        settled meanwhile were detected is lost (`CallStats.fault_recovered`)."""
+        self._stats.fault_recovered(time.monotonic())
 
     def settle(self, position: int, target: np.ndarray | None = None,
                seen: str | None = None) -> bool:
@@ -340,12 +366,13 @@ class AwayProtocol:
         saw, published as the notice unless one is pending. Returns True when the call in
         flight was completed from every rank's wire words (its output written)."""
         epoch = self.settling = self.epoch + 1
+        failed_at, self._failed_at = self._failed_at or time.monotonic(), None
         if self._rendezvous.notice_epoch < epoch:
             self._rendezvous.notice(epoch, f"rank {self.rank}: {seen}")
         reason = self._notice_reason()
         if self.on_fault is not None and faulted_ring(reason) == "ring":
-            self.on_fault(epoch, position, reason)      # netreduce.transport_fault
-            return False
+            return self._resume(self.on_fault(epoch, position, reason), position, target,
+                                reason)                 # netreduce.transport_fault
         self._stop_lease()
         if self._inc is not None:
             self._inc.to_error()    # no late WRITE through the lost switch lands in our memory
@@ -360,21 +387,53 @@ class AwayProtocol:
         if self.on_fault is not None and any(p.get("left") for p in gathered):
             # a rank left a "ring" wait mid-transfer for this notice: settled as a host-ring
             # fault (the ring rebuilt, a host-ring call completed somewhere redone there)
-            self.on_fault(epoch, position, reason)
-            return False
+            return self._resume(self.on_fault(epoch, position, reason), position, target,
+                                reason)
         plan = settle_plan([p["position"] for p in gathered])
+        if faulted_ring(reason) == "inc":
+            self._stats.fault_detected(failed_at)
         recovered = False
-        last = self._kept.get(plan.call)
-        if plan.recover and last is not None and not last.context.inline:
-            summed = self._sum_wire(last.context, expected if last is good else None)
-            if position == plan.call:
-                assert target is not None, "a rank at the settled call has it in flight"
-                SWITCH.deliver(last.context, summed, target)
-                recovered = True
-        elif plan.recover:
-            recovered = self._finish_inline(plan.call, position, target, reason)
+        if plan.recover:
+            last = self._kept.get(plan.call)
+            self._recovery = Recovery(plan.call) if last is None or last.context.inline else \
+                Recovery(plan.call, last.context,
+                         SWITCH.areas(last.context)[0][:last.context.count].copy(),
+                         expected if last is good else None)
+            try:
+                recovered = self._recover(position, target, reason)
+            except (RingFault, CompletionError):
+                self._left(epoch, reason, plan)     # the recovery is redone in the next epoch
+                raise
         self._left(epoch, reason, plan)
         return recovered
+
+    def resuming(self, call: int) -> bool:
+        """Settled call `call` is finished from every rank's kept data (`Recovery`), not
+        redone from its input: a host-ring fault interrupted that, or may have."""
+        return self._recovery is not None and self._recovery.call == call
+
+    def _resume(self, call: int, position: int, target: np.ndarray | None,
+                reason: str) -> bool:
+        """After host-ring fault epoch settled for call `call` (its ring rebuilt): finish
+        it again from the kept data when a settle was finishing it (every rank holds that
+        `Recovery`, alike); True when that wrote this rank's `target`."""
+        return self.resuming(call) and self._recover(position, target, reason)
+
+    def _recover(self, position: int, target: np.ndarray | None, reason: str) -> bool:
+        """Finish settled call k* (`_recovery`) over the host ring from every rank's kept
+        data; the ranks at k* (`position`) write the result into `target` (True), the
+        others check it against what the switch gave them. Redoable: it reads only what
+        the `Recovery` and the kept records hold."""
+        rec = self._recovery
+        assert rec is not None
+        if rec.context is None or rec.words is None:
+            return self._finish_inline(rec.call, position, target, reason)
+        summed = self._sum_wire(rec.context, rec.words, rec.expected)
+        if position != rec.call:
+            return False
+        assert target is not None, "a rank at the settled call has it in flight"
+        SWITCH.deliver(rec.context, summed, target)
+        return True
 
     def fall_back(self, epoch: int, reason: str, call: int) -> None:
         """Leave the switch at notice `epoch` without a settle plan: a host-ring fault in
@@ -389,8 +448,8 @@ class AwayProtocol:
 
     def _left(self, epoch: int, reason: str, plan: SettlePlan) -> None:
         """Epoch `epoch` settled by leaving the switch (`plan`): count, start rank 0's
-        Rejoiner, log."""
-        self.forget_kept()
+        Rejoiner, log. A call it finishes from the kept data stays kept (`Recovery`)."""
+        self.forget_kept(plan.call if plan.recover else None)
         lost_ring = self.status.ring_id
         self.epoch, self.reason = epoch, reason
         self._away_at = (plan.call, time.monotonic())
@@ -450,14 +509,14 @@ class AwayProtocol:
         write_inline(inline_sum([m.blocks for m in records], divisor, target.dtype), target)
         return True
 
-    def _sum_wire(self, switch_call: CallContext, expected: np.ndarray | None) -> np.ndarray:
-        """The wrapping int32 sum of every rank's wire words of `switch_call` (kept in its
-        workspace), over the host ring; a rank whose seal was good checks that the switch
-        gave it exactly that (`expected`; SwitchFailure otherwise)."""
-        wire, _ = SWITCH.areas(switch_call)
-        summed = np.empty(switch_call.count, dtype=wire.dtype)
-        RING.run(replace(switch_call, dtype=wire.dtype, op=np.add, divisor=1,
-                         streams=self._streams), wire[:switch_call.count], summed)
+    def _sum_wire(self, switch_call: CallContext, words: np.ndarray,
+                  expected: np.ndarray | None) -> np.ndarray:
+        """The wrapping int32 sum of every rank's wire words of `switch_call` (this rank's:
+        `words`), over the host ring in its workspace; a rank whose seal was good checks
+        that the switch gave it exactly that (`expected`; SwitchFailure otherwise)."""
+        summed = np.empty(switch_call.count, dtype=words.dtype)
+        RING.run(replace(switch_call, dtype=words.dtype, op=np.add, divisor=1,
+                         streams=self._streams), words, summed)
         if expected is not None and not np.array_equal(expected, summed):
             bad = int(np.flatnonzero(expected != summed)[0])
             raise SwitchFailure(
@@ -537,6 +596,7 @@ class AwayProtocol:
             epoch = self.epoch
             try:
                 self.settle(position, seen=seen)
+                self.recovered()
                 seen = None
             except (RingFault, CompletionError) as exc:
                 if self.epoch == epoch:

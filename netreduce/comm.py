@@ -333,9 +333,12 @@ class Communicator:
             try:
                 if self._settle(seq, target, seen):
                     self._calls = seq + 1
+                    self._away.recovered()
                     return Route(SWITCH)      # its wire words, summed over the ring
                 seen, target = None, call.target
-                return self._attempt(call, seq)
+                taken = self._attempt(call, seq)
+                self._away.recovered()
+                return taken
             except (SwitchAway, SwitchNotAggregating, RingFault, CompletionError) as exc:
                 self._calls = seq
                 seen = self._faults.seen(exc)
@@ -497,6 +500,7 @@ class Communicator:
             what = f"settling notice epoch {self._away.epoch + 1} while idle"
             try:
                 self._settle(self._calls, None, None)
+                self._away.recovered()
             except TransportFault as exc:
                 self._break(exc)
             except PeerFailed as exc:
@@ -577,6 +581,8 @@ class Communicator:
             except RendezvousError as exc:      # PeerFailed included: leave as before
                 logger.info("netreduce: rank %d: closing without every rank: %s",
                             self.rank, exc)
+            except TransportFault as exc:       # decided alike on every rank: no abort
+                self._break(exc)
             except BaseException as exc:    # noqa: BLE001 - closing: tell the others, go on
                 self._rendezvous.abort(f"closing: {type(exc).__name__}: {exc}")
                 self._break(exc)

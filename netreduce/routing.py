@@ -138,6 +138,7 @@ class CallStats:
         self._fallbacks: dict[str, int] = {}
         self._switch: dict[str, int] = dict.fromkeys(EVENTS, 0)
         self._transport: dict[str, int] = dict.fromkeys(FAULT_EVENTS, 0)
+        self._lost_since: float | None = None   # the earliest detection not yet recovered
 
     def switch_event(self, kind: str, count: int = 1) -> dict[str, int]:
         """Count `count` events of `kind` (`EVENTS`: the switch went away; it came back; a
@@ -149,11 +150,27 @@ class CallStats:
 
     def fault_event(self, kind: str, count: int = 1) -> dict[str, int]:
         """Count `count` of `kind` (`FAULT_EVENTS`: transport faults settled, rings rebuilt,
-        calls redone, milliseconds from a fault's notice to the end of its recovery);
-        returns the transport counts after it."""
+        calls redone; "ms_lost": `fault_recovered`); returns the transport counts after
+        it."""
         with self._lock:
             self._transport[kind] += count
             return dict(self._transport)
+
+    def fault_detected(self, at: float) -> None:
+        """A transport fault settled here was detected at `at` (monotonic s: this rank's
+        failed completion, or its settle's start): time is lost from the earliest such
+        detection until `fault_recovered`, each instant counted once."""
+        with self._lock:
+            if self._lost_since is None or at < self._lost_since:
+                self._lost_since = at
+
+    def fault_recovered(self, now: float) -> None:
+        """The call the faults detected interrupted completed at `now` (idle: the settle
+        ended): add the time since the detection to "ms_lost"."""
+        with self._lock:
+            if self._lost_since is not None:
+                self._transport["ms_lost"] += round(1000 * max(0.0, now - self._lost_since))
+                self._lost_since = None
 
     def count(self, taken: Route) -> bool:
         """Count one routed call; True when it is the first fallback for its reason (the

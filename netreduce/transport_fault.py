@@ -109,6 +109,7 @@ class Epochs(Protocol):
     @property
     def aggregating(self) -> bool: ...
     def fall_back(self, epoch: int, reason: str, call: int) -> None: ...
+    def resuming(self, call: int) -> bool: ...
 
 
 class FaultRecovery:
@@ -159,10 +160,12 @@ class FaultRecovery:
         for call in [c for c in self._seen if c < seq]:
             del self._seen[call]
 
-    def settle(self, epoch: int, position: int, reason: str) -> None:
+    def settle(self, epoch: int, position: int, reason: str) -> int:
         """Settle notice `epoch` (module doc, steps 2-5) with this rank's `position`: a
-        host-ring fault, or any notice some rank left a "ring" wait for (`AwayProtocol.settle`). Returns once call k* is redone here if this rank was past it; the
-        caller redoes k* when this rank is at it."""
+        host-ring fault, or any notice some rank left a "ring" wait for
+        (`AwayProtocol.settle`). Returns k* once it is redone here if this rank was past
+        it; the caller redoes k* when this rank is at it, or every rank finishes it from
+        the kept data when the fault interrupted that (`Epochs.resuming`)."""
         t0 = time.monotonic()
         positions = [p["position"] for p in self._rendezvous.gather(
             f"fault.{epoch}", {"position": position}, self._config.collective_timeout,
@@ -175,13 +178,14 @@ class FaultRecovery:
         if len(seen) > FAULT_ATTEMPTS:
             raise self._failure(reason, f"call #{k} faulted {len(seen)} times: " +
                                 "; ".join(seen))
+        self._stats.fault_detected(t0)
         if self._epochs.aggregating:    # the records of call k* + 1 went through "inc"
             self._epochs.fall_back(epoch, reason, k)
         self._rebuild(epoch)
         self._epochs.epoch = epoch
         time.sleep(backoff(len(seen)))
-        redone = position > k
-        if redone:
+        resuming = self._epochs.resuming(k)
+        if position > k and not resuming:
             kept = self._kept
             if kept is None or kept[0] != k:
                 raise RuntimeError(f"netreduce: rank {self.rank}: {reason}: this rank "
@@ -190,13 +194,15 @@ class FaultRecovery:
         if faulted_ring(reason) == "ring":  # else counted by fall_back (a fault on "inc")
             self._stats.fault_event("faults")
             self._stats.fault_event("redone")
-        self._stats.fault_event("rebuilds")
-        counts = self._stats.fault_event("ms_lost", round(1000 * (time.monotonic() - t0)))
+        counts = self._stats.fault_event("rebuilds")
         if self.rank == 0:
             logger.warning("netreduce: %s; epoch %d: the host ring's QPs were rebuilt "
-                           "(attempt %d of call #%d, positions %s), the call is redone from "
-                           "its input (transport counts: %s)", reason, epoch, len(seen), k,
-                           positions, ", ".join(f"{k} {v}" for k, v in counts.items()))
+                           "(attempt %d of call #%d, positions %s), the call is %s "
+                           "(transport counts: %s)", reason, epoch, len(seen), k, positions,
+                           "finished again from every rank's kept wire words" if resuming
+                           else "redone from its input",
+                           ", ".join(f"{k} {v}" for k, v in counts.items()))
+        return k
 
     def _rebuild(self, epoch: int) -> None:
         """Steps 4: fresh "ring" QPs and PSNs, exchanged and connected through the store."""

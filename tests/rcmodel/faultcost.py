@@ -43,6 +43,7 @@ from flowctl.stream import LIVENESS_POLL
 from tests.rcmodel.fabric import Faults
 from tests.rcmodel.rxe import QPAttr
 from netreduce.away import NOTICE_GRACE
+from netreduce.errors import CommunicatorError
 from netreduce.meta import RECORD_STRIDE
 from tests.rcmodel.fabric import LATENCY_S
 from tests.rcmodel.scale import (CONFIG, _stream, _us, formula_ring_time_us,
@@ -62,24 +63,56 @@ GRACE_POLL = 0.05       # s: the step of AwayProtocol._notice_within's wait (net
 @dataclass(frozen=True)
 class FaultCost:
     """One measurement: the clean and the faulted call's simulated seconds (slowest rank),
-    and rank 0's `comm.stats()["transport"]` after them."""
+    and every rank's `comm.stats()["transport"]` after them (`transport`: rank 0's)."""
     kind: str
     n: int
     size: int
     clean_s: float
     faulted_s: float
-    transport: dict[str, int]
+    ranks: tuple[dict[str, int], ...]
+
+    @property
+    def transport(self) -> dict[str, int]:
+        return self.ranks[0]
 
     @property
     def lost_s(self) -> float:
         return self.faulted_s - self.clean_s
 
 
+@dataclass(frozen=True)
+class Failed:
+    """A rank's faulted call failed: its error, `after` s from the link going dark."""
+    error: BaseException
+    after: float
+
+
 def measure(kind: str, n: int, size: int, config: FlowConfig = CONFIG,
-            budgets: float = DARK) -> FaultCost:
+            budgets: float = DARK, backoff: bool = False) -> FaultCost:
     """Run the clean and the faulted call of int32[size / 4] on n ranks (a dark link: for
-    `budgets` retry budgets); every result is checked exactly against numpy
-    (AssertionError otherwise)."""
+    `budgets` retry budgets; `backoff`: the back-offs take simulated time); every result
+    is checked exactly against numpy (AssertionError otherwise)."""
+    results, starts = _run(kind, n, size, config, budgets, backoff)
+    for r, got in enumerate(results):
+        if isinstance(got, (BaseException, Failed)):
+            err = got.error if isinstance(got, Failed) else got
+            raise AssertionError(f"{kind}, {n} ranks, {size} B: rank {r}: {err!r}") from err
+    clean = max(ends[0] for ends, _ in results) - starts[0]
+    faulted = max(ends[1] for ends, _ in results) - starts[1]
+    return FaultCost(kind, n, size, clean, faulted, tuple(t for _, t in results))
+
+
+def unhealed(n: int, size: int, config: FlowConfig = CONFIG) -> list[Any]:
+    """Every rank's outcome of a switch call (algo auto) during which rank VICTIM's link
+    goes dark for good, the back-offs on the simulated clock: `Failed`, or what else it
+    returned or raised."""
+    return _run(DARK_SWITCH, n, size, config, float("inf"), True)[0]
+
+
+def _run(kind: str, n: int, size: int, config: FlowConfig, budgets: float,
+         backoff: bool) -> tuple[list[Any], list[float]]:
+    """Every rank's (call ends, transport counts), `Failed` or exception; rank 0's call
+    starts."""
     if kind not in (*KINDS, DARK_SWITCH):
         raise ValueError(f"fault kind {kind!r} is not one of {KINDS + (DARK_SWITCH,)}")
     victim = bytes(map(int, host_ip(VICTIM).split(".")))
@@ -97,7 +130,7 @@ def measure(kind: str, n: int, size: int, config: FlowConfig = CONFIG,
     algo = "auto" if kind in ("inc", DARK_SWITCH) else "ring"
     starts: list[float] = []
 
-    def body(comm: Any) -> tuple[list[float], dict[str, int]]:
+    def body(comm: Any) -> Any:
         ends = []
         for i in range(2):
             if comm.rank == 0:
@@ -110,7 +143,12 @@ def measure(kind: str, n: int, size: int, config: FlowConfig = CONFIG,
                 else:
                     qps = comm._faults._qps if kind == "ring" else comm._away._inc
                     world.sim.at(at, qps.to_error)
-            y = comm.allreduce(inputs(comm.rank, count), algo=algo)
+            try:
+                y = comm.allreduce(inputs(comm.rank, count), algo=algo)
+            except CommunicatorError as exc:
+                failed = Failed(exc, world.sim.now - dark.get("from", world.sim.now))
+                comm.close()
+                return failed
             assert np.array_equal(y, want), f"rank {comm.rank}, call {i}: not exact"
             ends.append(world.sim.now)
         comm.close()
@@ -118,13 +156,7 @@ def measure(kind: str, n: int, size: int, config: FlowConfig = CONFIG,
     # the switch-away protocol's waits (NOTICE_GRACE) on the simulated clock too
     clock = SimpleNamespace(monotonic=world.sim.monotonic, sleep=world.turns.sleep)
     with mock.patch.object(away_module, "time", clock):
-        results = world.run(body)
-    for r, got in enumerate(results):
-        if isinstance(got, BaseException):
-            raise AssertionError(f"{kind}, {n} ranks, {size} B: rank {r}: {got!r}") from got
-    clean = max(ends[0] for ends, _ in results) - starts[0]
-    faulted = max(ends[1] for ends, _ in results) - starts[1]
-    return FaultCost(kind, n, size, clean, faulted, results[0][1])
+        return world.run(body, backoff), starts
 
 
 def ring_alone_s(n: int, size: int, config: FlowConfig = CONFIG) -> float:

@@ -329,13 +329,14 @@ class World:
                 rings={ring: ModelRingQPs(*qps[r, ring]) for ring in RINGS},
                 in_flight=in_flight))
 
-    def run(self, body: Callable[[Communicator], Any]) -> list[Any]:
-        """body(comm) on every rank; each rank's result or exception (see the module doc)."""
+    def run(self, body: Callable[[Communicator], Any], backoff: bool = False) -> list[Any]:
+        """body(comm) on every rank; each rank's result or exception (see the module doc).
+        A transport fault's back-off takes simulated time when `backoff`, else none."""
         real_time, fault_time = flowctl.stream.time, transport_fault.time
         flowctl.stream.time = SimpleNamespace(monotonic=self.sim.monotonic)  # type: ignore
-        # a transport fault's back-off is not modelled: no simulated time passes
         transport_fault.time = SimpleNamespace(  # type: ignore
-            monotonic=self.sim.monotonic, sleep=lambda seconds: None)
+            monotonic=self.sim.monotonic,
+            sleep=self.turns.sleep if backoff else lambda seconds: None)
         try:
             return self.turns.run([lambda c=c: body(c) for c in self.comms])
         finally:
