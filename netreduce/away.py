@@ -18,6 +18,8 @@ argument; `AwayProtocol` runs it on each rank, in steps:
 3. Recover k* when some rank completed it with a good seal: every rank sums its kept wire
    words of k* over the host ring (a small call: sends its record of k* again) and the
    ranks at k* write that result; the good ones check that the switch gave them the same.
+   A host-ring fault there is settled as on "ring" (the ring rebuilt, bounded attempts)
+   and the sum redone from the copies kept for it (`Recovery`) until it completes.
 4. Redo over the host ring the calls nobody completed (the communicator does: their inputs
    are untouched, their outputs unwritten). Calls run over the ring meanwhile.
 5. Return: rank 0 Pings the controller after a back-off (`Backoff`, `Rejoiner`) and flags

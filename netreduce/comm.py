@@ -306,6 +306,7 @@ class Communicator:
         try:
             taken = self._complete(call, seq)
         except CallRejected:
+            self._away.recovered()
             raise
         except TransportFault as exc:   # decided alike on every rank: no abort
             raise self._break(exc)
@@ -347,9 +348,9 @@ class Communicator:
         """Settle every notice pending at this rank's `position` (`seen`: what it saw,
         published unless a notice is pending); True when its call in flight (`target`)
         was finished from every rank's wire words. A transport fault during a settle is
-        settled next when its epoch was settled (a rank redoing a call it had completed),
-        else (a switch call's wire words summed over a failed host ring) it is a
-        `CommunicatorError`."""
+        settled next once its epoch was settled (a rank redoing a call it had completed, or
+        the sum of a switch call's kept wire words, then redone: `AwayProtocol.settle`);
+        one before that is a `CommunicatorError`."""
         while self._away.pending or seen is not None:
             self._ahead = None          # "inc" goes to ERROR: the records ahead are void
             epoch = self._away.epoch
@@ -526,7 +527,8 @@ class Communicator:
         times the switch went away, "returns": times the ring was registered again,
         "recovered": calls finished from every rank's wire words over the ring}, "transport":
         {"faults": transport faults settled, "rebuilds": rings rebuilt for them, "redone":
-        calls redone after them, "ms_lost": this rank's time settling them}}
+        calls redone after them, "ms_lost": this rank's time from their detection to the
+        completion of the call they interrupted}}
         (`netreduce.transport_fault`); the reasons are the keys of
         `netreduce.routing.FALLBACKS` ("dtype", "op", "non-finite", "switch-away")."""
         return self._stats.snapshot()

@@ -38,7 +38,9 @@ The host ring's protocol, alike on every rank:
    it runs k* again from the copy of its input kept for that (`keep`: a host-ring call's
    input is copied before it runs and kept until every rank started the next call), into
    that copy: its caller's result is not written again. Exactly once: an output is written
-   only by the attempt that completed the call, from every rank's original input.
+   only by the attempt that completed the call, from every rank's original input. A
+   switch call being finished from the kept wire words (`AwayProtocol.resuming`) is
+   finished so again on every rank instead.
 """
 from __future__ import annotations
 

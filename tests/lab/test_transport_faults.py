@@ -195,12 +195,9 @@ def test_a_link_that_stays_dark_fails_every_rank_within_the_bound(
         (line,) = lines(result, r, "FAILED ")
         assert lines(result, r, "FINALIZED"), result.ranks[r].output[-30:]
         failed.append(line)
-    # TransportFault on every rank (the call faulted FAULT_ATTEMPTS times); or, when the
-    # host ring broke while a switch call was finished from its wire words, that rank's
-    # CommunicatorError and the others' PeerFailure naming it (docs/transport-faults.md)
-    assert all("transport fault on '" in f for f in failed), failed
-    assert all("TransportFault" in f for f in failed) or \
-        any("CommunicatorError" in f for f in failed), failed
+    # TransportFault on every rank (the call faulted FAULT_ATTEMPTS times; a switch call's
+    # settle redoes its host-ring sum as often: tests/test_rc_fault_cost.py)
+    assert all("transport fault on '" in f and "TransportFault" in f for f in failed), failed
     secs = [float(f.split()[1].rstrip(":")) for f in failed]
     assert max(secs) < bound, (secs, bound, failed)
     figure(capsys, f"stays dark: every rank failed after {min(secs):.1f}-{max(secs):.1f} s "

@@ -8,7 +8,7 @@ rebuild, the redo). Three kinds, injected into rank 1 at `FRACTION` of the clean
 - "ring": its host-ring QPs moved to ERROR during a ring call (no switch);
 - "dark": its link drops every frame (both ways) for 1.5 retry budgets during a ring call
   (no switch): its QP fails RETRY_EXC_ERR, the ring is rebuilt and the call redone once
-  the link is back (the back-off takes no simulated time in the model: `World.run`).
+  the link is back (the back-off takes simulated time only when asked: `World.run`).
 
 The closed forms (`bounds`) the model's figures are checked against (tests/test_rc_fault_cost.py):
 - detection: the failed completion at once for a QP moved to ERROR, on "inc" after
@@ -51,8 +51,8 @@ from tests.rcmodel.scale import (CONFIG, _stream, _us, formula_ring_time_us,
 from tests.rcmodel.world import World, host_ip
 
 KINDS = ("inc", "ring", "dark")
-#: also measurable, not in the table: "dark" during a switch call (algo auto), which the
-#: job survives for a few seconds only (tests/test_rc_fault_cost.py's xfail)
+#: also measurable, not in the table: "dark" during a switch call (algo auto): the settle's
+#: host-ring sum is redone until the link is back (tests/test_rc_fault_cost.py)
 DARK_SWITCH = "dark-switch"
 FRACTION = 0.3          # the fault comes this far into the clean call's time
 DARK = 1.5              # "dark": the link is dark for this many retry budgets
