@@ -70,7 +70,8 @@ def test_a_link_dark_for_seconds_during_a_switch_call_is_recovered(dark_s: float
         1 <= t["rebuilds"] <= FAULT_ATTEMPTS, t
     assert dark_s <= got.faulted_s <= dark_s + budget + 2 * LIVENESS_POLL + \
         4.096e-6 * 2 ** CONFIG.ack_timeout + BACKOFF_MAX, got
-    assert 1000 * (dark_s - budget) <= got.ranks[VICTIM]["ms_lost"] <= 1000 * got.faulted_s + 1, got
+    lost = got.ranks[VICTIM]["ms_lost"]
+    assert 1000 * (dark_s - budget) <= lost <= 1000 * got.faulted_s + 1, got
 
 
 def test_a_link_that_never_returns_during_a_switch_call_fails_every_rank_within_the_bound(
@@ -78,8 +79,9 @@ def test_a_link_that_never_returns_during_a_switch_call_fails_every_rank_within_
     """Rank 1's RoCE dark for good during a switch call: every rank still in the call
     raises the one TransportFault (the host ring, the statuses, FAULT_ATTEMPTS + 1
     faults of the call) within the documented bound, fault_bound + 15 s
-    (docs/transport-faults.md; the lab's test's too); a rank that had the switch's good
-    seal returned the call's exact result (measure's check) and counts the faults."""
+    (docs/transport-faults.md; the lab's test's too; at least the back-offs and nine
+    budgets); a rank that had the switch's good seal returned the call's exact result and
+    counted its faults: the "inc" one and FAULT_ATTEMPTS host-ring ones before the last."""
     outcomes = unhealed(4, 1 << 16)
     failed = [o for o in outcomes if isinstance(o, Failed)]
     assert len(failed) >= 2, outcomes
@@ -91,7 +93,7 @@ def test_a_link_that_never_returns_during_a_switch_call_fails_every_rank_within_
         assert fault_bound(CONFIG) < got.after < fault_bound(CONFIG) + 15, got.after
     for got in outcomes:
         if not isinstance(got, Failed):
-            assert got[1]["faults"] == FAULT_ATTEMPTS + 1, got
+            assert isinstance(got, tuple) and got[1]["faults"] == FAULT_ATTEMPTS + 1, got
 
 
 def test_an_inc_fault_counts_the_time_lost_from_its_detection() -> None:
