@@ -175,6 +175,9 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--bucket-cap-mb", type=float, default=0.1,
                    help="DDP's bucket size (small: several buckets to overlap)")
+    p.add_argument("--in-flight", type=int, default=None, metavar="K",
+                   help="the hooks' buckets in flight (netreduce.init(in_flight=K); default "
+                        "$NR_IN_FLIGHT, else 1: each bucket's call after the previous one's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-param-diff", type=float, default=None)
     args = p.parse_args()
@@ -185,7 +188,7 @@ def main() -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     netreduce.log_to_stderr()
-    comm = netreduce.init()     # its store's port goes through torch's store (MASTER_PORT)
+    comm = netreduce.init(in_flight=args.in_flight)  # the store's port: torch's store's
     results = train(modes, comm, args)
     failed = False
     if "gloo" in results:
