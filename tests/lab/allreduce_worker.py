@@ -28,12 +28,14 @@ Every rank's data is a function of its rank, so each rank computes the reference
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -90,12 +92,16 @@ def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int, algo
     print(f"OK correctness n={comm.world_size} sizes={sizes} algo={comm.last_algo}", flush=True)
 
 
-def switch_ring_counters(comm: netreduce.Communicator) -> dict:
-    """The switch's counters of this communicator's registered "inc" ring."""
+def switch_ring_counters(comm: netreduce.Communicator, client: Any = None) -> dict | None:
+    """The switch's counters of this communicator's registered "inc" ring (asked through
+    `client`, default a ControllerClient of its controller); None when the switch no longer
+    holds it (it went away: the communicator's stats() count the fallback)."""
     from nr_contract.client import ControllerClient
     assert comm.switch.controller is not None and comm.switch.ring_id is not None
-    with ControllerClient(comm.switch.controller) as client:
-        return client.counters()["rings"][comm.switch.ring_id]["counters"]
+    with contextlib.nullcontext(client) if client else ControllerClient(
+            comm.switch.controller) as controller:
+        ring = controller.counters()["rings"].get(comm.switch.ring_id)
+    return None if ring is None else ring["counters"]
 
 
 def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int,
