@@ -308,6 +308,17 @@ def test_init_process_groups_timeout_reaches_the_communicator_on_a_fake_one(
     assert given["config"].collective_timeout == 42.0
 
 
+def ddp_gradient(pg: dist.ProcessGroup, r: int, seeding: threading.Lock) -> torch.Tensor:
+    """One backward pass of DDP over `pg` on rank `r` (a Linear(4, 2) seeded alike on
+    every rank, input r + 1): the weight's averaged gradient."""
+    with seeding:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    ddp(torch.full((3, 4), float(r + 1))).sum().backward()
+    return model.weight.grad.clone()
+
+
 def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """ProcessGroupNetreduce on 2 rank threads (its communicator on the fake fabric and
@@ -356,12 +367,7 @@ def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
             b = torch.full((2,), float(r))
             pg.broadcast([b]).wait()
             got["bcast"] = b
-            with seeding:
-                torch.manual_seed(0)
-                model = torch.nn.Linear(4, 2)
-            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
-            ddp(torch.full((3, 4), float(r + 1))).sum().backward()
-            got["ddp"] = model.weight.grad.clone()
+            got["ddp"] = ddp_gradient(pg, r, seeding)
             return got
         finally:
             comm.close(timeout=5)
@@ -426,12 +432,7 @@ def test_the_netreduce_process_group_shards_allreduce_over_two_fake_aggregators(
                 pg.allreduce([t], opts).get_future().wait()
                 got[name], got[name + "_algo"] = t.numpy().copy(), comm.last_algo
             got["bytes"] = [a["bytes"] for a in comm.stats()["aggregators"]]
-            with seeding:
-                torch.manual_seed(0)
-                model = torch.nn.Linear(4, 2)
-            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
-            ddp(torch.full((3, 4), float(r + 1))).sum().backward()
-            got["ddp"] = model.weight.grad.clone()
+            got["ddp"] = ddp_gradient(pg, r, seeding)
             return got
         finally:
             comm.close(timeout=5)
