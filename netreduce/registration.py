@@ -28,7 +28,7 @@ Invariants:
   at once, asked while "inc" has stalled, and every PROBE_POLL s while the client's
   connection to the controller is down: its process stopped, or restarted) the controller
   answers NOT_FOUND, or that finds nothing listening at its address while "inc" stalls
-  (UNAVAILABLE: the switch's process is gone; a slow answer is not judged): the keeper
+  (connection refused: the switch's process is gone; a slow answer is not judged): the keeper
   calls `on_lost` with a message naming
   the switch (the communicator falls back to the host ring and registers the ring again
   later: netreduce/away.py). A controller that grants no lease is never renewed.
@@ -54,7 +54,9 @@ logger = logging.getLogger(__name__)
 LEASE_RANKS = (0, 1)      # the ranks that renew the lease (see the module doc)
 PROBE_TIMEOUT = 2.0       # s a probe waits for the controller's answer (module doc)
 PROBE_POLL = 0.1          # s between probes while the connection to the controller is down
-UNREACHABLE = "UNAVAILABLE"  # a probe's failure that says: no controller process there
+# a probe's failure that says: no controller process there (not UNAVAILABLE alone: a slow
+# controller's connect timeout is that too, and was once judged so under load)
+UNREACHABLE = "connection refused"
 FITTED_KNOBS = ("mtu", "msg_size", "window", "ack_timeout")
 
 
@@ -354,7 +356,7 @@ class LeaseKeeper:
                     ring, *((PROBE_TIMEOUT,) if probing or self._dropped else ())
                 ).get("lease_ms") or 0
             except Exception as exc:        # noqa: BLE001 - every failure is judged below
-                gone = probing and UNREACHABLE in f"{getattr(exc, 'code', '')} {exc}"
+                gone = probing and UNREACHABLE in str(exc).lower()
                 if _switch_lost_ring(exc) or gone or (self._judge_silence
                                                       and time.monotonic() - renewed > lease):
                     why = "its controller is unreachable while the ring stalls" if gone \
