@@ -24,7 +24,8 @@ Invariants of a `Stream`:
   at most `LIVENESS_POLL` seconds. Spinning would take the CPU from the kernel's rxe, which
   does the actual work on the same cores;
 - liveness is separate from progress: while idle, the stream calls its `liveness` check at
-  least every `LIVENESS_POLL` s (it raises when a peer died or aborted: the caller's error,
+  least every `liveness_poll` s (default `LIVENESS_POLL`; `last_progress` says since when
+  the transfer has waited; it raises when a peer died or aborted: the caller's error,
   naming the peer, propagates as is), and only `config.collective_timeout` s without any
   completion while the check passes is a `StallError`. A slow but live peer is waited for;
 - a transfer left by an exception leaves the stream `interrupted` for good: its indices and
@@ -94,6 +95,8 @@ class Stream:
         self.config = config
         self.label = label            # who we are in error messages, e.g. "rank 1, ring 'ring'"
         self.liveness = liveness
+        self.liveness_poll = LIVENESS_POLL
+        self.last_progress = time.monotonic()   # the running transfer's last completion
         self.window = CreditWindow(config.window)
         self.next_send_index = 0
         self.next_recv_index = 0
@@ -129,7 +132,7 @@ class Stream:
         inc = MessagePlan(recv_nbytes, self.config.msg_size, self.next_recv_index)
         posted = arrived = 0
         armed = False
-        last_progress = time.monotonic()
+        last_progress = self.last_progress = time.monotonic()
         window = self.window
         was, self.interrupted = self.interrupted, True      # until the loop ends normally
         while (settle and window.pending > unsettled) or posted < len(parts) \
@@ -161,7 +164,7 @@ class Stream:
                     self.link.post_recvs(len(got))
                     progressed = True
             if progressed:
-                last_progress = time.monotonic()
+                last_progress = self.last_progress = time.monotonic()
                 armed = False
                 continue
             if self.liveness is not None:
@@ -174,7 +177,8 @@ class Stream:
                 self.link.arm()
                 armed = True
             else:
-                self.link.wait(min(LIVENESS_POLL, self.config.collective_timeout - idle_for))
+                self.link.wait(min(self.liveness_poll,
+                                   self.config.collective_timeout - idle_for))
                 armed = False
         self.next_send_index = end_index
         self.next_recv_index = inc.end_index

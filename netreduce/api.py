@@ -17,7 +17,7 @@ from typing import Any
 
 from flowctl.plan import FlowConfig
 from netreduce.comm import Communicator, CommunicatorError
-from netreduce.shards import ShardedCommunicator, aggregators
+from netreduce.shards import ShardedCommunicator, create_communicator
 from ring_setup.store_protocol import DEFAULT_TIMEOUT
 
 _default: Communicator | ShardedCommunicator | None = None
@@ -84,11 +84,8 @@ def init(rank: int | None = None, world_size: int | None = None,
                         **({} if retry_cnt is None else {"retry_cnt": retry_cnt}))
     common = dict(device=device, local_addr=local_addr, config=config,
                   pinned=frozenset(knobs), timeout=timeout, in_flight=in_flight)
-    aggs = aggregators(switch, inc_addr)
-    _default = ShardedCommunicator.create(aggs, rank, world_size, master_addr, master_port,
-                                          **common) if aggs else \
-        Communicator.create(rank, world_size, master_addr, master_port, inc_addr=inc_addr,
-                            switch=switch, **common)
+    _default = create_communicator(rank, world_size, master_addr, master_port,
+                                   inc_addr=inc_addr, switch=switch, **common)
     if exit_on_sigterm:
         _exit_on_sigterm()
     return _default

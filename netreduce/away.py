@@ -72,6 +72,8 @@ NOTICE_GRACE = 3.0      # s a transfer error on "inc" waits for another rank's s
 #                         notice (its QPs went to ERROR just after it published one)
 STABLE = 60.0           # s back on the switch after which a new loss is not a flap
 SILENT_WARNING = 60.0   # s of an unanswered controller before rank 0 warns (once)
+STALL_PROBE = 0.1       # s without progress on "inc" before a lease rank probes the switch
+INC_POLL = 0.05         # s between the "inc" stream's liveness checks while it waits
 
 
 class SwitchAway(Exception):
@@ -241,7 +243,8 @@ class AwayProtocol:
         self.closing = False                  # the communicator is closing: no new notice
         # settles a host-ring fault's epoch (netreduce.transport_fault.FaultRecovery.settle)
         self.on_fault: Callable[[int, int, str], None] | None = None
-        streams["inc"].liveness = self.liveness
+        self._stall = (0.0, STALL_PROBE)      # the stall probed: (its start, next probe at)
+        self._watch(streams["inc"])
         self._lease = self._keep_lease()
 
     @property
@@ -346,14 +349,31 @@ class AwayProtocol:
         notices = self._rendezvous.notices
         return notices.get(self.epoch + 1) or notices[max(notices)]
 
+    def _watch(self, stream: Stream) -> None:
+        """Make `stream` ("inc") check `liveness` every INC_POLL s while it waits."""
+        stream.liveness, stream.liveness_poll = self.liveness, INC_POLL
+
     def liveness(self) -> None:
         """The "inc" stream's liveness check: the peers' (PeerFailed), then whether some
-        rank published a switch-away notice this rank has not settled (SwitchAway)."""
+        rank published a switch-away notice this rank has not settled (SwitchAway). A wait
+        of STALL_PROBE s without progress makes this rank's lease keeper (if any) probe the
+        switch (`LeaseKeeper.probe`), again each time the stall doubles: a switch that
+        restarted or died during a call is noticed within a fraction of a second, not at
+        the next renewal (every third of the lease)."""
         self._rendezvous.check_peers()
         epoch = self._rendezvous.notice_epoch
         if epoch > self.epoch:
             self._failed_at = self._failed_at or time.monotonic()
             raise SwitchAway(self._rendezvous.notices[epoch])
+        if self._lease is None:
+            return
+        since = self._streams["inc"].last_progress
+        if since != self._stall[0]:
+            self._stall = (since, STALL_PROBE)
+        idle = time.monotonic() - since
+        if idle >= self._stall[1]:
+            self._stall = (since, 2 * idle)
+            self._lease.probe()
 
     def recovered(self) -> None:
         """This rank's call completed (idle: its settle ended): the time since the faults
@@ -549,6 +569,7 @@ class AwayProtocol:
                      for ep, d in zip(self.endpoints, theirs)]
         self._streams["inc"] = connect_ring(qps, "inc", self._inc_config, endpoints,
                                             self.rank, self._control, self.liveness)
+        self._watch(self._streams["inc"])
         self._inc, self.endpoints, self._generation = qps, endpoints, gen
         self._rendezvous.gather(f"inc-ready.{gen}", True, self._timeout,
                                 waiting_for=f"connected 'inc' ({gen})")

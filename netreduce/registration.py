@@ -24,7 +24,12 @@ Invariants:
   only when it can reach the controller with the job's token) renews it every third of
   the lease on a daemon thread while the ring is registered. A renewal the switch answers
   NOT_FOUND (it restarted, or the lease lapsed) or that fails for a whole lease means the
-  switch no longer aggregates the ring: the keeper calls `on_lost` with a message naming
+  switch no longer aggregates the ring; so does a probe (`LeaseKeeper.probe`: a renewal
+  at once, asked while "inc" has stalled, and every PROBE_POLL s while the client's
+  connection to the controller is down: its process stopped, or restarted) the controller
+  answers NOT_FOUND, or that finds nothing listening at its address while "inc" stalls
+  (connection refused: the switch's process is gone; a slow answer is not judged): the keeper
+  calls `on_lost` with a message naming
   the switch (the communicator falls back to the host ring and registers the ring again
   later: netreduce/away.py). A controller that grants no lease is never renewed.
 - The address comes from rank 0's `switch` argument: None -> $NR_CONTROLLER (ADDR_ENV; unset or
@@ -47,6 +52,11 @@ from nr_contract.tokens import ADDR_ENV
 logger = logging.getLogger(__name__)
 
 LEASE_RANKS = (0, 1)      # the ranks that renew the lease (see the module doc)
+PROBE_TIMEOUT = 2.0       # s a probe waits for the controller's answer (module doc)
+PROBE_POLL = 0.1          # s between probes while the connection to the controller is down
+# a probe's failure that says: no controller process there (not UNAVAILABLE alone: a slow
+# controller's connect timeout is that too, and was once judged so under load)
+UNREACHABLE = "connection refused"
 FITTED_KNOBS = ("mtu", "msg_size", "window", "ack_timeout")
 
 
@@ -62,7 +72,7 @@ class Controller(Protocol):
 
     def ping(self) -> dict[str, Any]: ...
     def register_ring(self, spec: RingSpec) -> dict[str, Any]: ...
-    def renew_lease(self, ring_id: str) -> dict[str, Any]: ...
+    def renew_lease(self, ring_id: str, timeout: float | None = None) -> dict[str, Any]: ...
     def unregister_ring(self, ring_id: str) -> dict[str, Any]: ...
     def counters(self, ring_id: str | None = None) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -300,8 +310,11 @@ class LeaseKeeper:
     """Renews ring `status.ring_id`'s lease every third of `status.lease_ms` (see the module
     doc) until `stop()`; reports the switch's loss of the ring once through `on_lost`: a
     NOT_FOUND, or (`judge_silence`: the registering rank's keeper) no successful renewal
-    for a whole lease. A backup keeper (`judge_silence=False`) only renews: its own
-    failures, e.g. a token the controller refuses, are not the ring's loss. It renews only
+    for a whole lease; a renewal at once when "inc" stalls (`probe()`: one that finds no
+    controller there, `UNREACHABLE`, is the loss too) and every PROBE_POLL s while the
+    connection to the controller is down (`watch_connection`, if the client has it). A
+    backup keeper (`judge_silence=False`) only renews: its own failures, e.g. a token the
+    controller refuses, are not the ring's loss. It renews only
     while `job_alive()`: once a rank of the job is known dead the ring can never sum again,
     so the lease is left to lapse (the switch frees the ring) whichever rank keeps it."""
 
@@ -312,34 +325,60 @@ class LeaseKeeper:
         self._controller, self._status, self._on_lost = controller, status, on_lost
         self._judge_silence, self._job_alive = judge_silence, job_alive
         self._stop = threading.Event()
+        self._wake = threading.Event()      # stop(), probe() or the connection dropped
+        self._probing = self._dropped = False
         self.renewals = 0
+        watch = getattr(controller, "watch_connection", None)
+        self._unwatch = watch(self._connection_dropped) if watch else None
         self._thread = threading.Thread(target=self._run, name="nr-lease", daemon=True)
         self._thread.start()
+
+    def _connection_dropped(self) -> None:
+        self._dropped = True
+        self._wake.set()
 
     def _run(self) -> None:
         ring, lease = self._status.ring_id, self._status.lease_ms / 1000
         assert ring is not None
         renewed = time.monotonic()
-        while not self._stop.wait(lease / 3):
+        while True:
+            self._wake.wait(PROBE_POLL if self._dropped else lease / 3)
+            self._wake.clear()
+            probing, self._probing = self._probing, False
+            if self._stop.is_set():
+                return
             if not self._job_alive():
                 logger.info("netreduce: a rank of the job failed: ring %s's lease is left to "
                             "lapse", ring)
                 return
             try:
-                granted = self._controller.renew_lease(ring).get("lease_ms") or 0
+                granted = self._controller.renew_lease(
+                    ring, *((PROBE_TIMEOUT,) if probing or self._dropped else ())
+                ).get("lease_ms") or 0
             except Exception as exc:        # noqa: BLE001 - every failure is judged below
-                if _switch_lost_ring(exc) or (self._judge_silence
-                                              and time.monotonic() - renewed > lease):
+                gone = probing and UNREACHABLE in str(exc).lower()
+                if _switch_lost_ring(exc) or gone or (self._judge_silence
+                                                      and time.monotonic() - renewed > lease):
+                    why = "its controller is unreachable while the ring stalls" if gone \
+                        else "restarted, or its lease lapsed"
                     self._on_lost(f"the switch at {self._status.controller} no longer "
-                                  f"aggregates ring {ring} (restarted, or its lease lapsed): "
-                                  f"RenewLease: {exc}")
+                                  f"aggregates ring {ring} ({why}): RenewLease: {exc}")
                     return
                 continue
-            renewed = time.monotonic()
+            renewed, self._dropped = time.monotonic(), False
             self.renewals += 1
             lease = (granted or self._status.lease_ms) / 1000
 
+    def probe(self) -> None:
+        """Renew at once, judging the answer as a probe (class doc): "inc" has stalled."""
+        self._probing = True
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

@@ -22,8 +22,10 @@ Invariants:
   holds.
 - An aggregator lost is one communicator's switch-away: its shard runs over its host ring
   until it registers again; the other shards stay on their aggregators.
-A refusal (`CallRejected`) in one shard does not undo the others: in place, the shards that
-completed are reduced (unlike one communicator, whose refusals change nothing).
+- A refusal (`CallRejected`, alike on every rank) of any shard changes nothing in place, as
+  one communicator's refusal does: an in-place call's shards write a scratch array, copied
+  back once every shard completed (the DDP hook re-runs a refused bucket over the ring);
+  into `out=`, the shards that completed are written.
 """
 from __future__ import annotations
 
@@ -123,12 +125,13 @@ class ShardedCommunicator:
     def create(cls, aggs: list[Aggregator], rank: int | None = None,
                world_size: int | None = None, master_addr: str | None = None,
                master_port: int | None = None, *,
-               connect: Callable[..., Communicator] = Communicator.create,
+               connect: Callable[..., Communicator] | None = None,
                **kwargs: Any) -> "ShardedCommunicator":
-        """Collective: one communicator per aggregator of `aggs` (`connect`, i.e.
+        """Collective: one communicator per aggregator of `aggs` (`connect`, default
         `Communicator.create`, with its controller and "inc" address; `kwargs` go to each),
         the first rendezvousing as a single communicator would, the others through its
         store; then the shares (`weights`)."""
+        connect = connect or Communicator.create
         shards: list[Communicator] = []
         try:
             for j, agg in enumerate(aggs):
@@ -164,7 +167,8 @@ class ShardedCommunicator:
             raise ValueError(f"allreduce: out must be a {values.dtype} array of shape "
                              f"{values.shape}")
         job = lambda: self._run(values.reshape(-1), target.reshape(-1), op, algo,   # noqa: E731
-                                array if out is None else out)
+                                array if out is None else out,
+                                np.shares_memory(values, target))
         if async_op:
             return self._engine.submit(job, f"sharded allreduce ({values.dtype}[{values.size}])")
         if not self._engine.on_thread():
@@ -179,13 +183,15 @@ class ShardedCommunicator:
         return self._engine.submit(job, what)
 
     def _run(self, values: np.ndarray, target: np.ndarray, op: str, algo: str,
-             result: Any) -> Any:
+             result: Any, in_place: bool) -> Any:
         ranges = split(values.size, self.weights, shard_align(values.size, values.dtype))
+        busy = [(j, lo, hi) for j, (lo, hi) in enumerate(ranges) if hi > lo]
+        # in place over 2+ shards: a scratch array, so that a refusal changes nothing
+        dst = np.empty_like(target) if in_place and len(busy) > 1 else target
         works: list[tuple[int, Work]] = []
-        for j, (lo, hi) in enumerate(ranges):
-            if hi > lo:
-                works.append((j, self.shards[j].allreduce(values[lo:hi], op, algo,
-                                                          out=target[lo:hi], async_op=True)))
+        for j, lo, hi in busy:
+            works.append((j, self.shards[j].allreduce(values[lo:hi], op, algo,
+                                                      out=dst[lo:hi], async_op=True)))
         errors = []
         for j, work in works:
             try:
@@ -198,6 +204,8 @@ class ShardedCommunicator:
             self._bytes[j][route] = self._bytes[j].get(route, 0) + (hi - lo) * values.itemsize
         if errors:
             raise errors[0]
+        if dst is not target:
+            target[...] = dst
         algos = sorted({str(self.shards[j].last_algo) for j, _ in works}, reverse=True)
         self.last_algo = "+".join(algos)    # "switch", "ring", or "switch+ring": some shards
         self.last_fallback = next((self.shards[j].last_fallback for j, _ in works
@@ -243,6 +251,23 @@ class ShardedCommunicator:
 
     def __repr__(self) -> str:
         return f"ShardedCommunicator(rank={self.rank}, weights={self.weights}, {self.shards})"
+
+
+def create_communicator(rank: int | None = None, world_size: int | None = None,
+                        master_addr: str | None = None, master_port: int | None = None, *,
+                        switch: str | None = None, inc_addr: str | None = None,
+                        **kwargs: Any) -> Communicator | ShardedCommunicator:
+    """Collective: the communicator `switch` and `inc_addr` (else $NR_CONTROLLER,
+    $NR_INC_ADDR) ask for: a `ShardedCommunicator` when they list k > 1 aggregators, else
+    `Communicator.create`'s (`kwargs` go to each). `netreduce.init` and the torch backend
+    make theirs here."""
+    aggs = aggregators(switch, inc_addr)
+    if aggs:
+        return ShardedCommunicator.create(aggs, rank, world_size, master_addr, master_port,
+                                          **kwargs)
+    return Communicator.create(rank, world_size, master_addr=master_addr,
+                               master_port=master_port, inc_addr=inc_addr, switch=switch,
+                               **kwargs)
 
 
 def share_weights(shards: list[Communicator]) -> list[int]:

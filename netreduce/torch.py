@@ -63,6 +63,7 @@ from netreduce.algorithms.switch import NotQuantizable
 from netreduce.api import get_communicator
 from netreduce.comm import Communicator
 from netreduce.progress import Work
+from netreduce.shards import ShardedCommunicator, create_communicator
 from netreduce.routing import NON_FINITE, SwitchUnavailable
 from netreduce.torch_store import store_port_exchange
 from nr_contract.distribution import DISTRIBUTION
@@ -70,6 +71,7 @@ from ring_setup.rendezvous import RendezvousConfig
 
 #: torch.distributed.ProcessGroup's private members the backend needs (see the module doc)
 PROCESS_GROUP_HOOKS = ("_register_backend", "_set_default_backend", "BackendType")
+AnyCommunicator = Communicator | ShardedCommunicator     # k > 1 aggregators: the latter
 
 
 def supported_torch() -> str:
@@ -108,17 +110,17 @@ class HookState:
     """What the hooks reduce with: `comm` (None: the default communicator) and `algo`
     ("auto", "switch" or "ring", as `allreduce` takes it)."""
 
-    comm: Communicator | None = None
+    comm: AnyCommunicator | None = None
     algo: str = "auto"
 
 
-def _resolve(state: HookState | Communicator | None) -> tuple[Communicator, str]:
+def _resolve(state: HookState | AnyCommunicator | None) -> tuple[AnyCommunicator, str]:
     if isinstance(state, HookState):
         return state.comm or get_communicator(), state.algo
     return state or get_communicator(), "auto"
 
 
-def _average(comm: Communicator, tensor: torch.Tensor, index: int, algo: str) -> None:
+def _average(comm: AnyCommunicator, tensor: torch.Tensor, index: int, algo: str) -> None:
     """Average `tensor` (DDP bucket `index`) over all ranks in place; a NaN/Inf bucket goes
     over the host ring, with a warning (see the module doc)."""
     try:
@@ -137,14 +139,14 @@ def _average(comm: Communicator, tensor: torch.Tensor, index: int, algo: str) ->
                       NonFiniteGradientWarning, stacklevel=3)
 
 
-def average_bucket(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
+def average_bucket(comm: AnyCommunicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
     """Average `bucket.buffer()` over all ranks in place and return it."""
     buffer = bucket.buffer()
     _average(comm, buffer, bucket.index(), algo)
     return buffer
 
 
-def average_bucket_bf16(comm: Communicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
+def average_bucket_bf16(comm: AnyCommunicator, bucket: Any, algo: str = "auto") -> torch.Tensor:
     """torch's bf16_compress_hook's numerics: `bucket.buffer()` rounded to bfloat16 on every
     rank (what each rank contributes), averaged over all ranks as bfloat16 (netreduce's
     op="avg": the sum, divided by n, rounded once to bfloat16), and the average written back
@@ -169,7 +171,7 @@ def _ddp_future(work: Work) -> torch.futures.Future[torch.Tensor]:
     return done.then(lambda _: work.wait())
 
 
-def allreduce_hook(state: HookState | Communicator | None,
+def allreduce_hook(state: HookState | AnyCommunicator | None,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook (`model.register_comm_hook(state, allreduce_hook)`; state None or a
     Communicator: that communicator, algo="auto"): queue the bucket's average on the
@@ -181,7 +183,7 @@ def allreduce_hook(state: HookState | Communicator | None,
                                    first=(bucket.buffer(), "avg", algo)))
 
 
-def bf16_allreduce_hook(state: HookState | Communicator | None,
+def bf16_allreduce_hook(state: HookState | AnyCommunicator | None,
                         bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """torch's `bf16_compress_hook` reduced by netreduce (`average_bucket_bf16`; state as
     `allreduce_hook` takes it): queued on the progress thread -- the cast to bfloat16, the
@@ -191,7 +193,7 @@ def bf16_allreduce_hook(state: HookState | Communicator | None,
                                    f"DDP gradient bucket {bucket.index()} (bfloat16)"))
 
 
-def allreduce_hook_sync(state: HookState | Communicator | None,
+def allreduce_hook_sync(state: HookState | AnyCommunicator | None,
                         bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The same average, done before returning (no overlap with the backward pass): to
     measure what the asynchronous hook hides."""
@@ -261,7 +263,7 @@ class ProcessGroupNetreduce(dist.ProcessGroup):
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self._gloo_work: dist.Work | None = None
         config = RendezvousConfig.resolve(rank, world_size, master_port=0)
-        self.comm = Communicator.create(
+        self.comm = create_communicator(
             rank, world_size, config=FlowConfig(collective_timeout=timeout.total_seconds()),
             port_exchange=store_port_exchange(config, store))
         atexit.register(self.comm.close)

@@ -16,7 +16,7 @@ import ipaddress
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import grpc
 
@@ -107,6 +107,11 @@ def counters_dict(reply: pb.CountersReply) -> dict[str, Any]:
             "switch": dict(reply.switch), "static_macs": dict(reply.static_macs)}
 
 
+# a controller that restarted is reached again within 0.1-1 s, not gRPC's default 1-120 s
+RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+             ("grpc.max_reconnect_backoff_ms", 1000))
+
+
 class ControllerClient:
     """Calls the controller at `addr`; waits up to `timeout` s for it to answer each call,
     and up to `program_timeout` s (default `timeout`) for the calls that make it program
@@ -134,7 +139,7 @@ class ControllerClient:
         self._tls = ca_file is not None
         if ca_file is not None:
             creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
-            self._channel = grpc.secure_channel(addr, creds)
+            self._channel = grpc.secure_channel(addr, creds, options=RECONNECT)
         else:
             if insecure is None:
                 insecure = os.environ.get(INSECURE_ENV) == "1"
@@ -150,14 +155,18 @@ class ControllerClient:
                                    "can capture this traffic can read %s", addr, INSECURE_ENV,
                                    "and replay the token's secret" if self._metadata
                                    else "the rings' keys")
-            self._channel = grpc.insecure_channel(addr)
+            self._channel = grpc.insecure_channel(addr, options=RECONNECT)
         self._stub = control_pb2_grpc.ControllerStub(self._channel)
 
-    def _call(self, method: str, request: Any) -> Any:
+    def _call(self, method: str, request: Any, timeout: Optional[float] = None) -> Any:
+        """`method`; with `timeout`, a probe: fails at once (UNAVAILABLE) when the
+        controller cannot be reached, else waits for it up to the client's timeout."""
         rpc = getattr(self._stub, method)
-        timeout = self.program_timeout if method in self.PROGRAMMING else self.timeout
+        wait = timeout is None
+        if timeout is None:
+            timeout = self.program_timeout if method in self.PROGRAMMING else self.timeout
         try:
-            return rpc(request, timeout=timeout, wait_for_ready=True,
+            return rpc(request, timeout=timeout, wait_for_ready=wait,
                        metadata=self._metadata)
         except grpc.RpcError as e:
             code, detail = e.code(), e.details()
@@ -167,6 +176,21 @@ class ControllerClient:
                     detail += (f" (over clear text: a controller serving TLS never answers "
                                f"that; give ca_file or ${CA_ENV})")
             raise ControllerError(code.name, detail) from None
+
+    def watch_connection(self, dropped: Callable[[], None]) -> Callable[[], None]:
+        """Call `dropped()` (on a gRPC thread: keep it short) each time the connection to
+        the controller, once up, goes down (its process stopped: GOAWAY, or the link
+        broke); returns the function that stops watching."""
+        up = [False]
+
+        def changed(state: grpc.ChannelConnectivity) -> None:
+            if state == grpc.ChannelConnectivity.READY:
+                up[0] = True
+            elif up[0]:
+                up[0] = False
+                dropped()
+        self._channel.subscribe(changed, try_to_connect=False)
+        return lambda: self._channel.unsubscribe(changed)
 
     def ping(self) -> dict[str, Any]:
         reply = self._call("Ping", pb.PingRequest())
@@ -183,8 +207,9 @@ class ControllerClient:
         return {"ring_id": reply.ring_id, "slots": reply.slots, "ports": dict(reply.ports),
                 "lease_ms": reply.lease_ms}
 
-    def renew_lease(self, ring_id: str) -> dict[str, Any]:
-        reply = self._call("RenewLease", pb.RenewLeaseRequest(ring_id=ring_id))
+    def renew_lease(self, ring_id: str, timeout: Optional[float] = None) -> dict[str, Any]:
+        """Renew `ring_id`'s lease (`timeout`: a probe, see `_call`)."""
+        reply = self._call("RenewLease", pb.RenewLeaseRequest(ring_id=ring_id), timeout)
         return {"ring_id": reply.ring_id, "lease_ms": reply.lease_ms}
 
     def unregister_ring(self, ring_id: str) -> dict[str, Any]:

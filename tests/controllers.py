@@ -50,6 +50,7 @@ def start() -> Iterator[Start]:
         server, port = serve(target, "127.0.0.1:0", config=config_of(**config), tls=tls)
         servers.append(server)
         return f"127.0.0.1:{port}", pipeline
+    run.servers = servers       # type: ignore[attr-defined] - a test may stop one itself
     yield run
     for s in servers:
         s.stop()

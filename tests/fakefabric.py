@@ -337,7 +337,8 @@ class FakeController:
     """switch.control.service.ControllerClient for a fake fabric: `refuse` makes registration
     fail with that message; `lease_ms` > 0 grants leases (renewals counted in `renewed`);
     `restart()` forgets every ring like a restarted switch; Ping answers `target` and
-    `limits` (None: a controller that publishes none; an exception: raised); Counters
+    `limits` (None: a controller that publishes none; an exception: raised); renewals
+with a timeout (probes) are counted in `probes`; Counters
     answers `ring_counters` for every registered ring (an exception: raised);
     `registered` / `unregistered` record the calls."""
 
@@ -348,7 +349,7 @@ class FakeController:
                  limits: dict | Exception | None = SOFTWARE_LIMITS) -> None:
         self.fabric, self.refuse, self.lease_ms = fabric, refuse, lease_ms
         self.target, self.limits = target, limits
-        self.pings = 0
+        self.pings = self.probes = 0
         self.registered: list[RingSpec] = []
         self.unregistered: list[str] = []
         self.renewed: list[str] = []
@@ -371,7 +372,8 @@ class FakeController:
         self.registered.append(spec)
         return {"ring_id": spec.ring_id, "slots": 256, "ports": {}, "lease_ms": self.lease_ms}
 
-    def renew_lease(self, ring_id: str) -> dict:
+    def renew_lease(self, ring_id: str, timeout: float | None = None) -> dict:
+        self.probes += timeout is not None
         with self.fabric.lock:
             if ring_id not in self.fabric.switch.world:
                 raise FakeControllerError("NOT_FOUND", f"no ring {ring_id!r}")

@@ -16,7 +16,7 @@ import pytest
 
 from flowctl import FlowConfig
 from netreduce import Communicator, CommunicatorError, PeerFailure
-from netreduce.registration import LeaseKeeper, SwitchStatus
+from netreduce.registration import PROBE_TIMEOUT, LeaseKeeper, SwitchStatus
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
 from tests.ranks import run_ranks
 
@@ -202,6 +202,35 @@ def test_a_lease_that_cannot_be_renewed_for_a_whole_lease_is_reported_lost() -> 
     keeper.stop()
     assert lost == ["the switch at 10.0.0.9:50051 no longer aggregates ring r1 (restarted, or "
                     "its lease lapsed): RenewLease: UNAVAILABLE: connection refused"]
+
+
+def test_a_probe_that_finds_no_controller_is_the_rings_loss_a_renewal_is_not() -> None:
+    """A backup keeper (no silence judged) whose controller refuses connections: its
+    periodic renewals report nothing; a probe (asked while "inc" stalls) reports the loss
+    at once, with the probe's timeout, not the client's."""
+    class Refusing:
+        addr = "10.0.0.9:50051"
+        timeouts: list = []
+
+        def renew_lease(self, ring_id: str, timeout: float | None = None) -> dict:
+            Refusing.timeouts.append(timeout)
+            raise RuntimeError("UNAVAILABLE: connection refused")
+
+    lost: list[str] = []
+    status = SwitchStatus(controller="10.0.0.9:50051", ring_id="r1", slots=256, lease_ms=150)
+    keeper = LeaseKeeper(Refusing(), status, lost.append,  # type: ignore[arg-type]
+                         judge_silence=False)
+    time.sleep(0.4)                             # ~7 renewals, each refused: not judged
+    assert lost == [] and len(Refusing.timeouts) >= 3 and set(Refusing.timeouts) == {None}
+    t0 = time.monotonic()
+    keeper.probe()
+    while not lost and time.monotonic() - t0 < 2:
+        time.sleep(0.005)
+    keeper.stop()
+    assert time.monotonic() - t0 < 0.2 and Refusing.timeouts[-1] == PROBE_TIMEOUT
+    assert lost == ["the switch at 10.0.0.9:50051 no longer aggregates ring r1 (its "
+                    "controller is unreachable while the ring stalls): RenewLease: "
+                    "UNAVAILABLE: connection refused"]
 
 
 def test_a_lease_is_left_to_lapse_once_a_rank_of_the_job_failed() -> None:

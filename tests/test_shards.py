@@ -12,6 +12,7 @@ import pytest
 from netreduce.comm import Communicator
 from netreduce.shards import Aggregator, ShardedCommunicator, aggregators, split
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
+from tests.lab.allreduce_worker import switch_ring_counters
 from tests.fakefabric import SOFTWARE_LIMITS, FakeController, FakeFabric, FakeHost
 from tests.processes import free_port
 from tests.ranks import CFG, rank_data, run_threads
@@ -140,7 +141,8 @@ def test_two_fake_aggregators_share_every_size_exactly_in_proportion(dtype: str)
 def test_one_fake_aggregator_lost_runs_its_shard_on_the_host_ring_and_stays_exact() -> None:
     """Equal shares (no capacity published); aggregator 1 restarts before call 2: its shard
     of that call and after runs over its host ring, aggregator 0's stay on it, every result
-    exact."""
+    exact; the lab worker's counters of each aggregator's ring (allreduce_worker.py: once a
+    KeyError for the lost one) are aggregator 0's and none for aggregator 1."""
     ctls = [controller(None), controller(None)]
     size, calls = 4097, 4
 
@@ -151,10 +153,12 @@ def test_one_fake_aggregator_lost_runs_its_shard_on_the_host_ring_and_stays_exac
                 ctls[1].restart()
             x = rank_data(comm.rank, size, "int32") + c
             out.append(comm.allreduce(x).copy())
-        return comm.weights, comm.stats(), out, (comm.last_algo, comm.last_fallback)
+        rings = [switch_ring_counters(shard, ctl) for shard, ctl in zip(comm.shards, ctls)]
+        return comm.weights, comm.stats(), out, (comm.last_algo, comm.last_fallback), rings
 
     results = run_sharded(body, ctls)
-    weights, stats, _, last = results[0]
+    weights, stats, _, last, rings = results[0]
+    assert rings == [ctls[0].ring_counters["counters"], None]
     assert weights == [1, 1]
     assert last == ("switch+ring", "switch-away")       # aggregator 1 not back yet
     for c in range(calls):

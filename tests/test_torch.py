@@ -308,6 +308,17 @@ def test_init_process_groups_timeout_reaches_the_communicator_on_a_fake_one(
     assert given["config"].collective_timeout == 42.0
 
 
+def ddp_gradient(pg: dist.ProcessGroup, r: int, seeding: threading.Lock) -> torch.Tensor:
+    """One backward pass of DDP over `pg` on rank `r` (a Linear(4, 2) seeded alike on
+    every rank, input r + 1): the weight's averaged gradient."""
+    with seeding:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    ddp(torch.full((3, 4), float(r + 1))).sum().backward()
+    return model.weight.grad.clone()
+
+
 def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """ProcessGroupNetreduce on 2 rank threads (its communicator on the fake fabric and
@@ -356,12 +367,7 @@ def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
             b = torch.full((2,), float(r))
             pg.broadcast([b]).wait()
             got["bcast"] = b
-            with seeding:
-                torch.manual_seed(0)
-                model = torch.nn.Linear(4, 2)
-            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
-            ddp(torch.full((3, 4), float(r + 1))).sum().backward()
-            got["ddp"] = model.weight.grad.clone()
+            got["ddp"] = ddp_gradient(pg, r, seeding)
             return got
         finally:
             comm.close(timeout=5)
@@ -385,3 +391,61 @@ def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
         assert torch.allclose(got["ddp"], torch.full((2, 4), 4.5))
 
 
+
+
+def test_the_netreduce_process_group_shards_allreduce_over_two_fake_aggregators(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """dist's "netreduce" group when $NR_CONTROLLER lists 2 controllers (k = 2): its
+    communicator is a ShardedCommunicator over 2 fake aggregators (one fabric each), whose
+    store ports pass through the group's store; all_reduce SUM of int32 exact and AVG of
+    float32 within its bound, each aggregator carrying its half of the bytes; DDP over the
+    group averages the gradients."""
+    n, count = 2, 6000
+    store = dist.HashStore()
+    fabrics = [FakeFabric(), FakeFabric()]
+    controllers = [FakeController(f) for f in fabrics]
+    seeding = threading.Lock()
+
+    def create(rank: int, world_size: int, master_addr: Any = None, master_port: Any = None,
+               *, switch: str, port_exchange: Any, **_: Any) -> Communicator:
+        j = ["fake-0:1", "fake-1:1"].index(switch)
+        rdzv = Rendezvous(RendezvousConfig(rank, world_size, "127.0.0.1", 0,
+                                           timeout=10)).join(port_exchange)
+        return Communicator.connect(rdzv, FakeHost(fabrics[j], rank), CFG,
+                                    controllers[j] if rank == 0 else None)
+    monkeypatch.setattr(Communicator, "create", staticmethod(create))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("NR_CONTROLLER", "fake-0:1,fake-1:1")
+    monkeypatch.setenv("NR_INC_ADDR", "10.78.0.0/24,10.78.1.0/24")
+
+    def rank(r: int) -> dict[str, Any]:
+        pg = nrtorch.ProcessGroupNetreduce(store, r, n, timedelta(seconds=20))
+        comm = pg.comm
+        try:
+            got: dict[str, Any] = {"kind": type(comm).__name__}
+            for name, t, op in (
+                    ("sum", torch.from_numpy(rank_data(r, count, "int32")), dist.ReduceOp.SUM),
+                    ("avg", torch.from_numpy(rank_data(r, count, "float32")),
+                     dist.ReduceOp.AVG)):
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = op
+                pg.allreduce([t], opts).get_future().wait()
+                got[name], got[name + "_algo"] = t.numpy().copy(), comm.last_algo
+            got["bytes"] = [a["bytes"] for a in comm.stats()["aggregators"]]
+            got["ddp"] = ddp_gradient(pg, r, seeding)
+            return got
+        finally:
+            comm.close(timeout=5)
+
+    out = in_threads(n, rank)
+    inputs = {d: [rank_data(r, count, d) for r in range(n)] for d in ("int32", "float32")}
+    for got in out:
+        assert not isinstance(got, BaseException), got
+        assert got["kind"] == "ShardedCommunicator"
+        assert got["sum_algo"] == got["avg_algo"] == "switch"
+        assert np.array_equal(got["sum"], np.sum(inputs["int32"], axis=0, dtype=np.int32))
+        want = np.sum(np.stack(inputs["float32"]).astype(np.float64), axis=0) / n
+        assert np.allclose(got["avg"], want, rtol=1e-6, atol=1e-6)
+        # int32 split at 3000; float32 at a multiple of its 1024-element blocks: 3072
+        assert got["bytes"] == [4 * (3000 + 3072), 4 * (3000 + 2928)], got["bytes"]
+        assert torch.allclose(got["ddp"], torch.full((2, 4), 4.5))

@@ -16,8 +16,10 @@ import pytest
 from netreduce.comm import Communicator
 from netreduce.dtypes import BFLOAT16
 from netreduce.tools.reference import Reference
+from netreduce.shards import ShardedCommunicator
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
 from tests.ranks import rank_data, run_ranks
+from tests.test_shards import controller, run_sharded
 
 import tests.torch_required  # noqa: F401,I001 - skips this module without torch: before it
 
@@ -290,3 +292,47 @@ def test_a_bucket_refused_while_the_fake_switch_is_away_goes_over_the_ring() -> 
     for got in results:
         assert not isinstance(got, BaseException), got
         assert got == ([1.0] * 8, [[2.0] * 8, [3.0] * 8], "ring", 1)
+
+
+@pytest.mark.parametrize("nan_rank", [None, 1])
+@pytest.mark.parametrize("algo", ["auto", "switch"])
+def test_the_hook_averages_buckets_over_two_fake_aggregators(algo: str,
+                                                             nan_rank: int | None) -> None:
+    """The DDP hook over a ShardedCommunicator (4 ranks, 2 fake aggregators: k = 2, each
+    call split in two shards): a 5000-element bucket averaged within the unsharded switch
+    bound; with NaN and Inf in shard 0, algo="auto" runs that shard over its host ring,
+    algo="switch" has it refused while shard 1 completed -- the hook's re-run over the ring
+    must see the bucket unchanged (once, a half-reduced bucket was reduced again) -- the
+    NaN kept, the warning given once per rank, and the next bucket through both."""
+    n, count = 4, 5000
+
+    def body(comm: ShardedCommunicator) -> Any:
+        bucket = Bucket(4, torch.from_numpy(hook_data(comm.rank, count, nan_rank)))
+        value = nrtorch.allreduce_hook(nrtorch.HookState(comm, algo), bucket).wait()
+        assert value is bucket.buffer()
+        routed = comm.last_algo
+        other = nrtorch.allreduce_hook(comm, Bucket(5, torch.ones(count))).wait()
+        last = comm.last_algo
+        ring = comm.allreduce(hook_data(comm.rank, count, nan_rank), op="avg", algo="ring")
+        return value.numpy().copy(), routed, other.numpy().copy(), last, ring
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = run_sharded(body, [controller(None), controller(None)])
+    warned = [w for w in caught if w.category is nrtorch.NonFiniteGradientWarning]
+    inputs = [hook_data(r, count, nan_rank) for r in range(n)]
+    want = np.sum(np.stack(inputs).astype(np.float64), axis=0) / n
+    finite = np.isfinite(want)
+    for value, routed, other, last, ring in results:
+        assert np.array_equal(other, np.ones(count)) and last == "switch"
+        assert value.tobytes() == results[0][0].tobytes()
+        if nan_rank is None:
+            assert routed == "switch" and not warned
+            assert Reference(inputs, "avg").failure(value, "switch") is None
+        else:
+            assert routed == ("ring" if algo == "switch" else "switch+ring")
+            # refused by shard 0: the ring's result over the untouched inputs, bit for bit
+            assert algo == "auto" or value.tobytes() == ring.tobytes()
+            assert np.isnan(value[5]) and np.isnan(value[6]) == np.isnan(want[6])
+            assert np.allclose(value[finite], want[finite], rtol=1e-5, atol=1e-6)
+            assert len(warned) == n

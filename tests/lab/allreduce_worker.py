@@ -9,7 +9,7 @@
     allreduce_worker.py die --victim R        (rank R SIGKILLs itself mid-call)
     allreduce_worker.py late --late S         (the last rank joins a call S seconds late)
     allreduce_worker.py rank0-killed --until FILE   (rank 0 SIGKILLs itself, ring registered)
-    allreduce_worker.py survive --until CUE [--size N --big N --calls N --gil S]
+    allreduce_worker.py survive --until CUE [--size N --big N --calls N --gil S --reference N]
                                               (issue 24: the switch restarted twice)
     allreduce_worker.py inc-spec
     allreduce_worker.py floats [--sizes N,...]   (issue 22: NaN under auto, avg, 16-bit floats,
@@ -28,12 +28,14 @@ Every rank's data is a function of its rank, so each rank computes the reference
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -90,12 +92,16 @@ def correctness(comm: netreduce.Communicator, sizes: list[int], timed: int, algo
     print(f"OK correctness n={comm.world_size} sizes={sizes} algo={comm.last_algo}", flush=True)
 
 
-def switch_ring_counters(comm: netreduce.Communicator) -> dict:
-    """The switch's counters of this communicator's registered "inc" ring."""
+def switch_ring_counters(comm: netreduce.Communicator, client: Any = None) -> dict | None:
+    """The switch's counters of this communicator's registered "inc" ring (asked through
+    `client`, default a ControllerClient of its controller); None when the switch no longer
+    holds it (it went away: the communicator's stats() count the fallback)."""
     from nr_contract.client import ControllerClient
     assert comm.switch.controller is not None and comm.switch.ring_id is not None
-    with ControllerClient(comm.switch.controller) as client:
-        return client.counters()["rings"][comm.switch.ring_id]["counters"]
+    with contextlib.nullcontext(client) if client else ControllerClient(
+            comm.switch.controller) as controller:
+        ring = controller.counters()["rings"].get(comm.switch.ring_id)
+    return None if ring is None else ring["counters"]
 
 
 def in_network(comm: netreduce.Communicator, sizes: list[int], timed: int,
@@ -303,9 +309,10 @@ def rank0_killed(comm: netreduce.Communicator, until: str) -> None:
 
 
 def survive(comm: netreduce.Communicator, size: int, big: int, calls: int, cue: str,
-            gil: float) -> None:
+            gil: float, reference: int = 0) -> None:
     """Issue 24 in one job: `calls` algo="auto" calls of int32[size] (checked, out= a
-    fresh array), one of them of int32[big], the switch restarted twice by the test: (1)
+    fresh array), one of them of int32[big] (after `reference` more of them through the
+    switch: what the cut one would take), the switch restarted twice by the test: (1)
     during the big call (rank 0 prints "RESTART DURING CALL #k" and waits 0.5 s: the test
     restarts the switch meanwhile), then calls until the ring is registered again and two
     more; (2) between calls (rank 0 prints "RESTART WHILE IDLE"; every rank waits for the
@@ -341,8 +348,8 @@ def survive(comm: netreduce.Communicator, size: int, big: int, calls: int, cue: 
         call(size)
         call(size)
 
-    for _ in range(3):
-        if call(size) != "switch":
+    for count in [big] * reference + [size] * 3:
+        if call(count) != "switch":
             sys.exit("FAIL: the first calls did not go through the switch")
     if comm.rank == 0:
         print(f"RESTART DURING CALL #{done[0]}", flush=True)
@@ -472,6 +479,8 @@ def main() -> None:
     p.add_argument("--big", type=int, default=1 << 22, help="survive: the call restarted")
     p.add_argument("--calls", type=int, default=30, help="survive, recut, shards: calls in all")
     p.add_argument("--gil", type=float, default=25.0, help="survive: s rank 0 holds the GIL")
+    p.add_argument("--reference", type=int, default=0, help="survive: uncut calls of --big "
+                   "first")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     netreduce.log_to_stderr()
@@ -504,7 +513,7 @@ def main() -> None:
         "inc-spec": lambda: print(f"SPEC {comm.inc_ring_spec().to_json()}", flush=True),
         "floats": lambda: floats(comm, sizes),
         "survive": lambda: survive(comm, args.size, args.big, args.calls, args.until,
-                                   args.gil),
+                                   args.gil, args.reference),
         "recut": lambda: recut(comm, args.victim, args.calls, args.size),
         "shards": lambda: shards(comm, sizes, args.calls if "--calls" in sys.argv else 0,
                                  args.size),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import statistics
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -93,3 +94,13 @@ def check_survived(result: LaunchResult, n: int, calls: int, size: int,
         assert counters[drop] == 0, counters
     return {"routes": routes[0], "stats": stats[0], "counters": counters, "fell": fell,
             "back": back}
+
+
+def cut_call(seconds: list[float], cut: int, uncut: list[int]) -> tuple[float, float, str]:
+    """Issue 42's done-when, "a restart mid-job costs at most one call's time": the cut
+    call's time (`seconds[cut]`) and the median of the uncut calls of its size (indices
+    `uncut`, the same run); returns (extra, median, a line saying both)."""
+    median = statistics.median(seconds[i] for i in uncut)
+    extra = seconds[cut] - median
+    return extra, median, (f"cut call #{cut} {seconds[cut]:.2f} s, median {median:.2f} s of "
+                           f"{len(uncut)} uncut: {extra:+.2f} s")
