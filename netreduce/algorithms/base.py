@@ -18,11 +18,11 @@ switch's `check` says the data cannot travel), `run`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Protocol
+from typing import Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
-from flowctl.link import RemoteBuffer
+from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.stream import Outgoing, Stream
 from netreduce.workspace import RegisteredMemory
 
@@ -56,6 +56,8 @@ class CallContext:
     inline: bool = False            # every rank's `blocks` is its data (`DataRange.inline`)
     then: Outgoing | None = None    # posted on "inc" behind this call's data, unsettled:
     #                                 the next call's records (calls in flight, comm.py)
+    # the caller's array registered in place (netreduce.regcache), None where it cannot be
+    registered: Callable[[np.ndarray], LocalBuffer | None] | None = None
 
 
 class Algorithm(Protocol):

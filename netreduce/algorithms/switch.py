@@ -80,9 +80,12 @@ and e = 30 - c - F from the largest |x| of the whole call scales every element (
 above with M the call's largest |x|). Which one a call uses is read from the agreed records
 (block exponents published or not), and ranks that disagree are refused on every rank.
 
-Host passes: one copy into the send area (int32: plain; floats: quantizing), one copy of
-the sum into the caller's output once the transfer is complete (int32: plain; floats:
-to float64, the exact * 2^-e_b, / n for avg, one rounding); for int32 and float32 the
+Host passes: int32 inputs of IN_PLACE_BYTES and more are sent from the caller's memory,
+registered in place (`netreduce.regcache`; `send` says how), smaller ones copied into
+the send area; floats are quantized into it. One copy of the sum into the caller's output
+once the transfer is complete (int32: plain; floats: to float64, the exact * 2^-e_b, / n
+for avg, one rounding): the sum stays in the workspace, for a switch loss right after the
+call returned (`netreduce.away`); for int32 and float32 the
 min/max (per block) pass, quantize and dequantize are one native pass each
 (`netreduce.hostpass`), else numpy passes per chunk with the block exponents broadcast
 over rows of a block, bit for bit alike. A message arrives
@@ -100,6 +103,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from flowctl.link import Gather, LocalBuffer
 from flowctl.stream import Outgoing
 from netreduce.algorithms.base import CallContext, DataRange
 import netreduce.hostpass as hostpass
@@ -126,6 +130,7 @@ class NotQuantizable(CallRejected, ValueError):
 
 
 INLINE_BYTES = MAX_BLOCK_BYTES   # calls of at most this many data bytes travel in their records
+IN_PLACE_BYTES = 64 * 1024        # int32 inputs from this size on are sent from their memory
 MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (nr_contract.spec: 32 racks x 32)
 MIN_BLOCK = 1024          # elements: 4 KiB of wire words, one packet at the default MTU
 NO_FLOOR = -128           # the published floor of an all-zero block (and of M < 2^-127)
@@ -409,9 +414,16 @@ class SwitchAllreduce:
     def send(self, call: CallContext, src: np.ndarray) -> np.ndarray:
         """Put `src` on the wire (int32 as is, floats quantized) with the seal, move it
         through the switch and check the seal; returns the sums (a view of the workspace).
-        The caller's output is not touched. On return, or on any failure after the
-        transfer began, the send area holds this rank's wire words of the call (the data
-        part is what `netreduce.away` sums over the host ring if the switch is lost)."""
+        The caller's output is not touched, nor its input ever written. An int32 input of
+        at least IN_PLACE_BYTES, C-contiguous and registrable (`call.registered`), is sent
+        from the caller's memory in place: the last message is one WRITE of two SGEs, the
+        data's tail from the caller's region and the seal from the workspace, so the
+        wire is byte for byte the copy's; the input is read until the transfer is
+        settled (go-back-N re-reads it) and the call returns only then. Else the wire
+        words are formed in the send area. On a good seal, the receive area holds the
+        sums until the workspace is reused: what `netreduce.away` takes from a rank that
+        completed the call, after it returned, if the switch is lost (neither the caller's
+        input nor output is needed then: the caller may have overwritten both)."""
         nbytes = wire_bytes(call.count, call.world_size)
         at = recv_offset(nbytes)
         wire, summed = self.areas(call)
@@ -419,12 +431,19 @@ class SwitchAllreduce:
         seal[:] = 0
         seal[call.rank] = 1
         summed[call.count:] = 0
-        if call.dtype == np.int32:
-            np.copyto(data.reshape(src.shape), src)
+        local = call.workspace.local()
+        user = self._in_place(call, src)
+        if user is not None:
+            data_bytes = call.count * WIRE.itemsize
+            source: LocalBuffer | Gather = Gather(
+                (user, local.slice(data_bytes, nbytes - data_bytes)))
         else:
-            quantize(src, self.exponents(call), data)
-        send = Outgoing(call.workspace.local().slice(0, nbytes),
-                        call.peer_workspace.slice(at, nbytes))
+            if call.dtype == np.int32:
+                np.copyto(data.reshape(src.shape), src)
+            else:
+                quantize(src, self.exponents(call), data)
+            source = local.slice(0, nbytes)
+        send = Outgoing(source, call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes, then=call.then)
         sealed = summed[call.count:]
         if not np.all(sealed == 1):
@@ -433,6 +452,14 @@ class SwitchAllreduce:
                 f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "
                 f"rank's last packet (the result is not used)")
         return summed[:call.count]
+
+    @staticmethod
+    def _in_place(call: CallContext, src: np.ndarray) -> LocalBuffer | None:
+        """`src` registered in place, when the call sends it as it is (`send`)."""
+        if call.registered is None or call.dtype != np.int32 \
+                or src.nbytes < IN_PLACE_BYTES or not src.flags.c_contiguous:
+            return None
+        return call.registered(src)
 
     def deliver(self, call: CallContext, summed: np.ndarray, dst: np.ndarray) -> None:
         """Write the call's result into `dst` from `summed`, the wrapping int32 sums of every

@@ -1,0 +1,246 @@
+"""int32 switch calls sent from the caller's memory, registered in place (issue 41 item 5):
+the gather list's slicing, the registration cache's hits, misses and collections, and whole
+communicators on the in-process fabric (tests/fakefabric.py: MRs on user memory read that
+memory, never a copy) -- results against numpy sums, a switch lost right after a call
+returned while the caller overwrites its buffers, a transport fault on "inc"."""
+from __future__ import annotations
+
+import ctypes
+import gc
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import netreduce.away as away
+from flowctl import FlowConfig
+from flowctl.link import Gather, LocalBuffer
+from netreduce import Communicator
+from netreduce.algorithms.switch import IN_PLACE_BYTES
+from netreduce.regcache import RegistrationCache, owner_of
+from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.ranks import run_ranks
+
+# 20 000 int32 (80 000 bytes, past IN_PLACE_BYTES) + a 3-rank seal in 16 KiB messages: 4
+# full ones, then 14 464 bytes of data and the 12-byte seal in one WRITE of two SGEs
+CFG = FlowConfig(mtu=256, msg_size=16384, window=4, recv_depth=64, collective_timeout=20.0)
+COUNT = 20_000
+MESSAGES = 1 + 5        # per call on "inc": the records, then the data and seal
+N = 3
+
+
+@pytest.fixture(autouse=True)
+def quick_rejoin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(away, "REJOIN_FIRST", 0.3)
+    monkeypatch.setattr(away, "REJOIN_POLL", 0.1)
+
+
+def data(rank: int, call: int) -> np.ndarray:
+    return np.arange(COUNT, dtype=np.int32) * (rank + 1) - 7 * call
+
+
+def want(call: int) -> list[int]:
+    return sum(data(r, call).astype(np.int64) for r in range(N)).astype(np.int32).tolist()
+
+
+def test_a_gather_list_slices_into_plain_buffers_and_spanning_pieces() -> None:
+    a, b = LocalBuffer(1000, 7, 100), LocalBuffer(5000, 9, 12)
+    g = Gather((a, b))
+    assert g.nbytes == 112
+    assert g.slice(0, 64) == LocalBuffer(1000, 7, 64)
+    assert g.slice(100, 12) == b
+    assert g.slice(64, 48) == Gather((LocalBuffer(1064, 7, 36), b))
+    assert g.slice(99, 2) == Gather((LocalBuffer(1099, 7, 1), LocalBuffer(5000, 9, 1)))
+    for bad in ((0, 113), (-1, 4), (10, 0)):
+        with pytest.raises(ValueError, match="outside a 112-byte gather list"):
+            g.slice(*bad)
+    with pytest.raises(ValueError, match="non-empty parts"):
+        Gather((a, LocalBuffer(0, 1, 0)))
+
+
+class Region:
+    """A stand-in region: `closed` once deregistered."""
+
+    def __init__(self, addr: int, nbytes: int) -> None:
+        self.addr, self.nbytes, self.closed = addr, nbytes, False
+
+    def local(self) -> LocalBuffer:
+        return LocalBuffer(self.addr, 1, self.nbytes)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def cache(capacity: int = 4) -> tuple[RegistrationCache, list[Region]]:
+    made: list[Region] = []
+
+    def register(addr: int, nbytes: int) -> Region:
+        made.append(Region(addr, nbytes))
+        return made[-1]
+    return RegistrationCache(register, capacity), made
+
+
+def test_the_cache_hits_on_the_same_live_buffer_and_its_views() -> None:
+    regs, made = cache()
+    x = np.arange(1000, dtype=np.int32)
+    first = regs.local(x)
+    assert first == LocalBuffer(x.ctypes.data, 1, 4000)
+    assert regs.local(x) == first and regs.local(x[:]) == first   # x[:]: the same owner
+    assert regs.local(x[:500]) == LocalBuffer(x.ctypes.data, 1, 2000)   # another length
+    assert (regs.hits, regs.misses, len(made)) == (2, 2, 2)
+    assert owner_of(x[10:].reshape(-1)) is x
+    assert regs.local(x[::2]) is None and regs.local(np.empty(0, np.int32)) is None
+
+
+def test_the_cache_misses_when_the_buffer_was_freed_and_its_address_reused() -> None:
+    """Two owners of the same memory one after the other (as a freed buffer's address
+    handed out again): the first one's collection deregisters its region at once, and the
+    second registers anew although address and length are equal."""
+    regs, made = cache()
+    backing = (ctypes.c_int32 * 1000)()
+    addr = ctypes.addressof(backing)
+
+    def buffer() -> np.ndarray:
+        owner = (ctypes.c_int32 * 1000).from_address(addr)
+        return np.frombuffer(owner, dtype=np.int32)
+
+    x = buffer()
+    regs.local(x)
+    assert regs.local(x) is not None and regs.hits == 1
+    del x
+    gc.collect()
+    assert made[0].closed and regs.collected == 1 and len(regs) == 0
+    y = buffer()
+    assert regs.local(y) == LocalBuffer(addr, 1, 4000)
+    assert (regs.misses, len(made), made[1].closed) == (2, 2, False)
+
+
+def test_the_cache_evicts_the_least_recently_used_and_closes_everything() -> None:
+    regs, made = cache(capacity=2)
+    xs = [np.zeros(100, np.int32) for _ in range(3)]
+    regs.local(xs[0]), regs.local(xs[1]), regs.local(xs[0]), regs.local(xs[2])
+    assert [r.closed for r in made] == [False, True, False] and regs.evictions == 1
+    regs.close()
+    assert all(r.closed for r in made) and len(regs) == 0
+    del xs
+    gc.collect()
+    assert regs.collected == 0                  # closed entries have no finalizer left
+
+
+def test_a_cache_that_cannot_register_copies_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    def refuse(addr: int, nbytes: int) -> Region:
+        raise OSError("RLIMIT_MEMLOCK")
+    regs = RegistrationCache(refuse)
+    assert regs.local(np.zeros(10, np.int32)) is None
+    assert "cannot be registered in place (RLIMIT_MEMLOCK)" in caplog.text
+    assert RegistrationCache(None).local(np.zeros(10, np.int32)) is None
+    with pytest.raises(ValueError, match="0 entries"):
+        RegistrationCache(refuse, 0)
+
+
+def test_in_place_and_out_of_place_int32_calls_on_the_fake_fabric_are_exact() -> None:
+    """Calls 0-3 out of place, 4-5 in place, from the same two buffers: results exact, the
+    inputs of out-of-place calls untouched, sent from the caller's memory (one region per
+    buffer, registered once: the cache hits), a small call copied as before."""
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        x, y = data(comm.rank, 0), np.empty(COUNT, np.int32)
+        got = []
+        for c in range(6):
+            x[:] = data(comm.rank, c)
+            result = comm.allreduce(x, out=y if c < 4 else None)
+            got.append(((result is y) if c < 4 else (result is x), result.tolist() == want(c),
+                        c >= 4 or x.tolist() == data(comm.rank, c).tolist()))
+        small = np.arange(40, dtype=np.int32)
+        comm.allreduce(small)
+        got.append(small.tolist() == (np.arange(40) * N).tolist())
+        regions = [(r.addr, r.nbytes) for r in host.user_regions]
+        cache = comm._registered
+        return got, regions == [(x.ctypes.data, x.nbytes)], (cache.hits, cache.misses)
+
+    fabric = FakeFabric()
+    for got in run_ranks(N, body, cfg=CFG, fabric=fabric, controller=FakeController(fabric)):
+        assert not isinstance(got, BaseException), got
+        assert got == ([(True, True, True)] * 6 + [True], True, (5, 1)), got
+    assert COUNT * 4 >= IN_PLACE_BYTES
+
+
+def test_a_freed_input_is_deregistered_and_a_new_one_registered_on_the_fake_fabric() -> None:
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        results = []
+        for c in range(3):
+            x = data(comm.rank, c)          # a fresh array each call, the last one freed
+            results.append(comm.allreduce(x, out=np.empty_like(x)).tolist() == want(c))
+            del x
+            gc.collect()
+        return results, [r.closed for r in host.user_regions], comm._registered.misses
+
+    fabric = FakeFabric()
+    for got in run_ranks(N, body, cfg=CFG, fabric=fabric, controller=FakeController(fabric)):
+        assert not isinstance(got, BaseException), got
+        assert got == ([True] * 3, [True] * 3, 3), got
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_fake_switch_lost_right_after_a_call_returned_recovers_exactly_though_the_caller_overwrote_its_buffers(  # noqa: E501
+        in_place: bool) -> None:
+    """The fake switch dies while it emits call 1's last message (data tail and seal, two
+    SGEs): rank 1 gets the sum (a good seal) and returns; it then overwrites its input and
+    output and goes on to call 2. Ranks 0 and 2 (bad seals) finish call 1 from rank 1's
+    sum, kept in its workspace and handed over the host ring: exact although rank 1's
+    buffers hold garbage by then; their own inputs were never written before the result."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    fabric.switch.cut = lambda ring, index: 1 if index == 2 * MESSAGES - 1 else None
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        got = []
+        for c in range(3):
+            x = data(comm.rank, c)
+            y = x if in_place else np.full(COUNT, -1, np.int32)
+            comm.allreduce(x, out=None if in_place else y)
+            got.append((y.tolist() == want(c), comm.last_algo))
+            x[:] = 12345                     # the caller reuses its buffers at once
+            y[:] = -12345
+        return got, comm.stats()["switch"], len(host.user_regions) > 0
+
+    for got in run_ranks(N, body, cfg=CFG, fabric=fabric, controller=controller):
+        assert not isinstance(got, BaseException), got
+        assert got == ([(True, "switch"), (True, "switch"), (True, "ring")],
+                       {"fallbacks": 1, "returns": 0, "recovered": 1}, True), got
+
+
+def test_an_inc_fault_at_the_last_message_of_an_in_place_call_on_fake_qps_stays_exact() -> None:
+    """Rank 1's "inc" QPs fail the WRITE of call 1's last message (the two-SGE one): the
+    switch-away protocol settles it (no rank has a good seal: the call is redone over
+    the host ring from the untouched inputs); every call exact, back on the switch later."""
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        got = []
+        for c in range(5):
+            if c == 1 and comm.rank == 1:
+                host.rings["inc"].fail_at = host.rings["inc"].delivered + MESSAGES - 1
+            if c == 3:
+                time.sleep(0.6)
+            x = data(comm.rank, c)
+            y = np.empty_like(x)
+            comm.allreduce(x, out=y)
+            got.append((y.tolist() == want(c), x.tolist() == data(comm.rank, c).tolist(),
+                        comm.last_algo))
+        return got, comm.stats()["switch"]["fallbacks"]
+
+    for got in run_ranks(N, body, cfg=CFG, fabric=fabric, controller=controller):
+        assert not isinstance(got, BaseException), got
+        calls, fallbacks = got
+        assert all(exact and kept for exact, kept, _ in calls) and fallbacks == 1, got
+        assert [a for *_, a in calls][:3] == ["switch", "ring", "ring"], got
+        assert calls[-1][2] == "switch", got
+
+
+def test_a_torch_tensors_view_is_not_cached_its_owner_is_a_temporary() -> None:
+    torch = pytest.importorskip("torch")
+    from netreduce.tensors import as_ndarray
+    regs, made = cache()
+    assert regs.local(as_ndarray(torch.zeros(100, dtype=torch.int32))) is None and not made
