@@ -57,7 +57,7 @@ class _Entry:
 class RegistrationCache:
     """Regions of the caller's memory by (address, nbytes) (module doc). `hits`, `misses`
     and `evictions` count lookups and deregistrations for room; `collected` the regions
-    dropped because their owner was collected."""
+    dropped because their owner was collected; `failures` the registrations refused."""
 
     def __init__(self, register: RegisterUser | None, capacity: int = CAPACITY) -> None:
         if capacity < 1:
@@ -67,8 +67,7 @@ class RegistrationCache:
         self._entries: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
         self._lock = threading.RLock()      # a collection may run on any thread, also
         #                                     while this one holds it (a GC pass)
-        self.hits = self.misses = self.evictions = self.collected = 0
-        self._failed = False
+        self.hits = self.misses = self.evictions = self.collected = self.failures = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -76,7 +75,7 @@ class RegistrationCache:
     def local(self, array: np.ndarray) -> LocalBuffer | None:
         """`array`'s bytes (C-contiguous, not empty) as registered local memory, from the
         cache or registered now; None when they cannot be (module doc)."""
-        if self._register is None or self._failed or array.nbytes == 0 \
+        if self._register is None or array.nbytes == 0 \
                 or not array.flags.c_contiguous:
             return None
         owner = owner_of(array)
@@ -99,9 +98,11 @@ class RegistrationCache:
         try:
             region = self._register(*key)
         except Exception as exc:    # noqa: BLE001 - any failure: copy, as before
-            self._failed = True
-            logger.warning("netreduce: the caller's buffers cannot be registered in place "
-                           "(%s): switch calls copy them into the workspace", exc)
+            self.failures += 1
+            if self.failures == 1:
+                logger.warning("netreduce: a buffer of the caller's cannot be registered in "
+                               "place (%s): switch calls copy such buffers into the "
+                               "workspace (logged once; `failures` counts them)", exc)
             return None
         with self._lock:
             self.misses += 1

@@ -81,9 +81,9 @@ class FakeRegion:
 
 
 class FakeUserRegion(FakeRegion):
-    """The caller's memory registered in place, as an MR on user memory: it reads and
-    writes that memory (never a copy of it) from registration to `close`; `closed` says
-    whether it was deregistered."""
+    """The caller's memory registered in place for local reads (RdmaHost.register_user): a
+    WRITE's source reads that memory (never a copy of it) from registration to `close`;
+    nothing is ever written into it (no remote key); `closed`: deregistered."""
 
     def __init__(self, fabric: FakeFabric, addr: int, nbytes: int) -> None:
         self._fabric = fabric
@@ -92,6 +92,9 @@ class FakeUserRegion(FakeRegion):
         self.lkey = self.rkey = fabric.new_id()
         fabric.regions[self.lkey] = self
         self.closed = False
+
+    def remote(self) -> RemoteBuffer:
+        raise AssertionError("a region of the caller's memory has no remote key")
 
     def close(self) -> None:
         super().close()
@@ -245,6 +248,7 @@ class FakeLink:
                 if dst_region is None:      # the peer closed its memory (it died): a write
                     continue                # to it is never answered, as on a real NIC
                 assert dst_region.contains(dst.addr, dst.nbytes)
+                assert not isinstance(dst_region, FakeUserRegion), "no remote key there"
                 target.recv_posted -= 1
                 if fabric.switch.contribute(self, target, index, src, dst):
                     continue

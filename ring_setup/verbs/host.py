@@ -84,17 +84,19 @@ def open_context(name: str, retry: float = OPEN_RETRY) -> Context:
 
 
 class RegisteredBuffer:
-    """A memory region registered LOCAL_WRITE | REMOTE_WRITE: its buffer allocated by pyverbs,
-    or (`address`) the caller's memory, registered in place (pinned until `close`, never
-    freed by it: the caller keeps it alive meanwhile, netreduce/regcache.py). Invariant:
-    `view()` arrays are valid only until `close()`."""
+    """A memory region registered LOCAL_WRITE | REMOTE_WRITE (its buffer allocated by
+    pyverbs), or (`address`) the caller's memory registered in place for local reads only:
+    a WRITE's source, never written by the NIC nor reachable by a peer (no R_Key is
+    published); pinned until `close`, never freed by it (the caller keeps it alive
+    meanwhile: netreduce/regcache.py). Invariant: `view()` arrays are valid only until
+    `close()`."""
 
     def __init__(self, pd: PD, nbytes: int, life: DeviceLife, address: int | None = None) -> None:
         self._life = life
         life.check(f"registering {nbytes} bytes")
         try:
             self._mr = MR(pd, nbytes, ACCESS) if address is None else \
-                MR(pd, nbytes, ACCESS, address=address)
+                MR(pd, nbytes, 0, address=address)
         except PyverbsError as exc:
             raise DeviceError(f"cannot register {nbytes} bytes: {exc} (RLIMIT_MEMLOCK?)") from exc
         self.nbytes = nbytes
