@@ -13,7 +13,8 @@ that memory (`owner`: the root of the array's `.base` chain) is alive -- it is h
 reference, and its collection deregisters the region and drops the entry, before the
 memory can be reused -- and at most `capacity` entries are kept (least recently used
 first out). A hit is the same address and length under the same live owner; anything else
-registers anew. Memory whose owner cannot be weakly referenced or may die before the
+registers anew (an owner that reallocates its memory while alive, `ndarray.resize`, is the
+one case not seen: NCCL's contract, deregister first, applies there). Memory whose owner cannot be weakly referenced or may die before the
 memory does (a torch tensor's numpy view is owned by the temporary `detach()` of
 netreduce.tensors: a new owner per call), or that cannot be registered (RLIMIT_MEMLOCK, a
 device without it), is not cached: `local` returns None and the caller copies, as before.
