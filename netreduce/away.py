@@ -53,7 +53,8 @@ from flowctl.plan import FlowConfig
 from flowctl.stream import CompletionError, FlowError, StallError, Stream
 from netreduce.algorithms import CallContext
 from netreduce.algorithms.ring import RING
-from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
+from netreduce.algorithms.switch import (SWITCH, inline_sum, recv_offset, wire_bytes,
+                                         write_inline)
 from netreduce.errors import SwitchFailure
 from netreduce.meta import INLINE, CallMeta, MetaExchange, SwitchNotAggregating, check_agreement
 from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationError,
@@ -273,7 +274,7 @@ class AwayProtocol:
         self._began = record
 
     def forget_kept(self, below: int | None = None) -> None:
-        """The wire words of the switch calls before call `below` (None: all) will never be
+        """The sums of the switch calls before call `below` (None: all) will never be
         needed again: every rank completed them (or a settle used them). A workspace's
         retired buffers go once no kept call uses that workspace."""
         self._kept = {seq: k for seq, k in self._kept.items()
@@ -284,6 +285,14 @@ class AwayProtocol:
         for slot, workspace in enumerate(self._workspaces):
             if slot not in used:
                 workspace.release_retired()
+
+    def free_below(self, memory: RegisteredMemory) -> int:
+        """How many bytes at the start of `memory` (a call's workspace, one of the two the
+        calls in flight alternate) no kept call needs: all of it, unless it holds a kept
+        call's sum, which starts at that call's receive area (`SWITCH.areas`)."""
+        return min((recv_offset(wire_bytes(k.context.count, k.context.world_size))
+                    for k in self._kept.values() if k.context.workspace is memory),
+                   default=memory.nbytes)
 
     def run_switch(self, context: CallContext, src: np.ndarray, dst: np.ndarray,
                    record: CallMeta) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from flowctl.plan import FlowConfig
 from flowctl.stream import CompletionError, Stream
 from netreduce.algorithms import CallContext
+from netreduce.algorithms.base import Spare
 from netreduce.algorithms.switch import SWITCH
 from netreduce.away import AwayProtocol, SwitchAway
 from netreduce.errors import CommunicatorError, PeerFailure, TransportFault
@@ -431,7 +432,8 @@ class Communicator:
         workspace = self._workspaces[self._slot(seq)].ensure(max(
             a.workspace_bytes(array.size, dtype, self.world_size) for a in algorithms),
             keep=away.keeping)
-        data = algorithms[0].local_range(array)
+        data = algorithms[0].local_range(array, Spare(workspace, away.free_below(workspace),
+                                                      seq, self.world_size))
         flags |= (INLINE if data.inline else 0) | (IN_FLIGHT if self._in_flight > 1 else 0)
         return CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
                         op=call.op, algo=call.algo, workspace=workspace.remote(),

@@ -27,6 +27,18 @@ from flowctl.stream import Outgoing, Stream
 from netreduce.workspace import RegisteredMemory
 
 
+class Spare(NamedTuple):
+    """Memory a call's `local_range` may write ahead of its agreement (the switch's
+    quantize ahead): the first `nbytes` of `memory`, the call's workspace, hold nothing a
+    kept call needs (netreduce.away.AwayProtocol.free_below); `seq` and `world_size`: the
+    call's."""
+
+    memory: RegisteredMemory
+    nbytes: int
+    seq: int
+    world_size: int
+
+
 class DataRange(NamedTuple):
     """What a rank publishes about its data in the call's metadata (`netreduce.meta.CallMeta`
     lo, hi, blocks): what the algorithm's `check` and `run` need to agree on."""
@@ -69,8 +81,9 @@ class Algorithm(Protocol):
 
     def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int: ...
 
-    def local_range(self, array: np.ndarray) -> DataRange:
-        """What this rank publishes in the call's metadata."""
+    def local_range(self, array: np.ndarray, spare: Spare | None = None) -> DataRange:
+        """What this rank publishes in the call's metadata; it may also write into
+        `spare` what its `run` of the same call would write first."""
         ...
 
     def check(self, call: CallContext) -> None:

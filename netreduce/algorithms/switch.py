@@ -105,7 +105,7 @@ import numpy as np
 
 from flowctl.link import Gather, LocalBuffer
 from flowctl.stream import Outgoing
-from netreduce.algorithms.base import CallContext, DataRange
+from netreduce.algorithms.base import CallContext, DataRange, Spare
 import netreduce.hostpass as hostpass
 from netreduce.dtypes import FLOAT32, HALVES
 from netreduce.meta import MAX_BLOCK_BYTES, AllreduceMismatch, CallRejected, SwitchNotAggregating
@@ -161,6 +161,11 @@ def local_blocks(array: np.ndarray) -> DataRange:
         starts = np.arange(0, flat.size, block)
         lows = np.minimum.reduceat(flat, starts).astype(np.float32)
         highs = np.maximum.reduceat(flat, starts).astype(np.float32)
+    return blocks_range(lows, highs)
+
+
+def blocks_range(lows: np.ndarray, highs: np.ndarray) -> DataRange:
+    """The `local_blocks` record from the per-block minima and maxima (float32)."""
     return DataRange(float(lows.min()), float(highs.max()),
                      log2_floors(np.maximum(-lows, highs)).tobytes())
 
@@ -188,14 +193,19 @@ def block_exponents(world_size: int, blocks: Sequence[bytes]) -> np.ndarray:
     2^(31-c): one bit less, M_b * 2^e_b < 2^(30-c), rint <= 2^(30-c), n * that <= 2^30. In
     both cases n * 2^-(e_b+1) <= n^2 * M_b * 2^-29 (the module doc's bound, 2^-30 up to 128
     ranks) when M_b >= 2^-127 (else at most n^2 * 2^-157)."""
-    if not 1 <= world_size <= MAX_QUANTIZED_RANKS:
-        raise ValueError(f"quantization for {world_size} ranks: 1..{MAX_QUANTIZED_RANKS} "
-                         "supported")
     floors = np.frombuffer(blocks[0], dtype=np.int8)
     for other in blocks[1:]:
         floors = np.maximum(floors, np.frombuffer(other, dtype=np.int8))
+    return exponent_base(world_size) - floors.astype(np.int32)
+
+
+def exponent_base(world_size: int) -> int:
+    """e_b + F_b of `block_exponents`: 30 - c (29 - c above 128 ranks), c = ceil(log2 n)."""
+    if not 1 <= world_size <= MAX_QUANTIZED_RANKS:
+        raise ValueError(f"quantization for {world_size} ranks: 1..{MAX_QUANTIZED_RANKS} "
+                         "supported")
     c = (world_size - 1).bit_length()
-    return (30 - c - (c > 7)) - floors.astype(np.int32)
+    return 30 - c - (c > 7)
 
 
 def call_exponent(world_size: int, ranges: Sequence[tuple[float, float]]) -> np.ndarray:
@@ -289,6 +299,9 @@ class SwitchAllreduce:
     def __init__(self) -> None:
         self._per_call = 0                  # `one_scale_per_call` contexts open
         self._lock = threading.Lock()
+        # workspace address -> (seq, input address, count, world size, exponents used):
+        # the send area holds that call's input quantized ahead (`_quantize_ahead`)
+        self._ahead: dict[int, tuple[int, int, int, int, np.ndarray]] = {}
 
     @property
     def per_block(self) -> bool:
@@ -316,7 +329,12 @@ class SwitchAllreduce:
     def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int:
         return 2 * recv_offset(wire_bytes(count, world_size))
 
-    def local_range(self, array: np.ndarray) -> DataRange:
+    def local_range(self, array: np.ndarray, spare: Spare | None = None) -> DataRange:
+        """The record (module doc); a float32 call given `spare` is also quantized there
+        in the same memory pass, each block with this rank's own exponent (`_ahead`)."""
+        if spare is not None:
+            with self._lock:
+                self._ahead.pop(spare.memory.local().addr, None)
         if array.size == 0:
             return DataRange()
         inline = array.nbytes <= INLINE_BYTES
@@ -324,10 +342,41 @@ class SwitchAllreduce:
             lo, hi = hostpass.range_int32(array)
         elif inline or array.dtype == np.int32 or not self.per_block:
             lo, hi = array.min(), array.max()
+        elif spare is not None and array.dtype == FLOAT32 and hostpass.native(array) \
+                and spare.nbytes >= array.nbytes:
+            return self._quantize_ahead(array.reshape(-1), spare)
         else:
             return local_blocks(array)
         data = np.ascontiguousarray(array).tobytes() if inline else b""
         return DataRange(float(lo), float(hi), data, inline=inline)
+
+    def _quantize_ahead(self, flat: np.ndarray, spare: Spare) -> DataRange:
+        """`local_blocks(flat)` and, in the same memory pass, `flat` quantized into the
+        send area of `spare.memory` with this rank's own block exponents, noted in `_ahead`
+        for `send`. Invariant: a block's words are what `quantize` gives with the agreed
+        exponent whenever that exponent is this rank's own (this rank published the
+        block's largest floor), bit for bit (one C loop does both); `send` quantizes the
+        other blocks again, and uses none of it unless the note names its call."""
+        wire = spare.memory.view()[:flat.nbytes].view(WIRE)
+        lows, highs, exps = hostpass.block_ranges_quantize(
+            flat, block_elements(flat.size), exponent_base(spare.world_size), wire)
+        with self._lock:
+            self._ahead[spare.memory.local().addr] = (
+                spare.seq, hostpass.address(flat), flat.size, spare.world_size, exps)
+        return blocks_range(lows, highs)
+
+    def _quantize(self, call: CallContext, src: np.ndarray, data: np.ndarray) -> None:
+        """data = `src` quantized with the call's agreed exponents: only the blocks whose
+        exponent differs from this rank's own when `_quantize_ahead` ran for this call."""
+        exponents = self.exponents(call)
+        with self._lock:
+            ahead = self._ahead.pop(call.workspace.local().addr, None)
+        flat = src.reshape(-1)
+        if ahead is None or exponents.ndim == 0 or ahead[:4] != (
+                call.seq, hostpass.address(flat), call.count, call.world_size):
+            quantize(src, exponents, data)
+            return
+        hostpass.requantize_f32(flat, block_elements(call.count), exponents, ahead[4], data)
 
     def check(self, call: CallContext) -> None:
         if call.inline:
@@ -441,7 +490,7 @@ class SwitchAllreduce:
             if call.dtype == np.int32:
                 np.copyto(data.reshape(src.shape), src)
             else:
-                quantize(src, self.exponents(call), data)
+                self._quantize(call, src, data)
             source = local.slice(0, nbytes)
         send = Outgoing(source, call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes, then=call.then)
