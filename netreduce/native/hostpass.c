@@ -81,10 +81,19 @@ void nr_block_ranges_f32(const float *x, size_t n, size_t block, float *lo, floa
     }
 }
 
-/* wire[i] = rint(x[i] * 2^e) for i in [start, end): the one quantizing loop */
+/* wire[i] = rint(x[i] * 2^e) for i in [start, end): the one quantizing loop. Where 2^e
+ * is a normal float32 the product is formed in float32, eight lanes at a time: exact as
+ * in double (a power of two; |x * 2^e| < 2^31 never overflows, and a product below
+ * 2^-126 rounds to 0 either way), rounded by the current (nearest-even) mode. */
 static inline void quantize_span(const float *x, size_t start, size_t end, int32_t e,
                                  int32_t *wire)
 {
+    if (e >= -126 && e <= 127) {
+        float scale = ldexpf(1.0f, e);
+        for (size_t i = start; i < end; i++)
+            wire[i] = __builtin_irintf(x[i] * scale);
+        return;
+    }
     double scale = ldexp(1.0, e);
     for (size_t i = start; i < end; i++) {
         double v = (double)x[i] * scale;
@@ -159,7 +168,13 @@ CLONES void nr_dequantize_f32(const int32_t *s, size_t n, size_t block, const in
     for (size_t b = 0, start = 0; start < n; b++, start += block) {
         size_t end = start + block < n ? start + block : n;
         double scale = ldexp(1.0, -exps[b]);
-        if (divisor == 1) {
+        if (divisor == 1 && exps[b] >= -97 && exps[b] <= 126) {
+            /* float32: s rounded once, then scaled exactly (|s| < 2^31: no overflow for
+             * e >= -97, no subnormal for e <= 126), the same bits as in double */
+            float fscale = ldexpf(1.0f, -exps[b]);
+            for (size_t i = start; i < end; i++)
+                dst[i] = (float)s[i] * fscale;
+        } else if (divisor == 1) {
             for (size_t i = start; i < end; i++)
                 dst[i] = (float)((double)s[i] * scale);
         } else {
