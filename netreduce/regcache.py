@@ -18,6 +18,9 @@ one case not seen: NCCL's contract, deregister first, applies there). Memory who
 memory does (a torch tensor's numpy view is owned by the temporary `detach()` of
 netreduce.tensors: a new owner per call), or that cannot be registered (RLIMIT_MEMLOCK, a
 device without it), is not cached: `local` returns None and the caller copies, as before.
+A fork after registration keeps the pinned pages with this process on the kernels the
+project runs (copy-on-fork of pinned pages since Linux 5.13): a region never goes stale
+because of a child.
 """
 from __future__ import annotations
 
