@@ -62,23 +62,28 @@ static size_t range_lanes(const float *x, size_t i, size_t end, float *l, float 
     return i;
 }
 
-/* Per block of `block` elements (the last may be shorter): lo[b], hi[b], NaN if the block
- * holds a NaN (as numpy's minimum/maximum propagate it). */
+/* *lo, *hi of x[start, end), NaN if it holds a NaN (as numpy's minimum/maximum propagate
+ * it); returns whether it does */
+static int span_range(const float *x, size_t start, size_t end, float *lo, float *hi)
+{
+    float l = INFINITY, h = -INFINITY;
+    int nan = 0;
+    for (size_t i = range_lanes(x, start, end, &l, &h, &nan); i < end; i++) {
+        float v = x[i];
+        l = v < l ? v : l;
+        h = v > h ? v : h;
+        nan |= v != v;
+    }
+    *lo = nan ? NAN : l;
+    *hi = nan ? NAN : h;
+    return nan;
+}
+
+/* Per block of `block` elements (the last may be shorter): lo[b], hi[b] (`span_range`). */
 void nr_block_ranges_f32(const float *x, size_t n, size_t block, float *lo, float *hi)
 {
-    for (size_t b = 0, start = 0; start < n; b++, start += block) {
-        size_t end = start + block < n ? start + block : n;
-        float l = INFINITY, h = -INFINITY;
-        int nan = 0;
-        for (size_t i = range_lanes(x, start, end, &l, &h, &nan); i < end; i++) {
-            float v = x[i];
-            l = v < l ? v : l;
-            h = v > h ? v : h;
-            nan |= v != v;
-        }
-        lo[b] = nan ? NAN : l;
-        hi[b] = nan ? NAN : h;
-    }
+    for (size_t b = 0, start = 0; start < n; b++, start += block)
+        span_range(x, start, start + block < n ? start + block : n, &lo[b], &hi[b]);
 }
 
 /* wire[i] = rint(x[i] * 2^e) for i in [start, end): the one quantizing loop. Where 2^e
@@ -134,16 +139,8 @@ CLONES void nr_block_ranges_quantize_f32(const float *x, size_t n, size_t block,
 {
     for (size_t b = 0, start = 0; start < n; b++, start += block) {
         size_t end = start + block < n ? start + block : n;
-        float l = INFINITY, h = -INFINITY;
-        int nan = 0;
-        for (size_t i = range_lanes(x, start, end, &l, &h, &nan); i < end; i++) {
-            float v = x[i];
-            l = v < l ? v : l;
-            h = v > h ? v : h;
-            nan |= v != v;
-        }
-        lo[b] = nan ? NAN : l;
-        hi[b] = nan ? NAN : h;
+        int nan = span_range(x, start, end, &lo[b], &hi[b]);
+        float l = lo[b], h = hi[b];
         if (nan || isinf(l) || isinf(h)) {
             exps[b] = INT32_MIN;
             continue;
