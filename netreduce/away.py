@@ -289,9 +289,11 @@ class AwayProtocol:
     def free_below(self, memory: RegisteredMemory) -> int:
         """How many bytes at the start of `memory` (a call's workspace, one of the two the
         calls in flight alternate) no kept call needs: all of it, unless it holds a kept
-        call's sum, which starts at that call's receive area (`SWITCH.areas`)."""
+        call's sum, which starts at that call's receive area (`SWITCH.areas`; a small call
+        keeps its records instead)."""
         return min((recv_offset(wire_bytes(k.context.count, k.context.world_size))
-                    for k in self._kept.values() if k.context.workspace is memory),
+                    for k in self._kept.values()
+                    if k.context.workspace is memory and not k.context.inline),
                    default=memory.nbytes)
 
     def run_switch(self, context: CallContext, src: np.ndarray, dst: np.ndarray,

@@ -303,8 +303,8 @@ def test_float32_quantized_ahead_on_the_fake_fabric_is_exactly_the_closed_form(
         same: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """float32 calls quantized in the min/max pass, ahead of the agreement: results are the
     closed form's bits on every rank; when every rank holds the same data, no block is
-    quantized again (no quantize pass at all), else only the blocks whose largest floor
-    is another rank's."""
+    quantized again (no quantize pass at all, also after a small call), else only the
+    blocks whose largest floor is another rank's."""
     import netreduce.hostpass as hostpass
     if not hostpass.AVAILABLE:
         pytest.skip("make -C netreduce/native")
@@ -329,6 +329,7 @@ def test_float32_quantized_ahead_on_the_fake_fabric_is_exactly_the_closed_form(
         out = np.empty(count, np.float32)
         for _ in range(2):
             comm.allreduce(inputs[comm.rank], out=out)
+            comm.allreduce(np.ones(3, np.float32))  # kept next: its records, no sum
         return out, comm.last_algo
 
     fabric = FakeFabric()
