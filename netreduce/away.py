@@ -35,9 +35,10 @@ workspace (the sum the switch gave it, on a good seal) and record of its last sw
 until every rank started the next one -- never the caller's buffers, which it may
 overwrite once the call returned (an int32 input is sent from them in place); so whatever
 the plan, the sum it hands around exists on a rank that completed k*, and is bit for bit
-the switch's. A rank at k* has not written its output, and its input is untouched. A switch call's output is written only from what the switch gave with a good
-seal (a small call: every record) or from that recovered result: no output is written
-twice, no partial sum is returned. What cannot be settled so is `SwitchFailure`.
+the switch's. A rank at k* has not written its output, and its input is untouched. A
+switch call's output is written only from what the switch gave with a good seal (a small
+call: every record) or from that recovered result: no output is written twice, no partial
+sum is returned. What cannot be settled so is `SwitchFailure`.
 """
 from __future__ import annotations
 

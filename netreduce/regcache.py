@@ -9,18 +9,18 @@ pages), and a cache keyed by address alone would then send stale bytes. NCCL lea
 the caller (deregister before free); UCX hooks the allocator. Here:
 
 Invariant: an entry (address, nbytes) -> region is present only while the object that owns
-that memory (`owner`: the root of the array's `.base` chain) is alive -- it is held by weak
-reference, and its collection deregisters the region and drops the entry, before the
-memory can be reused -- and at most `capacity` entries are kept (least recently used
-first out). A hit is the same address and length under the same live owner; anything else
+that memory (`owner`: the root of the array's `.base` chain) is alive -- it is held by
+weak reference, and its collection deregisters the region and drops the entry, before the
+memory can be reused -- and at most `capacity` entries are kept (least recently used first
+out). A hit is the same address and length under the same live owner; anything else
 registers anew (an owner that reallocates its memory while alive, `ndarray.resize`, is the
-one case not seen: NCCL's contract, deregister first, applies there). Memory whose owner cannot be weakly referenced or may die before the
-memory does (a torch tensor's numpy view is owned by the temporary `detach()` of
-netreduce.tensors: a new owner per call), or that cannot be registered (RLIMIT_MEMLOCK, a
-device without it), is not cached: `local` returns None and the caller copies, as before.
-A fork after registration keeps the pinned pages with this process on the kernels the
-project runs (copy-on-fork of pinned pages since Linux 5.13): a region never goes stale
-because of a child.
+one case not seen: NCCL's contract, deregister first, applies there). Memory whose owner
+cannot be weakly referenced or may die before the memory does (a torch tensor's numpy view
+is owned by the temporary `detach()` of netreduce.tensors: a new owner per call), or that
+cannot be registered (RLIMIT_MEMLOCK, a device without it), is not cached: `local` returns
+None and the caller copies, as before. A fork after registration keeps the pinned pages
+with this process on the kernels the project runs (copy-on-fork of pinned pages since
+Linux 5.13): a region never goes stale because of a child.
 """
 from __future__ import annotations
 

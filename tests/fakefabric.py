@@ -2,14 +2,14 @@
 run on a machine without RDMA: ranks are threads of one process, registered memory is numpy
 arrays, and an RDMA WRITE WITH IMMEDIATE is a memmove plus two completions.
 
-Like the real thing: a posted WRITE executes later (when its sender polls), reading each of
-its SGEs from a registered region under the right key and in bounds (the host's buffers,
-or the caller's memory registered in place: `FakeHost.register_user`, which never owns nor
-frees it), only into a registered region under the right key and in bounds, consumes one posted receive of the
-responder (none posted -> it waits, like an RNR retry), and completes in order; CQs must
-never overflow. Faults on demand: `fail_index` (error completion), `frozen` (stall), and a
-transport fault of one rank's QPs (`FakeHost.faults`: the ring built next fails its
-WRITE number N with a retry error and goes to ERROR).
+Like the real thing: a posted WRITE executes later (when its sender polls), reading each
+of its SGEs from a registered region under the right key and in bounds (the host's
+buffers, or the caller's memory registered in place: `FakeHost.register_user`, which never
+owns nor frees it), only into a registered region under the right key and in bounds,
+consumes one posted receive of the responder (none posted -> it waits, like an RNR retry),
+and completes in order; CQs must never overflow. Faults on demand: `fail_index` (error
+completion), `frozen` (stall), and a transport fault of one rank's QPs (`FakeHost.faults`:
+the ring built next fails its WRITE number N with a retry error and goes to ERROR).
 
 `FakeController` stands in for the switch controller: a ring registered with it makes the
 fabric aggregate that ring's WRITEs like the switch (`FakeSwitch`), message by message

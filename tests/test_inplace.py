@@ -7,20 +7,27 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import random
 import time
 from typing import Any
 
 import numpy as np
 import pytest
 
+import netreduce.algorithms.switch as switch
 import netreduce.away as away
+import netreduce.hostpass as hostpass
 from flowctl import FlowConfig
 from flowctl.link import Gather, LocalBuffer
 from netreduce import Communicator
-from netreduce.algorithms.switch import IN_PLACE_BYTES
+from netreduce.algorithms.switch import IN_PLACE_BYTES, block_elements, log2_floors
 from netreduce.regcache import RegistrationCache, owner_of
+from netreduce.tensors import as_ndarray
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
 from tests.ranks import run_ranks
+from tests.rcmodel.calls import data as rc_data, want as rc_want
+from tests.rcmodel.fabric import Faults
+from tests.rcmodel.world import World
 
 # 20 000 int32 (80 000 bytes, past IN_PLACE_BYTES) + a 3-rank seal in 16 KiB messages: 4
 # full ones, then 14 464 bytes of data and the 12-byte seal in one WRITE of two SGEs
@@ -183,7 +190,7 @@ def test_a_freed_input_is_deregistered_and_a_new_one_registered_on_the_fake_fabr
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-def test_a_fake_switch_lost_right_after_a_call_returned_recovers_exactly_though_the_caller_overwrote_its_buffers(  # noqa: E501
+def test_a_fake_switch_lost_after_a_call_returned_recovers_though_the_caller_overwrote_it(
         in_place: bool) -> None:
     """The fake switch dies while it emits call 1's last message (data tail and seal, two
     SGEs): rank 1 gets the sum (a good seal) and returns; it then overwrites its input and
@@ -242,14 +249,11 @@ def test_an_inc_fault_at_the_last_message_of_an_in_place_call_on_fake_qps_stays_
 
 def test_a_torch_tensors_view_is_not_cached_its_owner_is_a_temporary() -> None:
     torch = pytest.importorskip("torch")
-    from netreduce.tensors import as_ndarray
     regs, made = cache()
     assert regs.local(as_ndarray(torch.zeros(100, dtype=torch.int32))) is None and not made
 
 
 def test_the_fused_range_and_quantize_pass_is_bit_for_bit_the_two_passes() -> None:
-    import netreduce.hostpass as hostpass
-    from netreduce.algorithms.switch import block_elements, log2_floors
     if not hostpass.AVAILABLE:
         pytest.skip("make -C netreduce/native")
     rng = np.random.default_rng(5)
@@ -278,7 +282,6 @@ def test_the_fused_range_and_quantize_pass_is_bit_for_bit_the_two_passes() -> No
 def scaled(rank: int, count: int) -> np.ndarray:
     """float32 data whose block floors differ between ranks: block b of rank r scaled by
     2^((r + b) % 3), so each block's largest floor is another rank's."""
-    from netreduce.algorithms.switch import block_elements
     x = np.random.default_rng(rank).standard_normal(count).astype(np.float32)
     block = block_elements(count)
     return x * np.exp2((rank + np.arange(count) // block) % 3).astype(np.float32)
@@ -288,7 +291,6 @@ def quantized_sum(inputs: list[np.ndarray]) -> np.ndarray:
     """The switch path's float32 sum from its closed form (module doc of the switch
     algorithm): e_b = 30 - ceil(log2 n) - F_b with F_b = floor(log2 of the block's largest
     |x| over ranks), the sum of rint(x * 2^e_b) times 2^-e_b, rounded once."""
-    from netreduce.algorithms.switch import block_elements
     block = block_elements(inputs[0].size)
     top = np.max([np.abs(x) for x in inputs], axis=0)
     starts = np.arange(0, top.size, block)
@@ -305,7 +307,6 @@ def test_float32_quantized_ahead_on_the_fake_fabric_is_exactly_the_closed_form(
     closed form's bits on every rank; when every rank holds the same data, no block is
     quantized again (no quantize pass at all, also after a small call), else only the
     blocks whose largest floor is another rank's."""
-    import netreduce.hostpass as hostpass
     if not hostpass.AVAILABLE:
         pytest.skip("make -C netreduce/native")
     count = 300_000
@@ -349,7 +350,7 @@ def test_float32_quantized_ahead_on_the_fake_fabric_is_exactly_the_closed_form(
 
 
 @pytest.mark.parametrize("later", [COUNT, 30_000])
-def test_a_fake_switch_lost_during_a_float_call_recovers_exactly_though_the_next_call_quantized_ahead(  # noqa: E501
+def test_a_fake_switch_lost_in_a_float_call_recovers_though_the_next_one_quantized_ahead(
         later: int) -> None:
     """float32: the switch dies while it emits call 1's last message; rank 1 (good seal)
     returns and starts call 2, quantizing it ahead into the same workspace -- below the
@@ -375,3 +376,45 @@ def test_a_fake_switch_lost_during_a_float_call_recovers_exactly_though_the_next
         assert not isinstance(got, BaseException), got
         assert got == ([(True, "switch"), (True, "switch"), (True, "ring")],
                        {"fallbacks": 1, "returns": 0, "recovered": 1}), got
+
+
+def rc_world_run(monkeypatch: pytest.MonkeyPatch, in_place: bool, faults: Any) -> tuple:
+    """3 ranks of the RC model (real switch pipeline, modelled rxe): two int32 calls of
+    3000 elements (12 000 bytes and a 12-byte seal in 1 KiB messages: the last one, 736
+    data bytes and the seal, is two SGEs in place); every rank's results, the frames the
+    hosts sent to the switch, and the regions of the caller's memory each registered."""
+    monkeypatch.setattr(switch, "IN_PLACE_BYTES", 4096 if in_place else 1 << 40)
+    frames: list[bytes] = []
+
+    def capture(kind: str, frame: bytes) -> bool:
+        if kind == "contribution":
+            frames.append(frame)
+        return faults(kind, frame) if faults is not None else False
+    rc_cfg = FlowConfig(mtu=256, msg_size=1024, window=4, recv_depth=64,
+                        collective_timeout=2.0)
+    world = World(N, rc_cfg, faults=Faults(drop=capture))
+    got = world.run(lambda comm: [comm.allreduce(rc_data(comm.rank, 3000) * (c + 1)).tolist()
+                                  for c in range(2)])
+    users = [c._host.device.user_regions for c in world.comms]
+    return got, frames, users
+
+
+def test_in_place_contributions_on_the_rc_model_are_the_copys_bytes() -> None:
+    """Byte for byte the same frames reach the switch whether the input is copied or sent
+    from the caller's memory with a two-SGE last message; both sums exact."""
+    with pytest.MonkeyPatch.context() as patch:
+        copied, copied_frames, copied_users = rc_world_run(patch, False, None)
+    with pytest.MonkeyPatch.context() as patch:
+        placed, placed_frames, placed_users = rc_world_run(patch, True, None)
+    want_sums = [(rc_want(N, 3000) * (c + 1)).tolist() for c in range(2)]
+    assert copied == placed == [want_sums] * N
+    assert copied_users == [0] * N and placed_users == [2] * N    # a fresh input per call
+    assert len(placed_frames) > 100 and placed_frames == copied_frames
+
+
+def test_in_place_calls_on_the_rc_model_are_exact_under_loss_duplication_and_reordering(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    draw = random.Random(7)
+    got, _, users = rc_world_run(monkeypatch, True, lambda kind, frame: draw.random() < 0.03)
+    assert got == [[(rc_want(N, 3000) * (c + 1)).tolist() for c in range(2)]] * N
+    assert users == [2] * N

@@ -81,13 +81,13 @@ above with M the call's largest |x|). Which one a call uses is read from the agr
 (block exponents published or not), and ranks that disagree are refused on every rank.
 
 Host passes: int32 inputs of IN_PLACE_BYTES and more are sent from the caller's memory,
-registered in place (`netreduce.regcache`; `send` says how), smaller ones copied into
-the send area; floats are quantized into it -- float32 in its min/max pass, ahead of the
+registered in place (`netreduce.regcache`; `send` says how), smaller ones copied into the
+send area; floats are quantized into it -- float32 in its min/max pass, ahead of the
 agreement, each block with this rank's own exponent, then again in `send` only for the
-blocks whose agreed exponent is another rank's (`_quantize_ahead`). One copy of the sum into the caller's output
-once the transfer is complete (int32: plain; floats: to float64, the exact * 2^-e_b, / n
-for avg, one rounding): the sum stays in the workspace, for a switch loss right after the
-call returned (`netreduce.away`); for int32 and float32 the
+blocks whose agreed exponent is another rank's (`_quantize_ahead`). One copy of the sum
+into the caller's output once the transfer is complete (int32: plain; floats: to float64,
+the exact * 2^-e_b, / n for avg, one rounding): the sum stays in the workspace, for a
+switch loss right after the call returned (`netreduce.away`); for int32 and float32 the
 min/max (per block) pass, quantize and dequantize are one native pass each
 (`netreduce.hostpass`), else numpy passes per chunk with the block exponents broadcast
 over rows of a block, bit for bit alike. A message arrives
