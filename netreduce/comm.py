@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -401,6 +402,7 @@ class Communicator:
         # posted these records before completing it (AHEAD): then the one before
         early = any(m.flags & AHEAD for m in records)
         away.forget_kept(seq - 1 if early else seq)
+        self._registered.unpin(seq - 1 if early else seq)
         self._faults.forget(seq)
         try:
             context = self._context(call, records, workspace)
@@ -485,7 +487,8 @@ class Communicator:
             workspace=workspace,
             peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
             streams=self._streams, blocks=tuple(m.blocks for m in records),
-            inline=bool(records[0].flags & INLINE), registered=self._registered.local)
+            inline=bool(records[0].flags & INLINE),
+            registered=partial(self._registered.local, pin=records[0].seq))
 
     def _noticed(self, epoch: int, reason: str) -> None:
         """A switch-away notice arrived (watch thread): an idle rank settles it on the

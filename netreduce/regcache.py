@@ -12,7 +12,9 @@ Invariant: an entry (address, nbytes) -> region is present only while the object
 that memory (`owner`: the root of the array's `.base` chain) is alive -- it is held by
 weak reference, and its collection deregisters the region and drops the entry, before the
 memory can be reused -- and at most `capacity` entries are kept (least recently used first
-out). A hit is the same address and length under the same live owner; anything else
+out) besides those pinned: a region a call may still send from (`local(array, pin=seq)`,
+with calls in flight up to K of them, and those of calls kept for recovery) is never evicted
+until `unpin` releases that call. A hit is the same address and length under the same live owner; anything else
 registers anew (an owner that reallocates its memory while alive, `ndarray.resize`, is the
 one case not seen: NCCL's contract, deregister first, applies there). Memory whose owner
 cannot be weakly referenced or may die before the memory does (a torch tensor's numpy view
@@ -56,6 +58,7 @@ class _Entry:
     def __init__(self, region: RegisteredMemory, owner: Any,
                  finalizer: weakref.finalize) -> None:
         self.region, self.owner, self.finalizer = region, weakref.ref(owner), finalizer
+        self.pins: set[int] = set()         # the calls that may still send from it
 
 
 class RegistrationCache:
@@ -76,9 +79,10 @@ class RegistrationCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def local(self, array: np.ndarray) -> LocalBuffer | None:
+    def local(self, array: np.ndarray, pin: int | None = None) -> LocalBuffer | None:
         """`array`'s bytes (C-contiguous, not empty) as registered local memory, from the
-        cache or registered now; None when they cannot be (module doc)."""
+        cache or registered now, pinned for call `pin` (until `unpin`); None when they
+        cannot be (module doc)."""
         if self._register is None or array.nbytes == 0 \
                 or not array.flags.c_contiguous:
             return None
@@ -91,6 +95,8 @@ class RegistrationCache:
             if entry is not None and entry.owner() is owner:
                 self._entries.move_to_end(key)
                 self.hits += 1
+                if pin is not None:
+                    entry.pins.add(pin)
                 return entry.region.local()
             if entry is not None:               # a dead owner whose finalizer has not run
                 self._drop(key)
@@ -112,11 +118,26 @@ class RegistrationCache:
             self.misses += 1
             finalizer = weakref.finalize(owner, self._collected, key, region)
             finalizer.atexit = False            # the device closes with the process
-            self._entries[key] = _Entry(region, owner, finalizer)
-            while len(self._entries) > self.capacity:
-                self.evictions += 1
-                self._drop(next(iter(self._entries)))
+            entry = self._entries[key] = _Entry(region, owner, finalizer)
+            if pin is not None:
+                entry.pins.add(pin)
+            self._evict()
         return region.local()
+
+    def unpin(self, below: int | None = None) -> None:
+        """Calls before `below` (None: all) send from no region any more; regions over
+        `capacity` that nothing pins now go, least recently used first."""
+        with self._lock:
+            for entry in self._entries.values():
+                entry.pins = {seq for seq in entry.pins if below is not None and seq >= below}
+            self._evict()
+
+    def _evict(self) -> None:
+        """Deregister the least recently used unpinned regions over `capacity` (lock held)."""
+        unpinned = [k for k, e in self._entries.items() if not e.pins]
+        for old in unpinned[:max(0, len(self._entries) - self.capacity)]:
+            self.evictions += 1
+            self._drop(old)
 
     def _collected(self, key: tuple[int, int], region: RegisteredMemory) -> None:
         """The owner of `region`'s memory was collected: deregister it (before its pages

@@ -23,7 +23,7 @@ from netreduce import Communicator
 from netreduce.algorithms.switch import IN_PLACE_BYTES, block_elements, log2_floors
 from netreduce.regcache import RegistrationCache, owner_of
 from netreduce.tensors import as_ndarray
-from tests.fakefabric import FakeController, FakeFabric, FakeHost
+from tests.fakefabric import FakeController, FakeFabric, FakeHost, FakeUserRegion
 from tests.ranks import run_ranks
 from tests.rcmodel.calls import data as rc_data, want as rc_want
 from tests.rcmodel.fabric import Faults
@@ -418,3 +418,63 @@ def test_in_place_calls_on_the_rc_model_are_exact_under_loss_duplication_and_reo
     got, _, users = rc_world_run(monkeypatch, True, lambda kind, frame: draw.random() < 0.03)
     assert got == [[(rc_want(N, 3000) * (c + 1)).tolist() for c in range(2)]] * N
     assert users == [2] * N
+
+
+def test_pinned_stand_in_regions_outlive_capacity_until_unpinned() -> None:
+    """Regions a call may still send from (pinned by its seq) are never evicted for room:
+    the cache holds more than `capacity` until `unpin` releases their calls, then drops
+    the least recently used unpinned ones."""
+    regs, made = cache(capacity=1)
+    xs = [np.zeros(100, np.int32) for _ in range(4)]
+    for seq, x in enumerate(xs):
+        regs.local(x, pin=seq)
+    assert [r.closed for r in made] == [False] * 4 and len(regs) == 4
+    regs.unpin(2)                               # calls 0 and 1 done; 2 and 3 in flight
+    assert [r.closed for r in made] == [True, True, False, False] and regs.evictions == 2
+    regs.local(xs[2], pin=4)                    # a hit re-pins (call 4 sends from it too)
+    regs.unpin(4)
+    assert [r.closed for r in made] == [True, True, False, True] and len(regs) == 1
+    regs.unpin()
+    assert len(regs) == 1 and not made[2].closed    # at capacity: kept for a later hit
+
+
+def test_k4_fake_calls_in_flight_never_lose_a_region_they_send_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = 4 asynchronous in-place calls, each from its own buffer, with a one-entry cache:
+    every result exact, no buffer copied for want of a region, and no region deregistered
+    before its call completed (the fake fabric would refuse a WRITE from it) although the
+    cache evicts for room."""
+    monkeypatch.setenv("NR_IN_FLIGHT", "4")
+    calls = 8
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        cache = comm._registered
+        cache.capacity = 1
+        works: list[Any] = []
+        early: list[int] = []
+        register = cache._register
+        assert register is not None
+
+        def registered(addr: int, nbytes: int) -> FakeUserRegion:
+            region, index = register(addr, nbytes), len(host.user_regions) - 1
+            close = region.close
+
+            def watched() -> None:
+                if not region.closed and not works[index].is_completed():
+                    early.append(index)
+                close()
+            region.close = watched      # type: ignore[method-assign]
+            return region
+        cache._register = registered
+        xs = [data(comm.rank, c) for c in range(calls)]
+        ys = [np.empty(COUNT, np.int32) for _ in range(calls)]
+        works.extend(comm.allreduce(x, out=y, async_op=True) for x, y in zip(xs, ys))
+        for w in works:
+            w.wait(30)
+        return ([y.tolist() == want(c) for c, y in enumerate(ys)], early, cache.failures,
+                len(host.user_regions), cache.evictions > 0)
+
+    fabric = FakeFabric()
+    for got in run_ranks(N, body, cfg=CFG, fabric=fabric, controller=FakeController(fabric)):
+        assert not isinstance(got, BaseException), got
+        assert got == ([True] * calls, [], 0, calls, True), got
