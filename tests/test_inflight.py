@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import netreduce.away as away
+import netreduce.rejoin as rejoin
 import netreduce.transport_fault as tf
 from netreduce import Communicator
 from flowctl.link import RemoteBuffer
@@ -32,8 +32,8 @@ def k4(monkeypatch: pytest.MonkeyPatch) -> None:
     """K = 4 calls in flight on every rank; quick back-offs for the fault tests."""
     monkeypatch.setenv("NR_IN_FLIGHT", "4")
     monkeypatch.setattr(tf, "BACKOFF_FIRST", 0.01)
-    monkeypatch.setattr(away, "REJOIN_FIRST", 0.3)
-    monkeypatch.setattr(away, "REJOIN_POLL", 0.1)
+    monkeypatch.setattr(rejoin, "REJOIN_FIRST", 0.3)
+    monkeypatch.setattr(rejoin, "REJOIN_POLL", 0.1)
 
 
 SMALL = 5               # call 5 is small (10 int32): it travels in its records (INLINE)

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import netreduce.away as away
+import netreduce.rejoin as rejoin
 from flowctl import FlowConfig
 from netreduce import Communicator
-from netreduce.away import Backoff, settle_plan
+from netreduce.away import settle_plan
+from netreduce.rejoin import Backoff
 from netreduce.routing import FAULT_EVENTS, SwitchUnavailable
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from ring_setup.store_server import StoreServer
@@ -29,8 +31,8 @@ COUNT = 40          # int32: data + a 3-rank seal = 172 bytes, one message on "i
 
 @pytest.fixture(autouse=True)
 def quick_rejoin(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(away, "REJOIN_FIRST", 0.3)
-    monkeypatch.setattr(away, "REJOIN_POLL", 0.1)
+    monkeypatch.setattr(rejoin, "REJOIN_FIRST", 0.3)
+    monkeypatch.setattr(rejoin, "REJOIN_POLL", 0.1)
 
 
 def test_the_plan_recovers_only_when_some_rank_completed_the_call() -> None:
@@ -50,11 +52,11 @@ def test_the_back_off_doubles_while_the_switch_flaps_and_resets_once_stable() ->
     assert b.lost() == 0.6              # lost again 10 s after the return: a flap
     assert b.failed() == 1.2            # a registration that failed doubles it too
     b.returned()
-    now[0] = 10.0 + away.STABLE + 1
+    now[0] = 10.0 + rejoin.STABLE + 1
     assert b.lost() == 0.3              # a minute on the switch: not a flap
     for _ in range(40):
         b.failed()
-    assert b.delay == away.REJOIN_MAX
+    assert b.delay == rejoin.REJOIN_MAX
 
 
 def test_a_notice_reaches_every_watch_at_once_and_breaks_nothing() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import netreduce.away as away
+import netreduce.rejoin as rejoin
 import netreduce.transport_fault as tf
 from flowctl import FlowConfig
 from netreduce import Communicator
@@ -30,8 +30,8 @@ FAULTY = 1          # the rank whose QPs fail
 @pytest.fixture(autouse=True)
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tf, "BACKOFF_FIRST", 0.01)
-    monkeypatch.setattr(away, "REJOIN_FIRST", 0.3)
-    monkeypatch.setattr(away, "REJOIN_POLL", 0.1)
+    monkeypatch.setattr(rejoin, "REJOIN_FIRST", 0.3)
+    monkeypatch.setattr(rejoin, "REJOIN_POLL", 0.1)
 
 
 def data(rank: int, call: int) -> np.ndarray:
