@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from typing import Iterator
 
 import numpy as np
@@ -116,6 +117,12 @@ def test_what_a_router_drops_it_drops_and_counts(rig: SwitchRig, alice: Controll
     frame = Ether(via(write_frame(c, 0, WRITE_ONLY, np.ones(64, np.int32)), server_mac))
     rig.hosts[1].drain()
     rig.hosts[1].send(raw(frame))                  # no ring names its hosts yet: no route
+    # its drop counted before the ring (and with it the route) exists: else a busy machine's
+    # server may take it from its socket after the registration and route it
+    deadline = time.monotonic() + 10
+    while alice.counters(connections=False)["switch"]["no_route"] == before["no_route"]:
+        assert time.monotonic() < deadline, "the server never counted the unroutable frame"
+        time.sleep(0.05)
     alice.register_ring(RING)
     try:
         other = make_ring(3, ring_id="unregistered", qpn_base=0x900).connections[1]
