@@ -188,7 +188,7 @@ def main() -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     netreduce.log_to_stderr()
-    comm = netreduce.init(in_flight=args.in_flight)  # the store's port: torch's store's
+    comm = netreduce.init(in_flight=args.in_flight)  # its store's port via torch's store
     results = train(modes, comm, args)
     failed = False
     if "gloo" in results:

@@ -34,6 +34,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -159,10 +160,17 @@ def like_gloo(comm: netreduce.Communicator, steps: int) -> None:
         say(f"OK {mode}: max |param - gloo| {diff:.3g} after {steps} steps")
 
 
+def started(target: Callable[[], object]) -> threading.Thread:
+    """`target` running on a daemon thread of its own."""
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
 def flap(seconds: float) -> threading.Thread:
     """This host's link dark for `seconds` from now: every frame it sends dropped (data and
     ACKs). Darkened before it returns (the next step's first frame is lost), lit again by
-    the thread it returns, started."""
+    the thread it returns."""
     import subprocess
     subprocess.run(["tc", "qdisc", "add", "dev", "nr0", "root", "netem", "loss", "100%"],
                    check=True)
@@ -170,9 +178,7 @@ def flap(seconds: float) -> threading.Thread:
     def light() -> None:
         time.sleep(seconds)
         subprocess.run(["tc", "qdisc", "del", "dev", "nr0", "root"], check=False)
-    thread = threading.Thread(target=light, daemon=True)
-    thread.start()
-    return thread
+    return started(light)
 
 
 def survive(comm: netreduce.Communicator, steps: int, restarts: list[int],
@@ -183,16 +189,11 @@ def survive(comm: netreduce.Communicator, steps: int, restarts: list[int],
     within 1e-5 of gloo's, a fallback per restart and a transport fault per flap at least
     (counted from the communicator's stats before the first step)."""
     from tests.lab.labswitch import restart_switch
-    started: list[threading.Thread] = []
+    running: list[threading.Thread] = []
     before_stats = comm.stats()
     pending = {"restart": sorted(restarts) if comm.rank == 0 else [],
                "flap": sorted(flaps) if comm.rank == FLAPPER else []}
-
-    def restart() -> threading.Thread:
-        thread = threading.Thread(target=restart_switch, daemon=True)
-        thread.start()
-        return thread
-    actions = {"restart": restart, "flap": lambda: flap(FLAP_S)}
+    actions = {"restart": lambda: started(restart_switch), "flap": lambda: flap(FLAP_S)}
 
     def before(step: int) -> None:
         # a restart (rank 0) at the first step >= the next of its steps at which the job
@@ -200,17 +201,17 @@ def survive(comm: netreduce.Communicator, steps: int, restarts: list[int],
         # (FLAPPER) at its step, on whichever ring the job runs
         for what, left in pending.items():
             if left and step >= left[0] and (what == "flap" or comm.last_algo == "switch") \
-                    and not any(t.is_alive() for t in started):
+                    and not any(t.is_alive() for t in running):
                 left.pop(0)
                 print(f"{what.upper()} at step {step}", flush=True)
-                started.append(actions[what]())
+                running.append(actions[what]())
     args = types.SimpleNamespace(steps=steps, seed=0, hidden=64, batch=64, lr=0.05,
                                  bucket_cap_mb=0.1, log_every=10)
     # the hook's step first: a flap starts with it, not with gloo's, whose TCP would
     # retransmit past the flap's end (RTO back-off) and keep every rank's step off the link
     # while it is dark (the flap then unseen by the communicator: no fault to count)
     results = train(["switch", "gloo"], comm, args, before)
-    for t in started:
+    for t in running:
         t.join(300)
     diff = global_max(float((results["switch"][2] - results["gloo"][2]).abs().max()))
     stats = comm.stats()
