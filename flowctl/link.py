@@ -33,6 +33,43 @@ class LocalBuffer(_Span):
         return self.key
 
 
+@dataclass(frozen=True)
+class Gather:
+    """Local memory read as one: `parts` (LocalBuffers, possibly of different regions) one
+    after the other, a WRITE's scatter-gather list. Invariant: no part is empty; a slice
+    lying in one part is that part's LocalBuffer (a plain WRITE), one that spans parts a
+    Gather of their pieces (one WRITE with several SGEs: the same bytes on the wire)."""
+
+    parts: tuple[LocalBuffer, ...]
+
+    def __post_init__(self) -> None:
+        if not self.parts or any(p.nbytes == 0 for p in self.parts):
+            raise ValueError(f"flowctl: a gather list needs non-empty parts, not "
+                             f"{[p.nbytes for p in self.parts]} bytes")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def slice(self, offset: int, nbytes: int) -> "LocalBuffer | Gather":
+        if offset < 0 or nbytes <= 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"flowctl: slice [{offset}, {offset + nbytes}) outside a "
+                             f"{self.nbytes}-byte gather list")
+        pieces = []
+        for part in self.parts:
+            if offset < part.nbytes and nbytes > 0:
+                take = min(part.nbytes - offset, nbytes)
+                pieces.append(part.slice(offset, take))
+                nbytes -= take
+            offset = max(0, offset - part.nbytes)
+        return pieces[0] if len(pieces) == 1 else Gather(tuple(pieces))
+
+
+def sges(src: LocalBuffer | Gather) -> tuple[LocalBuffer, ...]:
+    """The scatter-gather entries a WRITE of `src` reads, in order."""
+    return src.parts if isinstance(src, Gather) else (src,)
+
+
 class RemoteBuffer(_Span):
     """A peer's memory a WRITE lands in; `key` is its R_Key."""
 
@@ -59,8 +96,9 @@ class Link(Protocol):
     successor: int
     predecessor: int
 
-    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
-        """Post one signaled RDMA WRITE WITH IMMEDIATE (imm = index mod 2^32) of src.nbytes."""
+    def post_write(self, index: int, src: LocalBuffer | Gather, dst: RemoteBuffer) -> None:
+        """Post one signaled RDMA WRITE WITH IMMEDIATE (imm = index mod 2^32) of src.nbytes
+        (a `Gather`: its parts' bytes in order, one SGE each)."""
         ...
 
     def post_recvs(self, count: int) -> None:

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from flowctl.link import Completion, Link, LocalBuffer, RemoteBuffer
+from flowctl.link import Completion, Gather, Link, LocalBuffer, RemoteBuffer
 from flowctl.plan import IMM_MODULUS, FlowConfig, Message, MessagePlan
 from flowctl.window import CreditWindow, WindowError
 
@@ -71,9 +71,10 @@ class SequenceError(FlowError):
 
 @dataclass(frozen=True)
 class Outgoing:
-    """`src` (local) is written to `dst` (the successor's memory), both of the same size."""
+    """`src` (local: one region, or a `Gather` of several) is written to `dst` (the
+    successor's memory), both of the same size."""
 
-    src: LocalBuffer
+    src: LocalBuffer | Gather
     dst: RemoteBuffer
 
     def __post_init__(self) -> None:

@@ -15,11 +15,12 @@ argument; `AwayProtocol` runs it on each rank, in steps:
    rank's "inc" QPs go to ERROR (no late WRITE through the lost switch lands in its
    memory), every rank publishes its position (the first call it could not complete
    through the switch; idle: its next call) and all agree on k* (`settle_plan`).
-3. Recover k* when some rank completed it with a good seal: every rank sums its kept wire
-   words of k* over the host ring (a small call: sends its record of k* again) and the
-   ranks at k* write that result; the good ones check that the switch gave them the same.
-   A host-ring fault there is settled as on "ring" (the ring rebuilt, bounded attempts)
-   and the sum redone from the copies kept for it (`Recovery`) until it completes.
+3. Recover k* when some rank completed it with a good seal: the lowest such rank hands the
+   sum the switch gave it (kept in its workspace) to every rank over the host ring (every
+   other rank adds zeros: one ring sum, the same message sequence on every rank; a small
+   call: every rank sends its record of k* again) and the ranks at k* write that result;
+   the other good ones check that the switch gave them the same. A host-ring fault there
+   is settled as on "ring" and the hand-over redone from what `Recovery` kept.
 4. Redo over the host ring the calls nobody completed (the communicator does: their inputs
    are untouched, their outputs unwritten). Calls run over the ring meanwhile.
 5. Return: rank 0 Pings the controller after a back-off (`Backoff`, `Rejoiner`) and flags
@@ -29,12 +30,15 @@ argument; `AwayProtocol` runs it on each rank, in steps:
    closing, settling what arrives meanwhile (`AwayProtocol.wait_closing`).
 
 Invariant: every rank's position is k* or k*+1 (a rank can complete call k+1 through the
-switch only after every rank started it, i.e. completed k), and every rank keeps its
-wire words and record of its last switch call until every rank started the next one; so
-whatever the plan, the words it sums exist on every rank, and the sum is bit for bit the
-switch's. A switch call's output is written only from what the switch gave with a good
-seal (a small call: every record) or from that recovered result: no output is written
-twice, no partial sum is returned. What cannot be settled so is `SwitchFailure`.
+switch only after every rank started it, i.e. completed k), and every rank keeps the
+workspace (the sum the switch gave it, on a good seal) and record of its last switch call
+until every rank started the next one -- never the caller's buffers, which it may
+overwrite once the call returned (an int32 input is sent from them in place); so whatever
+the plan, the sum it hands around exists on a rank that completed k*, and is bit for bit
+the switch's. A rank at k* has not written its output, and its input is untouched. A
+switch call's output is written only from what the switch gave with a good seal (a small
+call: every record) or from that recovered result: no output is written twice, no partial
+sum is returned. What cannot be settled so is `SwitchFailure`.
 """
 from __future__ import annotations
 
@@ -49,7 +53,8 @@ from flowctl.plan import FlowConfig
 from flowctl.stream import CompletionError, FlowError, StallError, Stream
 from netreduce.algorithms import CallContext
 from netreduce.algorithms.ring import RING
-from netreduce.algorithms.switch import SWITCH, inline_sum, write_inline
+from netreduce.algorithms.switch import (SWITCH, inline_sum, recv_offset, wire_bytes,
+                                         write_inline)
 from netreduce.errors import SwitchFailure
 from netreduce.meta import INLINE, CallMeta, MetaExchange, SwitchNotAggregating, check_agreement
 from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationError,
@@ -81,12 +86,12 @@ class SettlePlan:
     """What every rank does alike after positions `positions` (by rank)."""
 
     call: int                 # k*: the lowest position
-    recover: bool             # k*'s wire words are summed over the host ring
+    recover: bool             # k*'s sum is handed from a good rank over the host ring
     behind: tuple[int, ...]   # ranks at k* (they had not completed it)
 
     def describe(self) -> str:
         if self.recover:
-            return (f"call #{self.call} is finished from every rank's wire words over the "
+            return (f"call #{self.call} is finished from a good rank's sum over the "
                     f"host ring ({len(self.behind)} rank(s) had no good seal)")
         return f"call #{self.call} on runs over the host ring"
 
@@ -116,17 +121,18 @@ class KeptCall:
 
 @dataclass(frozen=True)
 class Recovery:
-    """Settled call k* to finish from every rank's kept data (`AwayProtocol._recover`),
-    kept until every rank started the next call, so that a host-ring fault that interrupts
-    it redoes it (netreduce/transport_fault.py): this rank's wire words of k* copied before
-    the first attempt (the host ring sums them in place, over the workspace's send area),
-    and what the switch gave it with a good seal (`expected`); `context` None: a small call,
-    finished from its records again."""
+    """Settled call k* to finish over the host ring (`AwayProtocol._recover`), kept until
+    every rank started the next call, so that a host-ring fault that interrupts it redoes
+    it (netreduce/transport_fault.py): what this rank contributes (`words`: the giver's
+    good sum, zeros elsewhere; copied before the first attempt, as the host ring sums in
+    place over the workspace's send area), what the switch gave it with a good seal
+    (`expected`) and the giver; `context` None: a small call, finished from its records."""
 
     call: int
     context: CallContext | None = None
     words: np.ndarray | None = None
     expected: np.ndarray | None = None
+    giver: int = 0
 
 
 class AwayProtocol:
@@ -196,7 +202,7 @@ class AwayProtocol:
         self._began = record
 
     def forget_kept(self, below: int | None = None) -> None:
-        """The wire words of the switch calls before call `below` (None: all) will never be
+        """The sums of the switch calls before call `below` (None: all) will never be
         needed again: every rank completed them (or a settle used them). A workspace's
         retired buffers go once no kept call uses that workspace."""
         self._kept = {seq: k for seq, k in self._kept.items()
@@ -207,6 +213,16 @@ class AwayProtocol:
         for slot, workspace in enumerate(self._workspaces):
             if slot not in used:
                 workspace.release_retired()
+
+    def free_below(self, memory: RegisteredMemory) -> int:
+        """How many bytes at the start of `memory` (a call's workspace, one of the two the
+        calls in flight alternate) no kept call needs: all of it, unless it holds a kept
+        call's sum, which starts at that call's receive area (`SWITCH.areas`; a small call
+        keeps its records instead)."""
+        return min((recv_offset(wire_bytes(k.context.count, k.context.world_size))
+                    for k in self._kept.values()
+                    if k.context.workspace is memory and not k.context.inline),
+                   default=memory.nbytes)
 
     def run_switch(self, context: CallContext, src: np.ndarray, dst: np.ndarray,
                    record: CallMeta) -> None:
@@ -310,7 +326,7 @@ class AwayProtocol:
         call it could not complete through the switch, or its next call when idle) and the
         output of its call in flight (`target`, None when idle); `seen`: what this rank
         saw, published as the notice unless one is pending. Returns True when the call in
-        flight was completed from every rank's wire words (its output written)."""
+        flight was completed from a good rank's sum (its output written)."""
         epoch = self.settling = self.epoch + 1
         failed_at, self._failed_at = self._failed_at or time.monotonic(), None
         if self._rendezvous.notice_epoch < epoch:
@@ -342,9 +358,7 @@ class AwayProtocol:
         if plan.recover:
             last = self._kept.get(plan.call)
             self._recovery = Recovery(plan.call) if last is None or last.context.inline else \
-                Recovery(plan.call, last.context,
-                         SWITCH.areas(last.context)[0][:last.context.count].copy(),
-                         expected if last is good else None)
+                self._handing(plan, last.context, expected if last is good else None)
             try:
                 recovered = self._recover(position, target, reason)
             except (RingFault, CompletionError):
@@ -354,7 +368,7 @@ class AwayProtocol:
         return recovered
 
     def resuming(self, call: int) -> bool:
-        """Settled call `call` is finished from every rank's kept data (`Recovery`), not
+        """Settled call `call` is finished from a good rank's kept sum (`Recovery`), not
         redone from its input: a host-ring fault interrupted that, or may have."""
         return self._recovery is not None and self._recovery.call == call
 
@@ -366,7 +380,7 @@ class AwayProtocol:
         return self.resuming(call) and self._recover(position, target, reason)
 
     def _recover(self, position: int, target: np.ndarray | None, reason: str) -> bool:
-        """Finish settled call k* (`_recovery`) over the host ring from every rank's kept
+        """Finish settled call k* (`_recovery`) over the host ring from a good rank's kept
         data; the ranks at k* (`position`) write the result into `target` (True), the
         others check it against what the switch gave them. Redoable: it reads only what
         the `Recovery` and the kept records hold."""
@@ -374,7 +388,7 @@ class AwayProtocol:
         assert rec is not None
         if rec.context is None or rec.words is None:
             return self._finish_inline(rec.call, position, target, reason)
-        summed = self._sum_wire(rec.context, rec.words, rec.expected)
+        summed = self._hand_sum(rec)
         if position != rec.call:
             return False
         assert target is not None, "a rank at the settled call has it in flight"
@@ -437,8 +451,8 @@ class AwayProtocol:
         if mine is None or mine.seq != seq or not mine.flags & INLINE:
             raise SwitchFailure(
                 f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
-                f"lost ({reason}); call #{seq} must be finished from every rank's wire words "
-                f"(or records), but this rank holds "
+                f"lost ({reason}); call #{seq} must be finished from a good rank's sum (or "
+                f"every rank's records), but this rank holds "
                 f"{'those of calls ' + str(sorted(self._kept)) if self._kept else 'none'}")
         records = self._meta.exchange(mine, through_switch=False)
         if position > seq:
@@ -455,20 +469,34 @@ class AwayProtocol:
         write_inline(inline_sum([m.blocks for m in records], divisor, target.dtype), target)
         return True
 
-    def _sum_wire(self, switch_call: CallContext, words: np.ndarray,
-                  expected: np.ndarray | None) -> np.ndarray:
-        """The wrapping int32 sum of every rank's wire words of `switch_call` (this rank's:
-        `words`), over the host ring in its workspace; a rank whose seal was good checks
-        that the switch gave it exactly that (`expected`; SwitchFailure otherwise)."""
-        summed = np.empty(switch_call.count, dtype=words.dtype)
-        RING.run(replace(switch_call, dtype=words.dtype, op=np.add, divisor=1,
-                         streams=self._streams), words, summed)
+    def _handing(self, plan: SettlePlan, switch_call: CallContext,
+                 expected: np.ndarray | None) -> Recovery:
+        """The `Recovery` of `switch_call` (k* of `plan`): the lowest rank past it (it had a
+        good seal) contributes the sum the switch gave it (`expected`, copied from its
+        workspace before any recovery ring wrote there), every other rank zeros, so the
+        ring's wrapping int32 sum is that sum, bit for bit, whichever kept workspace of the
+        calls in flight held it."""
+        giver = min(set(range(switch_call.world_size)) - set(plan.behind))
+        words = expected if self.rank == giver else None
+        if words is None:
+            words = np.zeros(switch_call.count, dtype=SWITCH.areas(switch_call)[0].dtype)
+        return Recovery(plan.call, switch_call, words, expected, giver)
+
+    def _hand_sum(self, rec: Recovery) -> np.ndarray:
+        """The sum of `rec.context` handed to every rank over the host ring (`_handing`).
+        Every rank with a good seal checks that the switch gave it the same (SwitchFailure
+        otherwise). Redoable: it reads only what `rec` holds."""
+        assert rec.context is not None and rec.words is not None
+        summed = np.empty(rec.context.count, dtype=rec.words.dtype)
+        RING.run(replace(rec.context, dtype=rec.words.dtype, op=np.add, divisor=1,
+                         streams=self._streams), rec.words, summed)
+        expected = rec.expected
         if expected is not None and not np.array_equal(expected, summed):
             bad = int(np.flatnonzero(expected != summed)[0])
             raise SwitchFailure(
-                f"netreduce: rank {self.rank}: allreduce call #{switch_call.seq}: the sum the "
+                f"netreduce: rank {self.rank}: allreduce call #{rec.context.seq}: the sum the "
                 f"switch at {self.status.controller} returned with a good seal differs from "
-                f"every rank's wire words summed over the host ring (first at element {bad}: "
+                f"the one it returned to rank {rec.giver} (first at element {bad}: "
                 f"{expected[bad]} vs {summed[bad]}): the result returned was wrong")
         return summed
 
@@ -533,7 +561,7 @@ class AwayProtocol:
     def wait_closing(self, position: int, timeout: float) -> None:
         """Before leaving a ring registered with a switch: wait (up to `timeout` s) until
         every rank is closing too, settling a switch-away notice that arrives meanwhile --
-        a rank without a good seal for the last call needs this rank's wire words of it
+        a rank without a good seal for the last call may need this rank's sum of it
         (`position`: this rank's next call). A transport fault of a call redone in a settle
         (its epoch settled) is settled next, as in a call (`Communicator._settle`)."""
         seen: str | None = None

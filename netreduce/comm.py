@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +37,7 @@ import numpy as np
 from flowctl.plan import FlowConfig
 from flowctl.stream import CompletionError, Stream
 from netreduce.algorithms import CallContext
+from netreduce.algorithms.base import Spare
 from netreduce.algorithms.switch import SWITCH
 from netreduce.away import AwayProtocol, SwitchAway
 from netreduce.errors import CommunicatorError, PeerFailure, TransportFault
@@ -44,6 +46,7 @@ from netreduce.meta import (AHEAD, IN_FLIGHT, INLINE, REJOIN, CallMeta, CallReje
                             MetaExchange, SwitchNotAggregating, check_agreement, check_dtype,
                             check_op, control_bytes)
 from netreduce.progress import ProgressEngine, Work
+from netreduce.regcache import RegistrationCache
 from netreduce.registration import (LEASE_RANKS, Controller, SwitchStatus, controller_client,
                                     fit_inc_ring, published_capacity, register_inc_ring,
                                     switch_address, unregister)
@@ -92,6 +95,7 @@ class Communicator:
         self._in_flight = in_flight_setting(in_flight)
         self._workspaces = (Workspace(host.register), Workspace(host.register))
         self._ahead: Ahead | None = None
+        self._registered = RegistrationCache(getattr(host, "register_user", None))
         self._calls = 0                       # calls started: the next one's seq (all alike)
         self._running = threading.Lock()      # one call runs at a time (see _run)
         self._engine = ProgressEngine(f"nr-progress-{self.rank}")
@@ -326,8 +330,8 @@ class Communicator:
         """Run call `seq` until it completes: settle the notices pending (the switch went
         away, or a transport fault: `AwayProtocol.settle`, netreduce.transport_fault) --
         first as idle, then with the call in flight -- and attempt it again from its
-        untouched input (its output not written), unless a settle finished it from every
-        rank's wire words; algo="switch" is refused over the host ring."""
+        untouched input (its output not written), unless a settle finished it from a good
+        rank's sum; algo="switch" is refused over the host ring."""
         target: np.ndarray | None = None     # None: the call has not started (idle)
         seen: str | None = None              # what this rank saw, published if none pending
         while True:
@@ -347,9 +351,9 @@ class Communicator:
     def _settle(self, position: int, target: np.ndarray | None, seen: str | None) -> bool:
         """Settle every notice pending at this rank's `position` (`seen`: what it saw,
         published unless a notice is pending); True when its call in flight (`target`)
-        was finished from every rank's wire words. A transport fault during a settle is
+        was finished from a good rank's sum. A transport fault during a settle is
         settled next once its epoch was settled (a rank redoing a call it had completed, or
-        the sum of a switch call's kept wire words, then redone: `AwayProtocol.settle`);
+        a good rank's sum handed over the host ring, then redone: `AwayProtocol.settle`);
         one before that is a `CommunicatorError`."""
         while self._away.pending or seen is not None:
             self._ahead = None          # "inc" goes to ERROR: the records ahead are void
@@ -398,6 +402,7 @@ class Communicator:
         # posted these records before completing it (AHEAD): then the one before
         early = any(m.flags & AHEAD for m in records)
         away.forget_kept(seq - 1 if early else seq)
+        self._registered.unpin(seq - 1 if early else seq)
         self._faults.forget(seq)
         try:
             context = self._context(call, records, workspace)
@@ -408,7 +413,7 @@ class Communicator:
             self._confirm(early, mine)
             away.settle_inc(through_switch)
             raise
-        if taken.algorithm is SWITCH:   # kept: its wire words may be summed over the ring
+        if taken.algorithm is SWITCH:   # kept: its sum may be handed over the ring
             if context.inline:
                 self._confirm(early, mine)
             away.run_switch(self._behind(context, target), array, target, mine)
@@ -429,7 +434,8 @@ class Communicator:
         workspace = self._workspaces[self._slot(seq)].ensure(max(
             a.workspace_bytes(array.size, dtype, self.world_size) for a in algorithms),
             keep=away.keeping)
-        data = algorithms[0].local_range(array)
+        data = algorithms[0].local_range(array, Spare(workspace, away.free_below(workspace),
+                                                      seq, self.world_size))
         flags |= (INLINE if data.inline else 0) | (IN_FLIGHT if self._in_flight > 1 else 0)
         return CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
                         op=call.op, algo=call.algo, workspace=workspace.remote(),
@@ -481,7 +487,8 @@ class Communicator:
             workspace=workspace,
             peer_workspace=records[(self.rank + 1) % self.world_size].workspace,
             streams=self._streams, blocks=tuple(m.blocks for m in records),
-            inline=bool(records[0].flags & INLINE))
+            inline=bool(records[0].flags & INLINE),
+            registered=partial(self._registered.local, pin=records[0].seq))
 
     def _noticed(self, epoch: int, reason: str) -> None:
         """A switch-away notice arrived (watch thread): an idle rank settles it on the
@@ -525,7 +532,7 @@ class Communicator:
         {"calls": {"switch" | "ring": calls routed there}, "fallbacks": {reason: "auto" calls
         that ran over the ring although a switch is registered}, "switch": {"fallbacks":
         times the switch went away, "returns": times the ring was registered again,
-        "recovered": calls finished from every rank's wire words over the ring}, "transport":
+        "recovered": calls finished from a good rank's sum over the ring}, "transport":
         {"faults": transport faults settled, "rebuilds": rings rebuilt for them, "redone":
         calls redone after them, "ms_lost": this rank's time from their detection to the
         completion of the call they interrupted}}
@@ -568,6 +575,7 @@ class Communicator:
             self._controller.close()
         for workspace in self._workspaces:
             workspace.close()
+        self._registered.close()
         self._control.close()
         self._host.close()
 

@@ -17,7 +17,7 @@ class PeerFailure(CommunicatorError):
 
 
 class SwitchFailure(CommunicatorError):
-    """A loss of the switch that could not be settled (a rank lacks the wire words the
+    """A loss of the switch that could not be settled (a rank lacks the sum or records the
     agreed plan needs, or a good seal disagrees with the sum recovered over the host
     ring); the message names the switch. The communicator is unusable afterwards. A switch
     that restarts or loses the ring is settled instead (`netreduce.away`)."""

@@ -1,6 +1,7 @@
 """The switch call's per-byte host passes in one native pass each (netreduce/native/
 hostpass.c, `make -C netreduce/native`; issue 41 item 5): the int32 min/max, the float32
-per-block min/max, quantize and dequantize. numpy needs two passes for a min and a max and
+per-block min/max, quantize (also fused with that min/max: `block_ranges_quantize`) and
+dequantize. numpy needs two passes for a min and a max and
 three with temporaries for a quantize or dequantize (scale, round, cast); these read and
 write each element once and allocate nothing.
 
@@ -34,8 +35,11 @@ def _load() -> ctypes.CDLL | None:
     lib.nr_block_ranges_f32.argtypes = [_P, _N, _N, _P, _P]
     lib.nr_quantize_f32.argtypes = [_P, _N, _N, _P, _P]
     lib.nr_dequantize_f32.argtypes = [_P, _N, _N, _P, ctypes.c_int32, _P]
+    lib.nr_block_ranges_quantize_f32.argtypes = [_P, _N, _N, ctypes.c_int32, _P, _P, _P, _P]
+    lib.nr_requantize_f32.argtypes = [_P, _N, _N, _P, _P, _P]
     for fn in (lib.nr_range_i32, lib.nr_block_ranges_f32, lib.nr_quantize_f32,
-               lib.nr_dequantize_f32):
+               lib.nr_dequantize_f32, lib.nr_block_ranges_quantize_f32,
+               lib.nr_requantize_f32):
         fn.restype = None
     return lib
 
@@ -45,8 +49,11 @@ AVAILABLE = _LIB is not None
 _fallbacks = 0     # passes that ran in numpy because the library is not built (`fallbacks`)
 
 
-def _addr(array: np.ndarray) -> int:
+def address(array: np.ndarray) -> int:
+    """Where `array`'s first element lies."""
     return array.__array_interface__["data"][0]
+
+
 
 
 def native(*arrays: np.ndarray) -> bool:
@@ -79,7 +86,7 @@ def range_int32(array: np.ndarray) -> tuple[int, int]:
     if array.size == 0:
         raise ValueError("netreduce: the range of an empty array")
     lo, hi = ctypes.c_int32(), ctypes.c_int32()
-    _lib().nr_range_i32(_addr(array), array.size, ctypes.byref(lo), ctypes.byref(hi))
+    _lib().nr_range_i32(address(array), array.size, ctypes.byref(lo), ctypes.byref(hi))
     return lo.value, hi.value
 
 
@@ -91,8 +98,39 @@ def block_ranges(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"netreduce: blocks of {block} elements")
     blocks = -(-flat.size // block)
     lows, highs = np.empty(blocks, np.float32), np.empty(blocks, np.float32)
-    _lib().nr_block_ranges_f32(_addr(flat), flat.size, block, _addr(lows), _addr(highs))
+    _lib().nr_block_ranges_f32(address(flat), flat.size, block, address(lows), address(highs))
     return lows, highs
+
+
+def block_ranges_quantize(flat: np.ndarray, block: int, base: int,
+                          wire: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`block_ranges` and, in the same memory pass (each block read again from the cache),
+    each block quantized into `wire` with this rank's own exponent base - F (F the block's
+    floor, as netreduce.algorithms.switch.log2_floors gives it): (lows, highs, the
+    exponents used: int32, INT32_MIN for a block holding NaN or infinity, left
+    unquantized)."""
+    _check(flat, np.float32)
+    _check(wire, np.int32, flat.size)
+    if block < 1:
+        raise ValueError(f"netreduce: blocks of {block} elements")
+    blocks = -(-flat.size // block)
+    lows, highs = np.empty(blocks, np.float32), np.empty(blocks, np.float32)
+    exps = np.empty(blocks, np.int32)
+    _lib().nr_block_ranges_quantize_f32(address(flat), flat.size, block, base, address(lows),
+                                        address(highs), address(exps), address(wire))
+    return lows, highs, exps
+
+
+def requantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray, ahead: np.ndarray,
+                   wire: np.ndarray) -> None:
+    """`quantize_f32` of the blocks whose exponent differs from `ahead`'s (the exponents
+    `block_ranges_quantize` used for `wire`) only, in one call."""
+    _check(flat, np.float32)
+    _check(wire, np.int32, flat.size)
+    exps = _exponents(exponents, flat.size, block)
+    used = _exponents(ahead, flat.size, block)
+    _lib().nr_requantize_f32(address(flat), flat.size, block, address(exps), address(used),
+                             address(wire))
 
 
 def quantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray,
@@ -102,7 +140,7 @@ def quantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray,
     _check(flat, np.float32)
     _check(wire, np.int32, flat.size)
     exps = _exponents(exponents, flat.size, block)
-    _lib().nr_quantize_f32(_addr(flat), flat.size, block, _addr(exps), _addr(wire))
+    _lib().nr_quantize_f32(address(flat), flat.size, block, address(exps), address(wire))
 
 
 def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, divisor: int,
@@ -114,8 +152,8 @@ def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, diviso
     if divisor < 1:
         raise ValueError(f"netreduce: divisor {divisor}")
     exps = _exponents(exponents, summed.size, block)
-    _lib().nr_dequantize_f32(_addr(summed), summed.size, block, _addr(exps), divisor,
-                             _addr(dst))
+    _lib().nr_dequantize_f32(address(summed), summed.size, block, address(exps), divisor,
+                             address(dst))
 
 
 def _check(array: np.ndarray, dtype: type, size: int | None = None) -> None:

@@ -142,7 +142,7 @@ class CallStats:
 
     def switch_event(self, kind: str, count: int = 1) -> dict[str, int]:
         """Count `count` events of `kind` (`EVENTS`: the switch went away; it came back; a
-        call finished from every rank's wire words over the host ring after it went
+        call finished from a good rank's sum over the host ring after it went
         away); returns the switch counts after it."""
         with self._lock:
             self._switch[kind] += count

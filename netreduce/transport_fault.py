@@ -6,7 +6,7 @@ By connection:
 - "inc" (through the switch): `AwayProtocol.on_inc` takes a failed completion there, when
   no switch-away notice explains it, for the switch's loss of the ring; the switch-away
   protocol settles it (docs/reliability.md, "Switch restarts"): the call is finished from
-  every rank's wire words or redone over the host ring, later calls run there, and after
+  a good rank's sum or redone over the host ring, later calls run there, and after
   the back-off the "inc" ring is built again (fresh QPs and PSNs through the store) and
   registered again (the old ring unregistered; lease, owner and quota as before).
 - "ring" (the host ring): `FaultRecovery`, below.
@@ -201,7 +201,7 @@ class FaultRecovery:
             logger.warning("netreduce: %s; epoch %d: the host ring's QPs were rebuilt "
                            "(attempt %d of call #%d, positions %s), the call is %s "
                            "(transport counts: %s)", reason, epoch, len(seen), k, positions,
-                           "finished again from every rank's kept wire words" if resuming
+                           "finished again from a good rank's kept sum" if resuming
                            else "redone from its input",
                            ", ".join(f"{k} {v}" for k, v in counts.items()))
         return k

@@ -2,12 +2,14 @@
 run on a machine without RDMA: ranks are threads of one process, registered memory is numpy
 arrays, and an RDMA WRITE WITH IMMEDIATE is a memmove plus two completions.
 
-Like the real thing: a posted WRITE executes later (when its sender polls), only into a
-registered region under the right key and in bounds, consumes one posted receive of the
-responder (none posted -> it waits, like an RNR retry), and completes in order; CQs must
-never overflow. Faults on demand: `fail_index` (error completion), `frozen` (stall), and a
-transport fault of one rank's QPs (`FakeHost.faults`: the ring built next fails its
-WRITE number N with a retry error and goes to ERROR).
+Like the real thing: a posted WRITE executes later (when its sender polls), reading each
+of its SGEs from a registered region under the right key and in bounds (the host's
+buffers, or the caller's memory registered in place: `FakeHost.register_user`, which never
+owns nor frees it), only into a registered region under the right key and in bounds,
+consumes one posted receive of the responder (none posted -> it waits, like an RNR retry),
+and completes in order; CQs must never overflow. Faults on demand: `fail_index` (error
+completion), `frozen` (stall), and a transport fault of one rank's QPs (`FakeHost.faults`:
+the ring built next fails its WRITE number N with a retry error and goes to ERROR).
 
 `FakeController` stands in for the switch controller: a ring registered with it makes the
 fabric aggregate that ring's WRITEs like the switch (`FakeSwitch`), message by message
@@ -29,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from flowctl.link import Completion, LocalBuffer, RemoteBuffer
+from flowctl.link import Completion, Gather, LocalBuffer, RemoteBuffer, sges
 from flowctl.plan import IMM_MODULUS, FlowConfig
 from ring_setup.device import ipv4_gid
 from ring_setup.endpoints import HostEndpoint, QPEndpoint, RingAddress, RingEndpoint
@@ -78,6 +80,32 @@ class FakeRegion:
         self._array = None
 
 
+class FakeUserRegion(FakeRegion):
+    """The caller's memory registered in place for local reads (RdmaHost.register_user): a
+    WRITE's source reads that memory (never a copy of it) from registration to `close`;
+    nothing is ever written into it (no remote key); `closed`: deregistered."""
+
+    def __init__(self, fabric: FakeFabric, addr: int, nbytes: int) -> None:
+        self._fabric = fabric
+        self.nbytes, self.addr = nbytes, addr
+        self._array = np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(addr))
+        self.lkey = self.rkey = fabric.new_id()
+        fabric.regions[self.lkey] = self
+        self.closed = False
+
+    def remote(self) -> RemoteBuffer:
+        raise AssertionError("a region of the caller's memory has no remote key")
+
+    def close(self) -> None:
+        super().close()
+        self.closed = True
+
+
+def read_sges(src: LocalBuffer | Gather) -> bytes:
+    """A WRITE's payload: its SGEs' bytes in order."""
+    return b"".join(ctypes.string_at(p.addr, p.nbytes) for p in sges(src))
+
+
 class FakeHost:
     """A rank's device; `ring_addrs` (ring -> IPv4) as RdmaHost's: rings on another address."""
 
@@ -90,6 +118,7 @@ class FakeHost:
         self.gid = ipv4_gid(self.ip)
         self.device = f"fake{rank}"
         self._regions: list[FakeRegion] = []
+        self.user_regions: list[FakeUserRegion] = []
         self.rings: dict[str, FakeRingQPs] = {}
         # ring name -> for each QPs of it built from now on, the WRITE (0: the first
         # delivered) that fails with a transport fault, or None
@@ -99,6 +128,12 @@ class FakeHost:
     def register(self, nbytes: int) -> FakeRegion:
         region = FakeRegion(self.fabric, nbytes)
         self._regions.append(region)
+        return region
+
+    def register_user(self, addr: int, nbytes: int) -> FakeUserRegion:
+        """Like RdmaHost.register_user; `user_regions` lists them all, in order."""
+        region = FakeUserRegion(self.fabric, addr, nbytes)
+        self.user_regions.append(region)
         return region
 
     def create_ring(self, name: str, config: FlowConfig) -> "FakeRingQPs":
@@ -111,7 +146,7 @@ class FakeHost:
         return qps
 
     def close(self) -> None:
-        for region in self._regions:
+        for region in self._regions + self.user_regions:
             region.close()
 
 
@@ -157,17 +192,17 @@ class FakeLink:
     def __init__(self, qps: FakeRingQPs, successor: int, predecessor: int) -> None:
         self.qps, self.fabric = qps, qps.fabric
         self.successor, self.predecessor = successor, predecessor
-        self.wire: deque[tuple[int, LocalBuffer, RemoteBuffer]] = deque()
+        self.wire: deque[tuple[int, LocalBuffer | Gather, RemoteBuffer]] = deque()
         self.send_cq: deque[Completion] = deque()
         self.recv_cq: deque[Completion] = deque()
         self.recv_posted = 0
         self.in_switch = 0          # WRITEs the fake switch holds until their sum is complete
-        self.held_src: dict[int, LocalBuffer] = {}   # their sources, by message index
+        self.held_src: dict[int, LocalBuffer | Gather] = {}   # their sources, by index
         self.max_in_flight = 0      # most WRITEs posted and not yet polled at once
         self.armed = 0              # arm() calls
         self.waits: list[float] = []   # wait() timeouts
 
-    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+    def post_write(self, index: int, src: LocalBuffer | Gather, dst: RemoteBuffer) -> None:
         with self.fabric.lock:
             in_flight = len(self.wire) + self.in_switch + len(self.send_cq) + 1
             assert in_flight <= self.qps.config.window, "send queue / send CQ overflow"
@@ -205,16 +240,22 @@ class FakeLink:
                 if index == fabric.fail_index:
                     self.send_cq.append(Completion(index, False, "remote access error (fake)"))
                     continue
-                src_region = fabric.regions.get(src.lkey)
+                for part in sges(src):
+                    src_region = fabric.regions.get(part.lkey)
+                    assert src_region is not None and src_region.contains(part.addr,
+                                                                          part.nbytes)
                 dst_region = fabric.regions.get(dst.rkey)
-                assert src_region is not None and src_region.contains(src.addr, src.nbytes)
                 if dst_region is None:      # the peer closed its memory (it died): a write
                     continue                # to it is never answered, as on a real NIC
                 assert dst_region.contains(dst.addr, dst.nbytes)
+                assert not isinstance(dst_region, FakeUserRegion), "no remote key there"
                 target.recv_posted -= 1
                 if fabric.switch.contribute(self, target, index, src, dst):
                     continue
-                ctypes.memmove(dst.addr, src.addr, src.nbytes)
+                at = dst.addr
+                for part in sges(src):
+                    ctypes.memmove(at, part.addr, part.nbytes)
+                    at += part.nbytes
                 self.arrive(target, index)
 
     def arrive(self, target: "FakeLink", index: int) -> None:
@@ -285,15 +326,15 @@ class FakeSwitch:
         for ring_id in list(self.world):
             self.unregister(ring_id)
 
-    def contribute(self, link: FakeLink, target: FakeLink, index: int, src: LocalBuffer,
-                   dst: RemoteBuffer) -> bool:
+    def contribute(self, link: FakeLink, target: FakeLink, index: int,
+                   src: LocalBuffer | Gather, dst: RemoteBuffer) -> bool:
         """Take the WRITE if its ring is registered (False: not ours, deliver it plainly)."""
         assert link.qps.dest_qpn is not None
         entry = self.rings.get(link.qps.dest_qpn)
         if entry is None:
             return False
         ring_id, rank = entry
-        payload = ctypes.string_at(src.addr, src.nbytes)
+        payload = read_sges(src)
         parts = self.pending.setdefault((ring_id, index), {})
         assert rank not in parts, f"rank {rank} sent message {index} twice"
         parts[rank] = (link, target, dst, payload)

@@ -181,10 +181,10 @@ def test_ranks_disagreeing_on_one_scale_per_call_are_refused_alike(
     mode = threading.local()
     per_block = SWITCH.local_range
 
-    def local_range(array: np.ndarray) -> DataRange:
+    def local_range(array: np.ndarray, spare: Any = None) -> DataRange:
         if getattr(mode, "per_call", False) and array.nbytes > INLINE_BYTES:
             return DataRange(float(array.min()), float(array.max()))
-        return per_block(array)
+        return per_block(array, spare)
     monkeypatch.setattr(SWITCH, "local_range", local_range)
 
     def make(rank: int) -> np.ndarray:
@@ -207,8 +207,8 @@ def test_a_small_call_whose_record_carries_another_size_is_refused_alike(
     broken = threading.local()
     honest = SWITCH.local_range
 
-    def local_range(array: np.ndarray) -> DataRange:
-        got = honest(array)
+    def local_range(array: np.ndarray, spare: Any = None) -> DataRange:
+        got = honest(array, spare)
         if getattr(broken, "once", False):
             broken.once = False
             return got._replace(blocks=got.blocks + bytes(4))

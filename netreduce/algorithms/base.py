@@ -18,13 +18,25 @@ switch's `check` says the data cannot travel), `run`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Protocol
+from typing import Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
-from flowctl.link import RemoteBuffer
+from flowctl.link import LocalBuffer, RemoteBuffer
 from flowctl.stream import Outgoing, Stream
 from netreduce.workspace import RegisteredMemory
+
+
+class Spare(NamedTuple):
+    """Memory a call's `local_range` may write ahead of its agreement (the switch's
+    quantize ahead): the first `nbytes` of `memory`, the call's workspace, hold nothing a
+    kept call needs (netreduce.away.AwayProtocol.free_below); `seq` and `world_size`: the
+    call's."""
+
+    memory: RegisteredMemory
+    nbytes: int
+    seq: int
+    world_size: int
 
 
 class DataRange(NamedTuple):
@@ -56,6 +68,8 @@ class CallContext:
     inline: bool = False            # every rank's `blocks` is its data (`DataRange.inline`)
     then: Outgoing | None = None    # posted on "inc" behind this call's data, unsettled:
     #                                 the next call's records (calls in flight, comm.py)
+    # the caller's array registered in place (netreduce.regcache), None where it cannot be
+    registered: Callable[[np.ndarray], LocalBuffer | None] | None = None
 
 
 class Algorithm(Protocol):
@@ -67,8 +81,9 @@ class Algorithm(Protocol):
 
     def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int: ...
 
-    def local_range(self, array: np.ndarray) -> DataRange:
-        """What this rank publishes in the call's metadata."""
+    def local_range(self, array: np.ndarray, spare: Spare | None = None) -> DataRange:
+        """What this rank publishes in the call's metadata; it may also write into
+        `spare` what its `run` of the same call would write first."""
         ...
 
     def check(self, call: CallContext) -> None:

@@ -94,7 +94,7 @@ class RingAllreduce:
     def check_call(self, dtype: np.dtype, op: str) -> None:
         return None
 
-    def local_range(self, array: np.ndarray) -> DataRange:
+    def local_range(self, array: np.ndarray, spare: Spare | None = None) -> DataRange:
         return DataRange()
 
     def check(self, call: CallContext) -> None:

@@ -80,9 +80,14 @@ and e = 30 - c - F from the largest |x| of the whole call scales every element (
 above with M the call's largest |x|). Which one a call uses is read from the agreed records
 (block exponents published or not), and ranks that disagree are refused on every rank.
 
-Host passes: one copy into the send area (int32: plain; floats: quantizing), one copy of
-the sum into the caller's output once the transfer is complete (int32: plain; floats:
-to float64, the exact * 2^-e_b, / n for avg, one rounding); for int32 and float32 the
+Host passes: int32 inputs of IN_PLACE_BYTES and more are sent from the caller's memory,
+registered in place (`netreduce.regcache`; `send` says how), smaller ones copied into the
+send area; floats are quantized into it -- float32 in its min/max pass, ahead of the
+agreement, each block with this rank's own exponent, then again in `send` only for the
+blocks whose agreed exponent is another rank's (`_quantize_ahead`). One copy of the sum
+into the caller's output once the transfer is complete (int32: plain; floats: to float64,
+the exact * 2^-e_b, / n for avg, one rounding): the sum stays in the workspace, for a
+switch loss right after the call returned (`netreduce.away`); for int32 and float32 the
 min/max (per block) pass, quantize and dequantize are one native pass each
 (`netreduce.hostpass`), else numpy passes per chunk with the block exponents broadcast
 over rows of a block, bit for bit alike. A message arrives
@@ -100,8 +105,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from flowctl.link import Gather, LocalBuffer
 from flowctl.stream import Outgoing
-from netreduce.algorithms.base import CallContext, DataRange
+from netreduce.algorithms.base import CallContext, DataRange, Spare
 import netreduce.hostpass as hostpass
 from netreduce.dtypes import FLOAT32, HALVES
 from netreduce.meta import MAX_BLOCK_BYTES, AllreduceMismatch, CallRejected, SwitchNotAggregating
@@ -126,6 +132,7 @@ class NotQuantizable(CallRejected, ValueError):
 
 
 INLINE_BYTES = MAX_BLOCK_BYTES   # calls of at most this many data bytes travel in their records
+IN_PLACE_BYTES = 64 * 1024        # int32 inputs from this size on are sent from their memory
 MAX_QUANTIZED_RANKS = 1 << 16     # far above any fabric's (nr_contract.spec: 32 racks x 32)
 MIN_BLOCK = 1024          # elements: 4 KiB of wire words, one packet at the default MTU
 NO_FLOOR = -128           # the published floor of an all-zero block (and of M < 2^-127)
@@ -156,6 +163,11 @@ def local_blocks(array: np.ndarray) -> DataRange:
         starts = np.arange(0, flat.size, block)
         lows = np.minimum.reduceat(flat, starts).astype(np.float32)
         highs = np.maximum.reduceat(flat, starts).astype(np.float32)
+    return blocks_range(lows, highs)
+
+
+def blocks_range(lows: np.ndarray, highs: np.ndarray) -> DataRange:
+    """The `local_blocks` record from the per-block minima and maxima (float32)."""
     return DataRange(float(lows.min()), float(highs.max()),
                      log2_floors(np.maximum(-lows, highs)).tobytes())
 
@@ -183,14 +195,19 @@ def block_exponents(world_size: int, blocks: Sequence[bytes]) -> np.ndarray:
     2^(31-c): one bit less, M_b * 2^e_b < 2^(30-c), rint <= 2^(30-c), n * that <= 2^30. In
     both cases n * 2^-(e_b+1) <= n^2 * M_b * 2^-29 (the module doc's bound, 2^-30 up to 128
     ranks) when M_b >= 2^-127 (else at most n^2 * 2^-157)."""
-    if not 1 <= world_size <= MAX_QUANTIZED_RANKS:
-        raise ValueError(f"quantization for {world_size} ranks: 1..{MAX_QUANTIZED_RANKS} "
-                         "supported")
     floors = np.frombuffer(blocks[0], dtype=np.int8)
     for other in blocks[1:]:
         floors = np.maximum(floors, np.frombuffer(other, dtype=np.int8))
+    return exponent_base(world_size) - floors.astype(np.int32)
+
+
+def exponent_base(world_size: int) -> int:
+    """e_b + F_b of `block_exponents`: 30 - c (29 - c above 128 ranks), c = ceil(log2 n)."""
+    if not 1 <= world_size <= MAX_QUANTIZED_RANKS:
+        raise ValueError(f"quantization for {world_size} ranks: 1..{MAX_QUANTIZED_RANKS} "
+                         "supported")
     c = (world_size - 1).bit_length()
-    return (30 - c - (c > 7)) - floors.astype(np.int32)
+    return 30 - c - (c > 7)
 
 
 def call_exponent(world_size: int, ranges: Sequence[tuple[float, float]]) -> np.ndarray:
@@ -284,6 +301,9 @@ class SwitchAllreduce:
     def __init__(self) -> None:
         self._per_call = 0                  # `one_scale_per_call` contexts open
         self._lock = threading.Lock()
+        # workspace address -> (seq, input address, count, world size, exponents used):
+        # the send area holds that call's input quantized ahead (`_quantize_ahead`)
+        self._ahead: dict[int, tuple[int, int, int, int, np.ndarray]] = {}
 
     @property
     def per_block(self) -> bool:
@@ -311,7 +331,12 @@ class SwitchAllreduce:
     def workspace_bytes(self, count: int, dtype: np.dtype, world_size: int) -> int:
         return 2 * recv_offset(wire_bytes(count, world_size))
 
-    def local_range(self, array: np.ndarray) -> DataRange:
+    def local_range(self, array: np.ndarray, spare: Spare | None = None) -> DataRange:
+        """The record (module doc); a float32 call given `spare` is also quantized there
+        in the same memory pass, each block with this rank's own exponent (`_ahead`)."""
+        if spare is not None:
+            with self._lock:
+                self._ahead.pop(spare.memory.local().addr, None)
         if array.size == 0:
             return DataRange()
         inline = array.nbytes <= INLINE_BYTES
@@ -319,10 +344,41 @@ class SwitchAllreduce:
             lo, hi = hostpass.range_int32(array)
         elif inline or array.dtype == np.int32 or not self.per_block:
             lo, hi = array.min(), array.max()
+        elif spare is not None and array.dtype == FLOAT32 and hostpass.native(array) \
+                and spare.nbytes >= array.nbytes:
+            return self._quantize_ahead(array.reshape(-1), spare)
         else:
             return local_blocks(array)
         data = np.ascontiguousarray(array).tobytes() if inline else b""
         return DataRange(float(lo), float(hi), data, inline=inline)
+
+    def _quantize_ahead(self, flat: np.ndarray, spare: Spare) -> DataRange:
+        """`local_blocks(flat)` and, in the same memory pass, `flat` quantized into the
+        send area of `spare.memory` with this rank's own block exponents, noted in `_ahead`
+        for `send`. Invariant: a block's words are what `quantize` gives with the agreed
+        exponent whenever that exponent is this rank's own (this rank published the
+        block's largest floor), bit for bit (one C loop does both); `send` quantizes the
+        other blocks again, and uses none of it unless the note names its call."""
+        wire = spare.memory.view()[:flat.nbytes].view(WIRE)
+        lows, highs, exps = hostpass.block_ranges_quantize(
+            flat, block_elements(flat.size), exponent_base(spare.world_size), wire)
+        with self._lock:
+            self._ahead[spare.memory.local().addr] = (
+                spare.seq, hostpass.address(flat), flat.size, spare.world_size, exps)
+        return blocks_range(lows, highs)
+
+    def _quantize(self, call: CallContext, src: np.ndarray, data: np.ndarray) -> None:
+        """data = `src` quantized with the call's agreed exponents: only the blocks whose
+        exponent differs from this rank's own when `_quantize_ahead` ran for this call."""
+        exponents = self.exponents(call)
+        with self._lock:
+            ahead = self._ahead.pop(call.workspace.local().addr, None)
+        flat = src.reshape(-1)
+        if ahead is None or exponents.ndim == 0 or ahead[:4] != (
+                call.seq, hostpass.address(flat), call.count, call.world_size):
+            quantize(src, exponents, data)
+            return
+        hostpass.requantize_f32(flat, block_elements(call.count), exponents, ahead[4], data)
 
     def check(self, call: CallContext) -> None:
         if call.inline:
@@ -409,9 +465,16 @@ class SwitchAllreduce:
     def send(self, call: CallContext, src: np.ndarray) -> np.ndarray:
         """Put `src` on the wire (int32 as is, floats quantized) with the seal, move it
         through the switch and check the seal; returns the sums (a view of the workspace).
-        The caller's output is not touched. On return, or on any failure after the
-        transfer began, the send area holds this rank's wire words of the call (the data
-        part is what `netreduce.away` sums over the host ring if the switch is lost)."""
+        The caller's output is not touched, nor its input ever written. An int32 input of
+        at least IN_PLACE_BYTES, C-contiguous and registrable (`call.registered`), is sent
+        from the caller's memory in place: the last message is one WRITE of two SGEs, the
+        data's tail from the caller's region and the seal from the workspace, so the
+        wire is byte for byte the copy's; the input is read until the transfer is
+        settled (go-back-N re-reads it) and the call returns only then. Else the wire
+        words are formed in the send area. On a good seal, the receive area holds the
+        sums until the workspace is reused: what `netreduce.away` takes from a rank that
+        completed the call, after it returned, if the switch is lost (neither the caller's
+        input nor output is needed then: the caller may have overwritten both)."""
         nbytes = wire_bytes(call.count, call.world_size)
         at = recv_offset(nbytes)
         wire, summed = self.areas(call)
@@ -419,12 +482,19 @@ class SwitchAllreduce:
         seal[:] = 0
         seal[call.rank] = 1
         summed[call.count:] = 0
-        if call.dtype == np.int32:
-            np.copyto(data.reshape(src.shape), src)
+        local = call.workspace.local()
+        user = self._in_place(call, src)
+        if user is not None:
+            data_bytes = call.count * WIRE.itemsize
+            source: LocalBuffer | Gather = Gather(
+                (user, local.slice(data_bytes, nbytes - data_bytes)))
         else:
-            quantize(src, self.exponents(call), data)
-        send = Outgoing(call.workspace.local().slice(0, nbytes),
-                        call.peer_workspace.slice(at, nbytes))
+            if call.dtype == np.int32:
+                np.copyto(data.reshape(src.shape), src)
+            else:
+                self._quantize(call, src, data)
+            source = local.slice(0, nbytes)
+        send = Outgoing(source, call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes, then=call.then)
         sealed = summed[call.count:]
         if not np.all(sealed == 1):
@@ -433,6 +503,14 @@ class SwitchAllreduce:
                 f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "
                 f"rank's last packet (the result is not used)")
         return summed[:call.count]
+
+    @staticmethod
+    def _in_place(call: CallContext, src: np.ndarray) -> LocalBuffer | None:
+        """`src` registered in place, when the call sends it as it is (`send`)."""
+        if call.registered is None or call.dtype != np.int32 \
+                or src.nbytes < IN_PLACE_BYTES or not src.flags.c_contiguous:
+            return None
+        return call.registered(src)
 
     def deliver(self, call: CallContext, summed: np.ndarray, dst: np.ndarray) -> None:
         """Write the call's result into `dst` from `summed`, the wrapping int32 sums of every

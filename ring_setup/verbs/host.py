@@ -84,14 +84,19 @@ def open_context(name: str, retry: float = OPEN_RETRY) -> Context:
 
 
 class RegisteredBuffer:
-    """A memory region registered LOCAL_WRITE | REMOTE_WRITE (its buffer is allocated by
-    pyverbs). Invariant: `view()` arrays are valid only until `close()`."""
+    """A memory region registered LOCAL_WRITE | REMOTE_WRITE (its buffer allocated by
+    pyverbs), or (`address`) the caller's memory registered in place for local reads only:
+    a WRITE's source, never written by the NIC nor reachable by a peer (no R_Key is
+    published); pinned until `close`, never freed by it (the caller keeps it alive
+    meanwhile: netreduce/regcache.py). Invariant: `view()` arrays are valid only until
+    `close()`."""
 
-    def __init__(self, pd: PD, nbytes: int, life: DeviceLife) -> None:
+    def __init__(self, pd: PD, nbytes: int, life: DeviceLife, address: int | None = None) -> None:
         self._life = life
         life.check(f"registering {nbytes} bytes")
         try:
-            self._mr = MR(pd, nbytes, ACCESS)
+            self._mr = MR(pd, nbytes, ACCESS) if address is None else \
+                MR(pd, nbytes, 0, address=address)
         except PyverbsError as exc:
             raise DeviceError(f"cannot register {nbytes} bytes: {exc} (RLIMIT_MEMLOCK?)") from exc
         self.nbytes = nbytes
@@ -165,6 +170,11 @@ class RdmaHost:
 
     def register(self, nbytes: int) -> RegisteredBuffer:
         return RegisteredBuffer(self.pd, nbytes, self.life)
+
+    def register_user(self, address: int, nbytes: int) -> RegisteredBuffer:
+        """Register `nbytes` of the caller's memory at `address` in place (no copy; the
+        caller keeps that memory alive until the region's `close`)."""
+        return RegisteredBuffer(self.pd, nbytes, self.life, address)
 
     def ring_address(self, ring: str) -> RingAddress | None:
         """Ring `ring`'s own address (None: the host's)."""

@@ -20,7 +20,7 @@ from pyverbs.qp import QP
 from pyverbs.utils import qp_state_to_str
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from flowctl.link import Completion, LocalBuffer, RemoteBuffer
+from flowctl.link import Completion, Gather, LocalBuffer, RemoteBuffer, sges
 from flowctl.plan import IMM_MODULUS
 
 
@@ -103,8 +103,9 @@ class VerbsLink:
     only consumes the receive for its completion.
 
     Work requests are built once and reposted (verbs copy a WR when it is posted): the one
-    receive, and a WRITE per (source, destination) span -- a communicator sends from and to
-    the same workspace spans call after call -- of which at most `_WRITE_CACHE` are kept.
+    receive, and a WRITE per (source SGEs, destination) span -- a communicator sends from and
+    to the same workspace (or cached user memory) spans call after call -- of which at most
+    `_WRITE_CACHE` are kept. A `Gather` source is one WRITE with one SGE per part.
     Each pyverbs object costs a Python allocation and a logger lookup, per message.
     """
 
@@ -124,16 +125,18 @@ class VerbsLink:
         self.device = life.name
         self._counters = counters
 
-    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+    def post_write(self, index: int, src: LocalBuffer | Gather, dst: RemoteBuffer) -> None:
         self.life.check(f"posting message {index} to rank {self.successor}")
-        key = (src.addr, src.nbytes, src.lkey, dst.addr, dst.rkey)
+        key = (src, dst.addr, dst.rkey)
         wr = self._writes.get(key)
         if wr is None:
             if len(self._writes) >= _WRITE_CACHE:
                 self._writes.clear()
+            parts = sges(src)
             wr = self._writes[key] = SendWR(
-                opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
-                sg=[SGE(src.addr, src.nbytes, src.lkey)], send_flags=e.IBV_SEND_SIGNALED)
+                opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=len(parts),
+                sg=[SGE(p.addr, p.nbytes, p.lkey) for p in parts],
+                send_flags=e.IBV_SEND_SIGNALED)
             wr.set_wr_rdma(dst.rkey, dst.addr)
         wr.wr_id = index
         wr.imm_data = socket.htonl(index % IMM_MODULUS)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flowctl.plan import FlowConfig, MessagePlan
-from netreduce.algorithms.switch import INLINE_BYTES
+from netreduce.algorithms.switch import IN_PLACE_BYTES, INLINE_BYTES
 from netreduce.meta import RECORD_STRIDE
 from netreduce.tools.launch import LaunchResult
 from tests.lab.workers import lines, run_worker
@@ -70,6 +70,11 @@ def check_switch_run(result: LaunchResult, n: int, sizes: list[int],
         errors.add(err)
     (err,) = errors
     assert "the int32 sum may overflow" in err and "conservative" in err, err
+    in_place = any(4 * size >= IN_PLACE_BYTES for size in sizes) and "int32" in dtypes
+    for r in range(n):              # int32 inputs of IN_PLACE_BYTES and up: sent in place
+        (raw,) = lines(result, r, "INPLACE ")
+        cache = json.loads(raw)
+        assert cache["failures"] == 0 and (cache["misses"] >= 1) == in_place, (r, cache)
     (raw,) = lines(result, 0, "SWITCH_RING ")
     counters = json.loads(raw)
     p = expected_packets(sizes, n, config, dtypes)

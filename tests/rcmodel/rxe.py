@@ -57,7 +57,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from flowctl.link import Completion, LocalBuffer, RemoteBuffer
+import ctypes
+
+from flowctl.link import Completion, Gather, LocalBuffer, RemoteBuffer, sges
 from nr_contract.spec import PSN_MASK
 from switch.dataplane.packets import (BTH_OFF, EXT_OFF, ICRC_LEN, IP_OFF, UDP_OFF, EXT_LEN, Op,
                                       build_frame, icrc, parse, payload_len, reth)
@@ -116,12 +118,20 @@ class Region:
         self.device.regions.pop(self.key, None)
 
 
+class UserRegion(Region):
+    """The caller's memory registered in place for local reads (RdmaHost.register_user):
+    a WRITE's source reads that memory itself; never a WRITE's target."""
+
+    def remote(self) -> RemoteBuffer:
+        raise ModelError("a region of the caller's memory has no remote key")
+
+
 @dataclass
 class Wqe:
     """A posted signaled RDMA WRITE WITH IMMEDIATE and the PSNs it occupies."""
 
     index: int
-    src: LocalBuffer
+    src: LocalBuffer | Gather
     dst: RemoteBuffer
     first_psn: int
     npkts: int
@@ -191,7 +201,7 @@ class QP:
         self.resp_psn = self.ack_psn = peer_psn0
 
     # --- requester (rxe_req.c) ---------------------------------------------------------
-    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+    def post_write(self, index: int, src: LocalBuffer | Gather, dst: RemoteBuffer) -> None:
         npkts = max(1, -(-src.nbytes // self.attr.mtu))
         self.sq.append(Wqe(index, src, dst, self.next_psn, npkts))
         self.next_psn = (self.next_psn + npkts) & PSN_MASK
@@ -414,6 +424,7 @@ class Device:
     counters: Counter = field(default_factory=Counter)
     regions: dict[int, Region] = field(default_factory=dict)
     qps: dict[int, QP] = field(default_factory=dict)
+    user_regions: int = 0       # regions of the caller's memory registered so far
 
     def __post_init__(self) -> None:
         self._keys = itertools.count(0x100)
@@ -427,23 +438,34 @@ class Device:
         self.regions[region.key] = region
         return region
 
+    def register_user(self, addr: int, nbytes: int) -> UserRegion:
+        array = np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(addr))
+        region = UserRegion(self, addr, next(self._keys), nbytes, array)
+        self.regions[region.key] = region
+        self.user_regions += 1
+        return region
+
     def create_qp(self, psn0: int, attr: QPAttr) -> QP:
         qp = QP(self, next(self._qpns), psn0, attr)
         self.qps[qp.qpn] = qp
         return qp
 
-    def read(self, src: LocalBuffer, offset: int, length: int) -> bytes:
+    def read(self, src: LocalBuffer | Gather, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` of what a WRITE of `src` sends (its SGEs in order)."""
+        return b"".join(self._read(part) for part in sges(src.slice(offset, length)))
+
+    def _read(self, src: LocalBuffer) -> bytes:
         region = self.regions.get(src.lkey)
         if region is None or not (region.addr <= src.addr and
                                   src.addr + src.nbytes <= region.addr + region.nbytes):
             raise ModelError(f"{self.name}: local buffer {src} is not registered memory")
-        at = src.addr - region.addr + offset
-        return region.array[at:at + length].tobytes()
+        at = src.addr - region.addr
+        return region.array[at:at + src.nbytes].tobytes()
 
     def writable(self, rkey: int, va: int, length: int) -> bool:
         region = self.regions.get(rkey)
-        return region is not None and region.addr <= va and \
-            va + length <= region.addr + region.nbytes
+        return region is not None and not isinstance(region, UserRegion) \
+            and region.addr <= va and va + length <= region.addr + region.nbytes
 
     def write(self, rkey: int, va: int, data: bytes) -> None:
         region = self.regions[rkey]

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import flowctl.stream
 import netreduce.transport_fault as transport_fault
-from flowctl.link import Completion, LocalBuffer, RemoteBuffer
+from flowctl.link import Completion, Gather, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
 from flowctl.stream import LIVENESS_POLL, Stream
 from netreduce.comm import Communicator
@@ -63,7 +63,7 @@ class ModelLink:
         self.successor, self.predecessor = successor, predecessor
         send.on_event = recv.on_event = lambda: turns.poke(rank)   # what `wait` waits for
 
-    def post_write(self, index: int, src: LocalBuffer, dst: RemoteBuffer) -> None:
+    def post_write(self, index: int, src: LocalBuffer | Gather, dst: RemoteBuffer) -> None:
         self.send.post_write(index, src, dst)
 
     def post_recvs(self, count: int) -> None:
@@ -141,6 +141,9 @@ class ModelHost:
 
     def register(self, nbytes: int) -> Any:
         return self.device.register(nbytes)
+
+    def register_user(self, addr: int, nbytes: int) -> Any:
+        return self.device.register_user(addr, nbytes)
 
     def create_ring(self, name: str, config: FlowConfig) -> ModelRingQPs:
         assert self.attr is not None and self.turns is not None
