@@ -33,12 +33,18 @@ class LocalBuffer(_Span):
         return self.key
 
 
+#: the most parts a WRITE reads (its SGEs); the send QPs are created with this many
+#: (ring_setup/verbs/host.py: a NIC refuses a longer list with EINVAL at the post)
+MAX_SGES = 2
+
+
 @dataclass(frozen=True)
 class Gather:
     """Local memory read as one: `parts` (LocalBuffers, possibly of different regions) one
     after the other, a WRITE's scatter-gather list. Invariant: no part is empty; a slice
     lying in one part is that part's LocalBuffer (a plain WRITE), one that spans parts a
-    Gather of their pieces (one WRITE with several SGEs: the same bytes on the wire)."""
+    Gather of their pieces (one WRITE with several SGEs: the same bytes on the wire); at
+    most MAX_SGES parts."""
 
     parts: tuple[LocalBuffer, ...]
 
@@ -46,6 +52,9 @@ class Gather:
         if not self.parts or any(p.nbytes == 0 for p in self.parts):
             raise ValueError(f"flowctl: a gather list needs non-empty parts, not "
                              f"{[p.nbytes for p in self.parts]} bytes")
+        if len(self.parts) > MAX_SGES:
+            raise ValueError(f"flowctl: a gather list of {len(self.parts)} parts; a WRITE "
+                             f"reads at most {MAX_SGES}")
 
     @property
     def nbytes(self) -> int:

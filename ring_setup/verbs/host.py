@@ -29,7 +29,7 @@ from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
-from flowctl.link import LocalBuffer, RemoteBuffer
+from flowctl.link import MAX_SGES, LocalBuffer, RemoteBuffer
 from flowctl.plan import FlowConfig
 from ring_setup.device import (DeviceError, RoceGid, find_roce_gid, hw_counters, netdev_mac,
                                netdev_mtu, roce_ipv4_in)
@@ -213,7 +213,8 @@ class RingQPs:
         self.send_cq = EventCQ(host.ctx, config.window, host.life)
         self.recv_cq = EventCQ(host.ctx, config.recv_depth, host.life)
         self.send_qp = self._create_qp(self.send_cq, QPCap(max_send_wr=config.window,
-                                                           max_recv_wr=1))
+                                                           max_recv_wr=1,
+                                                           max_send_sge=MAX_SGES))
         self.recv_qp = self._create_qp(self.recv_cq, QPCap(max_send_wr=1,
                                                            max_recv_wr=config.recv_depth))
         self.send_psn = random.getrandbits(24)
