@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import netreduce.algorithms.switch as switch
-import netreduce.away as away
+import netreduce.rejoin as rejoin
 import netreduce.hostpass as hostpass
 from flowctl import FlowConfig
 from flowctl.link import Gather, LocalBuffer
@@ -39,8 +39,8 @@ N = 3
 
 @pytest.fixture(autouse=True)
 def quick_rejoin(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(away, "REJOIN_FIRST", 0.3)
-    monkeypatch.setattr(away, "REJOIN_POLL", 0.1)
+    monkeypatch.setattr(rejoin, "REJOIN_FIRST", 0.3)
+    monkeypatch.setattr(rejoin, "REJOIN_POLL", 0.1)
 
 
 def data(rank: int, call: int) -> np.ndarray:
