@@ -218,6 +218,33 @@ def test_a_fake_switch_lost_after_a_call_returned_recovers_though_the_caller_ove
                        {"fallbacks": 1, "returns": 0, "recovered": 1}, True), got
 
 
+@pytest.mark.parametrize("index", [MESSAGES + 2, 2 * MESSAGES - 1, 2 * MESSAGES])
+def test_a_fake_switch_lost_amid_k4_in_place_calls_recovers_each_call_once_exact(
+        monkeypatch: pytest.MonkeyPatch, index: int) -> None:
+    """Four in-place calls in flight, each buffer overwritten as soon as its call is waited
+    for; the fake switch dies in call 1's data, at its last message (the two-SGE one), or at
+    call 2's records: every call's result is numpy's sum, one fallback on every rank."""
+    monkeypatch.setenv("NR_IN_FLIGHT", "4")
+    fabric = FakeFabric()
+    controller = FakeController(fabric)
+    fabric.switch.cut = lambda ring, i: 1 if i == index else None
+    calls = 6
+
+    def body(comm: Communicator, host: FakeHost) -> Any:
+        xs = [data(comm.rank, c) for c in range(calls)]
+        works = [comm.allreduce(x, async_op=True) for x in xs]
+        got = []
+        for c, w in enumerate(works):
+            w.wait(30)
+            got.append(xs[c].tolist() == want(c))
+            xs[c][:] = 12345                    # the caller reuses its buffer at once
+        return got, comm.stats()["switch"]["fallbacks"], len(host.user_regions) > 0
+
+    for got in run_ranks(N, body, cfg=CFG, fabric=fabric, controller=controller):
+        assert not isinstance(got, BaseException), got
+        assert got == ([True] * calls, 1, True), got
+
+
 def test_an_inc_fault_at_the_last_message_of_an_in_place_call_on_fake_qps_stays_exact() -> None:
     """Rank 1's "inc" QPs fail the WRITE of call 1's last message (the two-SGE one): the
     switch-away protocol settles it (no rank has a good seal: the call is redone over
