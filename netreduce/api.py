@@ -50,7 +50,7 @@ def init(rank: int | None = None, world_size: int | None = None,
          collective_timeout: float = 1800.0, switch: str | None = None,
          timeout: float = DEFAULT_TIMEOUT, exit_on_sigterm: bool = True,
          in_flight: int | None = None) -> Communicator | ShardedCommunicator:
-    """Create this process's default communicator (see `Communicator.create`); it is
+    """Create this process's default communicator (see `netreduce.connect.create`); it is
     closed by `finalize()` or at exit. `mtu` (RoCE path MTU, default 4096), `msg_size` (a
     multiple of `mtu`, default 256 KiB) and `window` (messages in flight per connection,
     default 2) are the flow-control knobs, `ack_timeout` the QPs' local ACK timeout

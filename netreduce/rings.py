@@ -25,7 +25,7 @@ from ring_setup.endpoints import (HostEndpoint, RingEndpoint, check_agreement, n
 from ring_setup.rendezvous import Rendezvous
 
 RINGS = ("ring", "inc")
-INC_ADDR_ENV = "NR_INC_ADDR"    # the "inc" ring's own address (Communicator.create's inc_addr)
+INC_ADDR_ENV = "NR_INC_ADDR"    # the "inc" ring's own address (netreduce.connect.create's inc_addr)
 
 
 class RingQPsLike(Protocol):

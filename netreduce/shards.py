@@ -38,6 +38,7 @@ import numpy as np
 
 from netreduce.algorithms.switch import block_elements
 from netreduce.comm import Communicator
+from netreduce.connect import create
 from netreduce.errors import CommunicatorError
 from netreduce.progress import ProgressEngine, Work
 from netreduce.rings import INC_ADDR_ENV
@@ -128,10 +129,10 @@ class ShardedCommunicator:
                connect: Callable[..., Communicator] | None = None,
                **kwargs: Any) -> "ShardedCommunicator":
         """Collective: one communicator per aggregator of `aggs` (`connect`, default
-        `Communicator.create`, with its controller and "inc" address; `kwargs` go to each),
+        `netreduce.connect.create`, with its controller and "inc" address; `kwargs` go to each),
         the first rendezvousing as a single communicator would, the others through its
         store; then the shares (`weights`)."""
-        connect = connect or Communicator.create
+        connect = connect or create
         shards: list[Communicator] = []
         try:
             for j, agg in enumerate(aggs):
@@ -259,15 +260,14 @@ def create_communicator(rank: int | None = None, world_size: int | None = None,
                         **kwargs: Any) -> Communicator | ShardedCommunicator:
     """Collective: the communicator `switch` and `inc_addr` (else $NR_CONTROLLER,
     $NR_INC_ADDR) ask for: a `ShardedCommunicator` when they list k > 1 aggregators, else
-    `Communicator.create`'s (`kwargs` go to each). `netreduce.init` and the torch backend
+    `netreduce.connect.create`'s (`kwargs` go to each). `netreduce.init` and the torch backend
     make theirs here."""
     aggs = aggregators(switch, inc_addr)
     if aggs:
         return ShardedCommunicator.create(aggs, rank, world_size, master_addr, master_port,
                                           **kwargs)
-    return Communicator.create(rank, world_size, master_addr=master_addr,
-                               master_port=master_port, inc_addr=inc_addr, switch=switch,
-                               **kwargs)
+    return create(rank, world_size, master_addr=master_addr, master_port=master_port,
+                  inc_addr=inc_addr, switch=switch, **kwargs)
 
 
 def share_weights(shards: list[Communicator]) -> list[int]:

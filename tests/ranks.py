@@ -11,6 +11,7 @@ import numpy as np
 from flowctl import FlowConfig
 from flowctl.plan import MessagePlan
 from netreduce.comm import Communicator
+from netreduce.connect import connect
 from netreduce.progress import ProgressEngine, Work
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
@@ -39,9 +40,8 @@ def run_ranks(n: int, body: Callable[[Communicator, FakeHost], Any], cfg: FlowCo
         rdzv = Rendezvous(RendezvousConfig(rank, n, "127.0.0.1", port, timeout=10,
                                            secret=b"secret-of-the-comm-tests")).join()
         try:
-            comm = Communicator.connect(rdzv, host, cfg,
-                                        controller if rank in controller_ranks else None,
-                                        pinned)
+            comm = connect(rdzv, host, cfg, controller if rank in controller_ranks else None,
+                           pinned)
         except Exception as exc:        # noqa: BLE001 - the test inspects it
             out[rank] = exc
             rdzv.close(timeout=1)

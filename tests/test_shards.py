@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from netreduce.comm import Communicator
+from netreduce.connect import connect
 from netreduce.shards import Aggregator, ShardedCommunicator, aggregators, split
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from tests.lab.allreduce_worker import switch_ring_counters
@@ -54,18 +55,18 @@ def run_sharded(body: Callable[[ShardedCommunicator], Any],
     aggs = [Aggregator(f"fake-{j}:1", f"10.78.{j}.0/24") for j in range(len(controllers))]
     out: list[Any] = [None] * N
 
-    def connect(rank: int, world_size: int, master_addr: str, master_port: int, *,
-                switch: str, inc_addr: str, port_exchange: Any, **_: Any) -> Communicator:
+    def create(rank: int, world_size: int, master_addr: str, master_port: int, *,
+               switch: str, inc_addr: str, port_exchange: Any, **_: Any) -> Communicator:
         j = int(switch.split("-")[1].split(":")[0])
         rdzv = Rendezvous(RendezvousConfig(rank, world_size, master_addr, master_port,
                                            timeout=10, secret=b"secret-of-the-comm-tests"))
         rdzv.join(port_exchange)
         host = FakeHost(controllers[j].fabric, rank)
-        return Communicator.connect(rdzv, host, CFG, controllers[j] if rank == 0 else None)
+        return connect(rdzv, host, CFG, controllers[j] if rank == 0 else None)
 
     def worker(rank: int) -> None:
         try:
-            comm = ShardedCommunicator.create(aggs, rank, N, "127.0.0.1", port, connect=connect)
+            comm = ShardedCommunicator.create(aggs, rank, N, "127.0.0.1", port, connect=create)
         except Exception as exc:        # noqa: BLE001 - the test inspects it
             out[rank] = exc
             return

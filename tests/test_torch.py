@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+import netreduce.shards as shards
 from netreduce.comm import Communicator, CommunicatorError, PeerFailure
+from netreduce.connect import connect
 from netreduce.meta import AllreduceMismatch
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
@@ -286,7 +288,7 @@ def test_init_process_groups_timeout_reaches_the_communicator_on_a_fake_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """dist.init_process_group("netreduce", timeout=42 s), through torch's own path: the
     communicator is created with collective_timeout 42 s (a fake communicator: what
-    Communicator.create was given is the point; the knob's effect: tests/test_comm.py)."""
+    netreduce.connect.create was given is the point; the knob's effect: tests/test_comm.py)."""
     given: dict[str, Any] = {}
 
     class FakeCommunicator:
@@ -296,7 +298,7 @@ def test_init_process_groups_timeout_reaches_the_communicator_on_a_fake_one(
     def create(rank: int, world_size: int, **kwargs: Any) -> FakeCommunicator:
         given.update(kwargs, rank=rank, world_size=world_size)
         return FakeCommunicator()
-    monkeypatch.setattr(Communicator, "create", staticmethod(create))
+    monkeypatch.setattr(shards, "create", create)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("netreduce", store=dist.HashStore(), rank=0, world_size=1,
                             timeout=timedelta(seconds=42))
@@ -335,9 +337,9 @@ def test_the_netreduce_process_group_routes_allreduce_and_delegates_the_rest(
     def create(rank: int, world_size: int, *, port_exchange: Any, **_: Any) -> Communicator:
         config = RendezvousConfig(rank, world_size, "127.0.0.1", 0, timeout=10)
         rdzv = Rendezvous(config).join(port_exchange)
-        return Communicator.connect(rdzv, FakeHost(fabric, rank), CFG,
-                                    controller if rank == 0 else None)
-    monkeypatch.setattr(Communicator, "create", staticmethod(create))
+        return connect(rdzv, FakeHost(fabric, rank), CFG,
+                       controller if rank == 0 else None)
+    monkeypatch.setattr(shards, "create", create)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     def rank(r: int) -> dict[str, Any]:
         pg = nrtorch.ProcessGroupNetreduce(store, r, n, timedelta(seconds=20))
@@ -411,9 +413,9 @@ def test_the_netreduce_process_group_shards_allreduce_over_two_fake_aggregators(
         j = ["fake-0:1", "fake-1:1"].index(switch)
         rdzv = Rendezvous(RendezvousConfig(rank, world_size, "127.0.0.1", 0,
                                            timeout=10)).join(port_exchange)
-        return Communicator.connect(rdzv, FakeHost(fabrics[j], rank), CFG,
-                                    controllers[j] if rank == 0 else None)
-    monkeypatch.setattr(Communicator, "create", staticmethod(create))
+        return connect(rdzv, FakeHost(fabrics[j], rank), CFG,
+                       controllers[j] if rank == 0 else None)
+    monkeypatch.setattr(shards, "create", create)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("NR_CONTROLLER", "fake-0:1,fake-1:1")
     monkeypatch.setenv("NR_INC_ADDR", "10.78.0.0/24,10.78.1.0/24")
