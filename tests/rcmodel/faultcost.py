@@ -115,16 +115,8 @@ def _run(kind: str, n: int, size: int, config: FlowConfig, budgets: float,
     starts."""
     if kind not in (*KINDS, DARK_SWITCH):
         raise ValueError(f"fault kind {kind!r} is not one of {KINDS + (DARK_SWITCH,)}")
-    victim = bytes(map(int, host_ip(VICTIM).split(".")))
     dark: dict[str, float] = {}
-
-    def drop(_kind: str, frame: bytes) -> bool:       # IPv4 source or destination
-        return bool(dark) and dark["from"] <= world.sim.now < dark["to"] and \
-            victim in (frame[26:30], frame[30:34])
-    world = World(n, config, faults=Faults(drop=drop), switch=kind in ("inc", DARK_SWITCH),
-                  attr=QPAttr(mtu=config.mtu, timeout=config.ack_timeout,
-                              retry_cnt=config.retry_cnt),
-                  max_time=3600.0, max_events=200_000_000)
+    world = dark_world(n, dark, config, switch=kind in ("inc", DARK_SWITCH))
     count = size // 4
     want = sum(inputs(r, count).astype(np.int64) for r in range(n)).astype(np.int32)
     algo = "auto" if kind in ("inc", DARK_SWITCH) else "ring"
@@ -153,10 +145,32 @@ def _run(kind: str, n: int, size: int, config: FlowConfig, budgets: float,
             ends.append(world.sim.now)
         comm.close()
         return ends, comm.stats()["transport"]
-    # the switch-away protocol's waits (NOTICE_GRACE) on the simulated clock too
+    return run_dark(world, body, backoff), starts
+
+
+def dark_world(n: int, dark: dict[str, float], config: FlowConfig = CONFIG,
+               switch: bool = True, in_flight: int = 1) -> World:
+    """A model world whose rank VICTIM's link drops every frame (both ways) from
+    dark["from"] to dark["to"] (simulated s; set them when the outage begins), its QPs on
+    `config`'s finite retry budget."""
+    victim = bytes(map(int, host_ip(VICTIM).split(".")))
+
+    def drop(_kind: str, frame: bytes) -> bool:       # IPv4 source or destination
+        return bool(dark) and dark["from"] <= world.sim.now < dark["to"] and \
+            victim in (frame[26:30], frame[30:34])
+    world = World(n, config, faults=Faults(drop=drop), switch=switch,
+                  attr=QPAttr(mtu=config.mtu, timeout=config.ack_timeout,
+                              retry_cnt=config.retry_cnt),
+                  max_time=3600.0, max_events=200_000_000, in_flight=in_flight)
+    return world
+
+
+def run_dark(world: World, body: Any, backoff: bool = True) -> list[Any]:
+    """world.run(body), the switch-away protocol's waits (NOTICE_GRACE) on the simulated
+    clock too."""
     clock = SimpleNamespace(monotonic=world.sim.monotonic, sleep=world.turns.sleep)
     with mock.patch.object(away_module, "time", clock):
-        return world.run(body, backoff), starts
+        return world.run(body, backoff)
 
 
 def ring_alone_s(n: int, size: int, config: FlowConfig = CONFIG) -> float:
