@@ -2,7 +2,7 @@
 
     fault_worker.py --calls N --size N [--algo A] [--no-switch] [--expect-fault]
                     [--kill RING --victim R --at K --delay S] [--until-fault M]
-                    [--ack-timeout E]
+                    [--ack-timeout E] [--async-pairs]
 
 `--calls` calls of int32[size] (checked exactly against every rank's input, out= a fresh
 array, the input untouched); with `--kill`, rank R moves its RING QPs ("inc" or "ring") to
@@ -16,7 +16,9 @@ With `--expect-fault` a call that fails prints "FAILED i seconds: error", finali
 returns ("FINALIZED") and the rank exits 0. With `--until-fault M`, after each call
 from `--calls` on the ranks sum their transport fault counts (a one-element call): the
 first time it is not 0 rank 0 prints "FAULT SEEN i" and the job runs 4 more calls; at M
-calls without one, it ends there (the test names the counters). Every rank prints "HW"
+calls without one, it ends there (the test names the counters). With `--async-pairs` every call is
+asynchronous and waited for once the next one is issued (in_flight=2; CALL lines say "async"), "DONE [...]" the order they completed in.
+Every rank prints "HW"
 with its rxe hw_counters that moved during the job.
 """
 from __future__ import annotations
@@ -42,8 +44,24 @@ def faults_seen(comm: netreduce.Communicator) -> int:
     return int(comm.allreduce(mine, algo="auto")[0])
 
 
+def checked_call(comm: netreduce.Communicator, args: argparse.Namespace, i: int,
+                 x: np.ndarray, y: np.ndarray, dt: float) -> None:
+    """Call i's result exact (numpy's sum of every rank's input), its input untouched; its
+    CALL line names its algorithm ("async" with --async-pairs: `last_algo` is a later
+    call's)."""
+    want = sum(rank_input([r, args.size, i], args.size, "int32").astype(np.int64)
+               for r in range(comm.world_size)).astype(np.int32)
+    algo = "async" if args.async_pairs else comm.last_algo
+    if not np.array_equal(y, want) or \
+            not np.array_equal(x, rank_input([comm.rank, args.size, i], args.size, "int32")):
+        sys.exit(f"FAIL call {i}: int32[{args.size}] not exact ({algo})")
+    print(f"CALL {i} {algo} {dt:.2f}", flush=True)
+
+
 def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
-    n, start, i = comm.world_size, time.monotonic(), -1
+    start, i = time.monotonic(), -1
+    pending: list[tuple] = []       # --async-pairs: the calls issued, not yet waited for
+    done: list[int] = []            # --async-pairs: the calls in the order they completed
     hw0 = hw_counters(comm.device)
     while i + 1 < args.calls:
         i += 1
@@ -55,6 +73,16 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
         x = rank_input([comm.rank, args.size, i], args.size, "int32")
         y = np.full(x.shape, -1, dtype=np.int32)
         t0 = time.perf_counter()
+        if args.async_pairs:
+            work = comm.allreduce(x, out=y, algo=args.algo, async_op=True)
+            work.add_done_callback(lambda _, i=i: done.append(i))
+            pending.append((i, x, y, t0, work))
+            if len(pending) == 2 or i + 1 == args.calls:
+                for j, xj, yj, tj, work in pending[:2 if i + 1 == args.calls else 1]:
+                    work.wait()
+                    checked_call(comm, args, j, xj, yj, time.perf_counter() - tj)
+                del pending[:2 if i + 1 == args.calls else 1]
+            continue
         algo = args.algo
         while True:
             try:
@@ -69,13 +97,7 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
                 print(f"FAILED {i} {time.perf_counter() - t0:.2f}: {type(exc).__name__}: "
                       f"{exc}", flush=True)
                 return
-        dt = time.perf_counter() - t0
-        want = sum(rank_input([r, args.size, i], args.size, "int32").astype(np.int64)
-                   for r in range(n)).astype(np.int32)
-        if not np.array_equal(y, want) or \
-                not np.array_equal(x, rank_input([comm.rank, args.size, i], args.size, "int32")):
-            sys.exit(f"FAIL call {i}: int32[{args.size}] not exact ({comm.last_algo})")
-        print(f"CALL {i} {comm.last_algo} {dt:.2f}", flush=True)
+        checked_call(comm, args, i, x, y, time.perf_counter() - t0)
         if args.until_fault and i == args.calls - 1 and i + 1 < args.until_fault:
             if faults_seen(comm):
                 if comm.rank == 0:
@@ -87,6 +109,8 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
             args.calls += 1     # alike on every rank: routes are
             if time.monotonic() - start > args.until_switch:
                 sys.exit(f"FAIL: not back on the switch {args.until_switch:g} s after start")
+    if args.async_pairs:
+        print(f"DONE {json.dumps(done)}", flush=True)
     print(f"STATS {json.dumps(comm.stats(), sort_keys=True)}", flush=True)
     hw = hw_counters(comm.device)
     print(f"HW {json.dumps({k: v - hw0.get(k, 0) for k, v in hw.items() if v != hw0.get(k)})}",
@@ -110,11 +134,13 @@ def main() -> None:
                    "until one goes through the switch, for up to S s from the start")
     p.add_argument("--until-fault", type=int, default=0, help="more calls (up to M in all) "
                    "until some rank counted a transport fault, then 4 more")
+    p.add_argument("--async-pairs", action="store_true", help="async calls, two in flight "
+                   "(in_flight=2; not with --until-fault, --until-switch)")
     p.add_argument("--ack-timeout", type=int, help="the QPs' ACK timeout exponent")
     args = p.parse_args()
     netreduce.log_to_stderr()
     comm = netreduce.init(switch="" if args.no_switch else None, collective_timeout=300,
-                          ack_timeout=args.ack_timeout)
+                          ack_timeout=args.ack_timeout, in_flight=2 if args.async_pairs else None)
     print(f"joined {comm!r}", flush=True)
     run(comm, args)
     netreduce.finalize()

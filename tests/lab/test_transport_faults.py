@@ -178,6 +178,27 @@ def test_a_host_link_dark_for_20_s_mid_job_costs_no_call(
                    f"rank 0 named: {named[0][:300]}")
 
 
+def test_a_host_link_dark_during_switch_calls_with_two_in_flight_costs_no_call(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The default retry budget: host 2's link dark for 8 s from call 10 of 45 async calls
+    of 4 MiB, two in flight (algo auto, through the switch): every call exact on every
+    rank and completed in issue order (each waited for in turn), the fault counted alike
+    on every rank, each redone call counted, rank 0's log naming the fault."""
+    calls = 45
+    result, dark = dark_job(8, "--calls", str(calls), "--async-pairs")
+    routes, stats, out0 = checked(result, calls)
+    t = stats["transport"]
+    assert set(routes) == {"async"} and t["faults"] >= 1 and t["redone"] == t["faults"], stats
+    for r in range(N):
+        assert json.loads(lines(result, r, "DONE ")[0]) == list(range(calls)), why(result, r)
+    named = [line for line in out0 if "transport fault on '" in line]
+    assert named, out0[-60:]
+    secs = [float(c.split()[2]) for c in lines_of(out0, "CALL ")]
+    figure(capsys, f"2 in flight: link dark {dark:.1f} s: calls {stats['calls']}, "
+                   f"slowest call {max(secs):.1f} s, "
+                   f"transport {t}, switch {stats['switch']}; rank 0 named: {named[0][:300]}")
+
+
 def test_a_link_that_stays_dark_fails_every_rank_within_the_bound(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Host 2's link dark for RoCE from call 10 until the job ends (algo auto, through the
