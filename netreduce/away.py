@@ -70,7 +70,7 @@ from ring_setup.store_protocol import RendezvousError
 
 logger = logging.getLogger(__name__)
 
-NOTICE_GRACE = 3.0      # s a transfer error on "inc" waits for another rank's switch-away
+NOTICE_GRACE = 0.5      # s a transfer error on "inc" waits for another rank's switch-away
 #                         notice (its QPs went to ERROR just after it published one)
 STALL_PROBE = 0.1       # s without progress on "inc" before a lease rank probes the switch
 INC_POLL = 0.05         # s between the "inc" stream's liveness checks while it waits

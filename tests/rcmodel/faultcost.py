@@ -12,7 +12,7 @@ rebuild, the redo). Three kinds, injected into rank 1 at `FRACTION` of the clean
 
 The closed forms (`bounds`) the model's figures are checked against (tests/test_rc_fault_cost.py):
 - detection: the failed completion at once for a QP moved to ERROR, on "inc" after
-  NOTICE_GRACE (3 s: whether another rank's switch-away notice explains it,
+  NOTICE_GRACE (0.5 s: whether another rank's switch-away notice explains it,
   netreduce/away.py; on the simulated clock here); a link dark for D:
   the QP fails after its retry budget, (retry_cnt + 1) x 4.096 us x 2^ack_timeout
   (`FlowConfig.dark_budget`); the other ranks, waiting on the host ring, see the notice at
