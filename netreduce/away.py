@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -62,6 +62,7 @@ from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationE
 from netreduce.rejoin import Backoff, Rejoiner
 from netreduce.rings import Host, RingQPsLike, connect_ring, inc_ring_spec
 from netreduce.routing import CallStats
+from netreduce.settle import KeptCall, Recovery, SettlePlan, settle_plan
 from netreduce.transport_fault import RingFault, fault_reason, faulted_ring, ring_of
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.endpoints import HostEndpoint, RingEndpoint
@@ -79,60 +80,6 @@ INC_POLL = 0.05         # s between the "inc" stream's liveness checks while it 
 class SwitchAway(Exception):
     """The switch stopped aggregating during this rank's call on "inc" (internal: the
     communicator settles and finishes the call over the host ring)."""
-
-
-@dataclass(frozen=True)
-class SettlePlan:
-    """What every rank does alike after positions `positions` (by rank)."""
-
-    call: int                 # k*: the lowest position
-    recover: bool             # k*'s sum is handed from a good rank over the host ring
-    behind: tuple[int, ...]   # ranks at k* (they had not completed it)
-
-    def describe(self) -> str:
-        if self.recover:
-            return (f"call #{self.call} is finished from a good rank's sum over the "
-                    f"host ring ({len(self.behind)} rank(s) had no good seal)")
-        return f"call #{self.call} on runs over the host ring"
-
-
-def settle_plan(positions: Sequence[int]) -> SettlePlan:
-    """k* = min(positions); recover when some rank is past k* (it completed k* with a good
-    seal). Invariant (docs/reliability.md): every position is k* or k* + 1 -- a rank can
-    complete call k+1 only after every rank started it, i.e. completed k."""
-    k = min(positions)
-    if max(positions) > k + 1:
-        raise ValueError(f"switch fallback: positions {list(positions)} span more than two "
-                         f"calls (a rank cannot complete call k+1 while another is in k)")
-    behind = tuple(r for r, p in enumerate(positions) if p == k)
-    return SettlePlan(k, len(behind) < len(positions), behind)
-
-
-@dataclass(frozen=True)
-class KeptCall:
-    """A call routed through the switch, kept until every rank completed it (started the
-    next call; with calls in flight: posted the next call's data, docs/reliability.md): its
-    context (workspace and wire words, the successor's workspace) and this rank's record
-    of it (a small call's data: `context.inline`)."""
-
-    context: CallContext
-    record: CallMeta
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """Settled call k* to finish over the host ring (`AwayProtocol._recover`), kept until
-    every rank started the next call, so that a host-ring fault that interrupts it redoes
-    it (netreduce/transport_fault.py): what this rank contributes (`words`: the giver's
-    good sum, zeros elsewhere; copied before the first attempt, as the host ring sums in
-    place over the workspace's send area), what the switch gave it with a good seal
-    (`expected`) and the giver; `context` None: a small call, finished from its records."""
-
-    call: int
-    context: CallContext | None = None
-    words: np.ndarray | None = None
-    expected: np.ndarray | None = None
-    giver: int = 0
 
 
 class AwayProtocol:

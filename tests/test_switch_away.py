@@ -11,13 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import netreduce.away as away
 import netreduce.rejoin as rejoin
 from flowctl import FlowConfig
 from netreduce import Communicator
-from netreduce.away import settle_plan
 from netreduce.rejoin import Backoff
 from netreduce.routing import FAULT_EVENTS, SwitchUnavailable
+from netreduce.settle import SettlePlan, settle_plan
 from ring_setup.rendezvous import Rendezvous, RendezvousConfig
 from ring_setup.store_server import StoreServer
 from tests.fakefabric import FakeController, FakeFabric, FakeHost
@@ -36,9 +35,9 @@ def quick_rejoin(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_plan_recovers_only_when_some_rank_completed_the_call() -> None:
-    assert settle_plan([4, 4, 4]) == away.SettlePlan(4, False, (0, 1, 2))
-    assert settle_plan([4, 5, 4]) == away.SettlePlan(4, True, (0, 2))
-    assert settle_plan([5, 5, 4]) == away.SettlePlan(4, True, (2,))
+    assert settle_plan([4, 4, 4]) == SettlePlan(4, False, (0, 1, 2))
+    assert settle_plan([4, 5, 4]) == SettlePlan(4, True, (0, 2))
+    assert settle_plan([5, 5, 4]) == SettlePlan(4, True, (2,))
     with pytest.raises(ValueError, match=r"positions \[4, 6, 5\] span more than two calls"):
         settle_plan([4, 6, 5])
 
