@@ -77,11 +77,10 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
             work = comm.allreduce(x, out=y, algo=args.algo, async_op=True)
             work.add_done_callback(lambda _, i=i: done.append(i))
             pending.append((i, x, y, t0, work))
-            if len(pending) == 2 or i + 1 == args.calls:
-                for j, xj, yj, tj, work in pending[:2 if i + 1 == args.calls else 1]:
-                    work.wait()
-                    checked_call(comm, args, j, xj, yj, time.perf_counter() - tj)
-                del pending[:2 if i + 1 == args.calls else 1]
+            while len(pending) > (0 if i + 1 == args.calls else 1):    # the oldest, in turn
+                j, xj, yj, tj, work = pending.pop(0)
+                work.wait()
+                checked_call(comm, args, j, xj, yj, time.perf_counter() - tj)
             continue
         algo = args.algo
         while True:
