@@ -52,17 +52,17 @@ import numpy as np
 from flowctl.plan import FlowConfig
 from flowctl.stream import CompletionError, FlowError, StallError, Stream
 from netreduce.algorithms import CallContext
-from netreduce.algorithms.ring import RING
 from netreduce.algorithms.switch import (SWITCH, inline_sum, recv_offset, wire_bytes,
                                          write_inline)
 from netreduce.errors import SwitchFailure
 from netreduce.meta import INLINE, CallMeta, MetaExchange, SwitchNotAggregating, check_agreement
 from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationError,
-                                    SwitchStatus, register_inc_ring, unregister)
+                                    SwitchStatus, register_inc_ring, switch_view,
+                                    unregister)
 from netreduce.rejoin import Backoff, Rejoiner
 from netreduce.rings import Host, RingQPsLike, connect_ring, inc_ring_spec
 from netreduce.routing import CallStats
-from netreduce.settle import KeptCall, Recovery, SettlePlan, settle_plan
+from netreduce.settle import KeptCall, Recovery, SettlePlan, hand_sum, settle_plan
 from netreduce.transport_fault import RingFault, fault_reason, faulted_ring, ring_of
 from netreduce.workspace import RegisteredMemory, Workspace
 from ring_setup.endpoints import HostEndpoint, RingEndpoint
@@ -114,6 +114,8 @@ class AwayProtocol:
         self._began: CallMeta | None = None   # this rank's record of the last call it began
         self._failed_at: float | None = None  # when a wait on "inc" last failed (unsettled)
         self._generation = 0                  # "inc" rings built again
+        self._rebuilt_for: int | None = None  # the call whose "inc" fault rebuilt at once
+        self._meet: int | None = None         # that epoch, until every rank began the redo
         self._backoff = Backoff()
         self._rejoiner: Rejoiner | None = None
         self._unregistered = False
@@ -199,29 +201,10 @@ class AwayProtocol:
             if isinstance(exc, CompletionError):    # a transport fault: settled alike
                 raise SwitchAway(fault_reason("inc", exc)) from exc
             if isinstance(exc, StallError):
-                raise StallError(f"{exc}; {self._switch_view()}") from exc
+                view = switch_view(self._controller if self.rank == 0 else None,
+                                   self.status.ring_id)
+                raise StallError(f"{exc}; {view}") from exc
             raise
-
-    def _switch_view(self) -> str:
-        """What the switch counted for this ring, for a stall on "inc": its next_emit and the
-        nonzero counters of the ring and of each connection. A connection whose packets the
-        switch keeps dropping names the stall's cause (a BMv2 ToR's drop_mismatch on one
-        connection did, docs/reliability.md). Rank 0 holds the controller client and asks;
-        the other ranks' errors point to its."""
-        ring_id = self.status.ring_id
-        if self.rank != 0 or self._controller is None or ring_id is None:
-            return "what the switch counted: in rank 0's error"
-        try:
-            ring = self._controller.counters(ring_id)["rings"][ring_id]
-        except Exception as e:  # noqa: BLE001 - a diagnostic of the stall, never its error
-            return f"what the switch counted for ring {ring_id}: unavailable ({e})"
-
-        def nonzero(counters: dict[str, int]) -> dict[str, int]:
-            return {k: v for k, v in sorted(counters.items()) if v}
-        conns = "; ".join(f"rank {c['rank']}'s connection {nonzero(c['counters'])}"
-                          for c in ring.get("connections", []))
-        return (f"what the switch counted for ring {ring_id}: next_emit {ring['next_emit']}, "
-                f"{nonzero(ring['counters'])}; {conns}")
 
     def _notice_within(self, seconds: float) -> bool:
         end = time.monotonic() + seconds
@@ -291,7 +274,8 @@ class AwayProtocol:
         expected = SWITCH.areas(good.context)[1][:good.context.count].copy() \
             if good is not None and not good.context.inline else None
         gathered = self._rendezvous.gather(
-            f"away.{epoch}", {"position": position, "left": self._streams["ring"].interrupted},
+            f"away.{epoch}", {"position": position, "left": self._streams["ring"].interrupted,
+                              "controller": self._controller is not None},
             self._timeout, waiting_for=f"settled the switch's loss (epoch {epoch})")
         if self.on_fault is not None and any(p.get("left") for p in gathered):
             # a rank left a "ring" wait mid-transfer for this notice: settled as a host-ring
@@ -305,13 +289,15 @@ class AwayProtocol:
         if plan.recover:
             last = self._kept.get(plan.call)
             self._recovery = Recovery(plan.call) if last is None or last.context.inline else \
-                self._handing(plan, last.context, expected if last is good else None)
+                Recovery.handing(plan, last.context, expected if last is good else None,
+                                 self.rank)
             try:
                 recovered = self._recover(position, target, reason)
             except (RingFault, CompletionError):
                 self._left(epoch, reason, plan)     # the recovery is redone in the next epoch
                 raise
-        self._left(epoch, reason, plan)
+        if not (gathered[0]["controller"] and self._rebuild_at_once(epoch, reason, plan)):
+            self._left(epoch, reason, plan)
         return recovered
 
     def resuming(self, call: int) -> bool:
@@ -335,12 +321,66 @@ class AwayProtocol:
         assert rec is not None
         if rec.context is None or rec.words is None:
             return self._finish_inline(rec.call, position, target, reason)
-        summed = self._hand_sum(rec)
+        summed = hand_sum(rec, self._streams, self.rank, self.status.controller)
         if position != rec.call:
             return False
         assert target is not None, "a rank at the settled call has it in flight"
         SWITCH.deliver(rec.context, summed, target)
         return True
+
+    def _rebuild_at_once(self, epoch: int, reason: str, plan: SettlePlan) -> bool:
+        """Epoch `epoch` is a transport fault on "inc" (no switch-away notice named the
+        switch's loss), the first one settled for call k* (`plan`), and rank 0 holds a
+        controller client: the switch most likely holds the ring still (a rank later than
+        the retry budget, a link that flapped), so every rank builds a fresh "inc" ring at
+        once and rank 0 registers it in place of the old one (unregistered first; lease,
+        owner and quota as before). Calls from k* on, the one in flight redone, go through
+        the switch again: algo="switch" is not refused. When no rank had completed k*,
+        every rank's next attempt (of k*) begins by meeting the others in the store
+        (`meet`). True when it is registered; else,
+        or a second fault of the same call (the link stays dark), the caller leaves the
+        switch as for its loss (`_left`)."""
+        if faulted_ring(reason) != "inc" or self._rebuilt_for == plan.call:
+            return False
+        self._rebuilt_for = plan.call
+        self.forget_kept(plan.call if plan.recover else None)
+        lost_ring, self.epoch = self.status.ring_id, epoch
+        if self.rank == 0 and lost_ring is not None:
+            unregister(self._controller, lost_ring, quiet=True)
+        t0 = time.monotonic()
+        status, ring_id = self._build_inc()
+        if not status.registered:
+            logger.warning("netreduce: rank %d: after %s, the switch at %s did not register "
+                           "ring %s: %s", self.rank, reason, self.status.controller, ring_id,
+                           status.note)
+            return False
+        self.status = status
+        self._lease = self._keep_lease()
+        if not plan.recover:
+            self._meet = epoch
+        self._stats.fault_event("faults")
+        self._stats.fault_event("redone")
+        counts = self._stats.fault_event("rebuilds")
+        if self.rank == 0:
+            done = "finished from a good rank's sum" if plan.recover else "redone"
+            logger.warning("netreduce: %s; epoch %d: 'inc' rebuilt at once (%.2f s), ring %s "
+                           "registered in place of %s; call #%d %s, calls go on through the "
+                           "switch (transport counts: %s)", reason, epoch,
+                           time.monotonic() - t0, ring_id, lost_ring, plan.call, done,
+                           _counts(counts))
+        return True
+
+    def meet(self) -> None:
+        """Before this rank's first attempt after an "inc" rebuilt at once for a call no
+        rank had completed (`_rebuild_at_once`; every rank's next attempt is that call):
+        wait for every rank in the store, where a rank later than the RC retry budget --
+        the likeliest cause of that fault -- is waited for up to the collective timeout
+        (PeerFailed if it dies), not on "inc", where the budget would fail the QPs again."""
+        if self._meet is not None:
+            epoch = self._meet
+            self._rendezvous.gather(f"redo.{epoch}", True, self._timeout,
+                                    waiting_for=f"began the call redone after epoch {epoch}")
+            self._meet = None
 
     def fall_back(self, epoch: int, reason: str, call: int) -> None:
         """Leave the switch at notice `epoch` without a settle plan: a host-ring fault in
@@ -416,43 +456,43 @@ class AwayProtocol:
         write_inline(inline_sum([m.blocks for m in records], divisor, target.dtype), target)
         return True
 
-    def _handing(self, plan: SettlePlan, switch_call: CallContext,
-                 expected: np.ndarray | None) -> Recovery:
-        """The `Recovery` of `switch_call` (k* of `plan`): the lowest rank past it (it had a
-        good seal) contributes the sum the switch gave it (`expected`, copied from its
-        workspace before any recovery ring wrote there), every other rank zeros, so the
-        ring's wrapping int32 sum is that sum, bit for bit, whichever kept workspace of the
-        calls in flight held it."""
-        giver = min(set(range(switch_call.world_size)) - set(plan.behind))
-        words = expected if self.rank == giver else None
-        if words is None:
-            words = np.zeros(switch_call.count, dtype=SWITCH.areas(switch_call)[0].dtype)
-        return Recovery(plan.call, switch_call, words, expected, giver)
-
-    def _hand_sum(self, rec: Recovery) -> np.ndarray:
-        """The sum of `rec.context` handed to every rank over the host ring (`_handing`).
-        Every rank with a good seal checks that the switch gave it the same (SwitchFailure
-        otherwise). Redoable: it reads only what `rec` holds."""
-        assert rec.context is not None and rec.words is not None
-        summed = np.empty(rec.context.count, dtype=rec.words.dtype)
-        RING.run(replace(rec.context, dtype=rec.words.dtype, op=np.add, divisor=1,
-                         streams=self._streams), rec.words, summed)
-        expected = rec.expected
-        if expected is not None and not np.array_equal(expected, summed):
-            bad = int(np.flatnonzero(expected != summed)[0])
-            raise SwitchFailure(
-                f"netreduce: rank {self.rank}: allreduce call #{rec.context.seq}: the sum the "
-                f"switch at {self.status.controller} returned with a good seal differs from "
-                f"the one it returned to rank {rec.giver} (first at element {bad}: "
-                f"{expected[bad]} vs {summed[bad]}): the result returned was wrong")
-        return summed
-
     def rejoin(self, seq: int) -> None:
         """Collective, inside call `seq` (rank 0's record asked for it, so alike on every
-        rank): build a fresh "inc" ring (new QPs and PSNs: the old ones are in ERROR and the
-        new switch knows none of them), connect it through the store, and let rank 0
-        register it. Registered: calls from `seq` + 1 on may take the switch again; else
-        rank 0 backs off and asks again later."""
+        rank): build a fresh "inc" ring and let rank 0 register it (`_build_inc`).
+        Registered: calls from `seq` + 1 on may take the switch again; else rank 0 backs
+        off and asks again later."""
+        if self._rejoiner is not None:
+            self._rejoiner.stop()
+            self._rejoiner = None
+        status, ring_id = self._build_inc()
+        if not status.registered:
+            if self.rank == 0 and self._controller is not None:
+                delay = self._backoff.failed()
+                self._rejoiner = Rejoiner(self._controller, delay, None)
+                logger.warning("netreduce: the switch at %s did not register ring %s again "
+                               "at call #%d: %s; calls keep running over the host ring, rank "
+                               "0 asks again in %g s", self.status.controller, ring_id,
+                               seq, status.note, delay)
+            return
+        away_call, since = self._away_at
+        if faulted_ring(self.reason or "") == "inc":
+            self._stats.fault_event("rebuilds")
+        self.status, self.reason = status, None
+        self._backoff.returned()
+        counts = self._stats.switch_event("returns")
+        self._lease = self._keep_lease()
+        if self.rank == 0:
+            logger.warning("netreduce: back on the switch at %s: ring %s registered at call "
+                           "#%d, %.1f s and %d call(s) after it went away; calls from #%d on "
+                           "aggregate in the network again (switch counts: %s)",
+                           status.controller, status.ring_id, seq, time.monotonic() - since,
+                           seq - away_call, seq + 1, _counts(counts))
+
+    def _build_inc(self) -> tuple[SwitchStatus, str]:
+        """Collective: a fresh "inc" ring (new QPs and PSNs: the old ones are in ERROR, and
+        a new switch knows none of them), connected through the store, registered by rank
+        0: the status, alike on every rank (not registered: its note says why), and the
+        new ring's id."""
         gen = self._generation + 1
         if self._inc is not None:
             try:
@@ -472,9 +512,6 @@ class AwayProtocol:
         self._inc, self.endpoints, self._generation = qps, endpoints, gen
         self._rendezvous.gather(f"inc-ready.{gen}", True, self._timeout,
                                 waiting_for=f"connected 'inc' ({gen})")
-        if self._rejoiner is not None:
-            self._rejoiner.stop()
-            self._rejoiner = None
         spec = inc_ring_spec(endpoints, self._inc_config, self._rendezvous.job_key)
         try:
             status = register_inc_ring(self._rendezvous, spec,
@@ -482,28 +519,7 @@ class AwayProtocol:
                                        self.status.choice, key=f"switch.{gen}")
         except SwitchRegistrationError as exc:
             status = replace(self.status, ring_id=None, note=str(exc))
-        if not status.registered:
-            if self.rank == 0 and self._controller is not None:
-                delay = self._backoff.failed()
-                self._rejoiner = Rejoiner(self._controller, delay, None)
-                logger.warning("netreduce: the switch at %s did not register ring %s again "
-                               "at call #%d: %s; calls keep running over the host ring, rank "
-                               "0 asks again in %g s", self.status.controller, spec.ring_id,
-                               seq, status.note, delay)
-            return
-        away_call, since = self._away_at
-        if faulted_ring(self.reason or "") == "inc":
-            self._stats.fault_event("rebuilds")
-        self.status, self.reason = status, None
-        self._backoff.returned()
-        counts = self._stats.switch_event("returns")
-        self._lease = self._keep_lease()
-        if self.rank == 0:
-            logger.warning("netreduce: back on the switch at %s: ring %s registered at call "
-                           "#%d, %.1f s and %d call(s) after it went away; calls from #%d on "
-                           "aggregate in the network again (switch counts: %s)",
-                           status.controller, status.ring_id, seq, time.monotonic() - since,
-                           seq - away_call, seq + 1, _counts(counts))
+        return status, spec.ring_id
 
     def wait_closing(self, position: int, timeout: float) -> None:
         """Before leaving a ring registered with a switch: wait (up to `timeout` s) until

@@ -283,6 +283,7 @@ class Communicator:
         during it (the caller settles)."""
         array, target, away = call.array, call.target, self._away
         self._rendezvous.check_peers()
+        away.meet()
         through_switch, was_away = away.aggregating, away.reason is not None
         ahead, self._ahead = self._ahead, None
         if ahead is not None:           # a settle voids them (`_settle`)

@@ -288,6 +288,27 @@ def _register(spec: RingSpec, controller: Controller | None) -> dict[str, Any]:
             "lease_ms": int(reply.get("lease_ms") or 0)}
 
 
+def switch_view(controller: Controller | None, ring_id: str | None) -> str:
+    """What the switch counted for ring `ring_id`, for a stall on "inc": its next_emit and
+    the nonzero counters of the ring and of each connection. A connection whose packets the
+    switch keeps dropping names the stall's cause (a BMv2 ToR's drop_mismatch on one
+    connection did, docs/reliability.md). Rank 0 holds the controller client and asks
+    (`controller`: None elsewhere); the other ranks' errors point to its."""
+    if controller is None or ring_id is None:
+        return "what the switch counted: in rank 0's error"
+    try:
+        ring = controller.counters(ring_id)["rings"][ring_id]
+    except Exception as e:  # noqa: BLE001 - a diagnostic of the stall, never its error
+        return f"what the switch counted for ring {ring_id}: unavailable ({e})"
+
+    def nonzero(counters: dict[str, int]) -> dict[str, int]:
+        return {k: v for k, v in sorted(counters.items()) if v}
+    conns = "; ".join(f"rank {c['rank']}'s connection {nonzero(c['counters'])}"
+                      for c in ring.get("connections", []))
+    return (f"what the switch counted for ring {ring_id}: next_emit {ring['next_emit']}, "
+            f"{nonzero(ring['counters'])}; {conns}")
+
+
 def unregister(controller: Controller | None, ring_id: str, quiet: bool = False) -> None:
     """Best effort (runs on close and at exit): a failure is logged as a warning (`quiet`:
     at debug level, for a ring the switch has most likely forgotten already)."""

@@ -5,12 +5,16 @@ Invariant (docs/reliability.md): every rank's position is k* or k* + 1 -- a rank
 complete call k+1 through the switch only after every rank started it, i.e. completed k."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from flowctl.stream import Stream
 from netreduce.algorithms import CallContext
+from netreduce.algorithms.ring import RING
+from netreduce.algorithms.switch import SWITCH
+from netreduce.errors import SwitchFailure
 from netreduce.meta import CallMeta
 
 
@@ -66,3 +70,38 @@ class Recovery:
     words: np.ndarray | None = None
     expected: np.ndarray | None = None
     giver: int = 0
+
+    @classmethod
+    def handing(cls, plan: SettlePlan, switch_call: CallContext, expected: np.ndarray | None,
+                rank: int) -> "Recovery":
+        """The `Recovery` of `switch_call` (k* of `plan`) on `rank`: the lowest rank past it
+        (it had a good seal) contributes the sum the switch gave it (`expected`, copied from
+        its workspace before any recovery ring wrote there), every other rank zeros, so the
+        ring's wrapping int32 sum is that sum, bit for bit, whichever kept workspace of the
+        calls in flight held it."""
+        giver = min(set(range(switch_call.world_size)) - set(plan.behind))
+        words = expected if rank == giver else None
+        if words is None:
+            words = np.zeros(switch_call.count, dtype=SWITCH.areas(switch_call)[0].dtype)
+        return cls(plan.call, switch_call, words, expected, giver)
+
+
+def hand_sum(rec: Recovery, streams: Mapping[str, Stream], rank: int,
+             controller: str | None) -> np.ndarray:
+    """The sum of `rec.context` handed to every rank over the host ring of `streams`
+    (`Recovery.handing`). Every rank with a good seal checks that the switch (at
+    `controller`) gave it the same (SwitchFailure otherwise). Redoable: it reads only what
+    `rec` holds."""
+    assert rec.context is not None and rec.words is not None
+    summed = np.empty(rec.context.count, dtype=rec.words.dtype)
+    RING.run(replace(rec.context, dtype=rec.words.dtype, op=np.add, divisor=1,
+                     streams=streams), rec.words, summed)
+    expected = rec.expected
+    if expected is not None and not np.array_equal(expected, summed):
+        bad = int(np.flatnonzero(expected != summed)[0])
+        raise SwitchFailure(
+            f"netreduce: rank {rank}: allreduce call #{rec.context.seq}: the sum the switch "
+            f"at {controller} returned with a good seal differs from the one it returned to "
+            f"rank {rec.giver} (first at element {bad}: {expected[bad]} vs {summed[bad]}): "
+            f"the result returned was wrong")
+    return summed

@@ -142,29 +142,34 @@ def test_a_fault_on_fake_qps_that_keeps_coming_back_fails_every_rank_alike() -> 
     assert took < 30
 
 
-def test_an_inc_fault_on_fake_qps_falls_back_then_rebuilds_and_registers_inc_again() -> None:
-    """Rank 1's "inc" QPs fail in call 1 (through the fake switch): the switch-away
-    protocol settles it (call 1 finished or redone over the host ring), the "inc" ring is
-    rebuilt and registered again once rank 0's Ping answers, calls return to the switch;
-    every call exact; the old ring unregistered."""
+def test_an_inc_fault_on_fake_qps_rebuilds_inc_at_once_and_redoes_the_call_on_the_switch(
+        ) -> None:
+    """Rank 1's "inc" QPs fail in call 1 (through the fake switch), no switch-away notice:
+    the "inc" ring is rebuilt at once and registered in place of the old one (unregistered),
+    call 1 is redone through the switch (algo="switch": never refused); every call exact,
+    through the switch; one fault, one rebuild, one call redone, no fallback."""
     fabric = FakeFabric()
     controller = FakeController(fabric)
-    calls = 6
+    calls = 4
 
     def body(comm: Communicator, host: FakeHost) -> Any:
         out = []
         for c in range(calls):
             if c == 1 and comm.rank == FAULTY:
                 host.rings["inc"].fail_at = host.rings["inc"].delivered + 1
-            if c == 3:
-                time.sleep(0.6)
             x = data(comm.rank, c)
-            comm.allreduce(x)
-            out.append((x.tolist(), comm.last_algo))
+            comm.allreduce(x, algo="switch")
+            out.append(x.tolist())
         return out, comm.stats()
 
-    left_and_returned(run_ranks(N, body, cfg=CFG, fabric=fabric, controller=controller),
-                      calls)
+    for r, got in enumerate(run_ranks(N, body, cfg=CFG, fabric=fabric, controller=controller)):
+        assert not isinstance(got, BaseException), (r, got)
+        out, stats = got
+        assert out == [want(c) for c in range(calls)], r
+        assert stats["calls"] == {"switch": calls}, stats
+        assert stats["switch"]["fallbacks"] == 0, stats
+        t = stats["transport"]
+        assert (t["faults"], t["rebuilds"], t["redone"]) == (1, 1, 1), t
     first, second = controller.registered
     assert first.ring_id != second.ring_id
     assert first.ring_id in controller.unregistered

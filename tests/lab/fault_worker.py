@@ -1,12 +1,13 @@
 """One rank of a lab transport-fault test (issue 40), run by `netreduce.tools.launch`:
 
     fault_worker.py --calls N --size N [--algo A] [--no-switch] [--expect-fault]
-                    [--kill RING --victim R --at K --delay S] [--until-fault M]
+                    [--kill RING --victim R --at K --delay S] [--late S] [--until-fault M]
                     [--ack-timeout E] [--async-pairs]
 
 `--calls` calls of int32[size] (checked exactly against every rank's input, out= a fresh
 array, the input untouched); with `--kill`, rank R moves its RING QPs ("inc" or "ring") to
-ERROR `--delay` s into call K, from a timer thread (as a NIC reset would). Prints
+ERROR `--delay` s into call K, from a timer thread (as a NIC reset would); with `--late`,
+rank R begins call K S s late (a straggler: a checkpoint, a slow step). Prints
 "CALL i algo seconds" per call (with `--until-switch`, more calls until one goes
 through the switch), rank 0 "AT CALL i" before call i (the link-dark test's
 cue), then STATS and "OK faults". Under algo "switch" a call refused while the switch
@@ -70,6 +71,8 @@ def run(comm: netreduce.Communicator, args: argparse.Namespace) -> None:
         if args.kill and i == args.at and comm.rank == args.victim:
             qps = comm._faults._qps if args.kill == "ring" else comm._away._inc
             threading.Timer(args.delay, qps.to_error).start()
+        if args.late and i == args.at and comm.rank == args.victim:
+            time.sleep(args.late)
         x = rank_input([comm.rank, args.size, i], args.size, "int32")
         y = np.full(x.shape, -1, dtype=np.int32)
         t0 = time.perf_counter()
@@ -127,6 +130,7 @@ def main() -> None:
     p.add_argument("--victim", type=int, default=2)
     p.add_argument("--at", type=int, default=2, help="the call during which they do")
     p.add_argument("--delay", type=float, default=0.3, help="s into that call")
+    p.add_argument("--late", type=float, default=0.0, help="rank R begins call K S s late")
     p.add_argument("--expect-fault", action="store_true", help="a failed call ends the "
                    "loop: FAILED, then finalize()")
     p.add_argument("--until-switch", type=float, default=0.0, help="after the calls, more "

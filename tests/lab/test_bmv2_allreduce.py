@@ -123,8 +123,8 @@ def test_a_qp_moved_to_error_through_bmv2_costs_one_call(
         bmv2: LabSwitch, capsys: pytest.CaptureFixture[str]) -> None:
     """test_transport_faults' QP to ERROR on "inc" while BMv2 aggregates (int32[16 Ki]: 256
     packets per rank and call at BMv2's path MTU): every call exact, the fault recovered
-    (calls over the host ring, then the ring registered with BMv2 again) and named in rank
-    0's log, where the registration names BMv2."""
+    ("inc" rebuilt at once and registered with BMv2 again, the call redone through it) and
+    named in rank 0's log, where the registration names BMv2."""
     out = qp_killed("inc", 1 << 14, capsys)
     assert any("registered with the switch" in line and "bmv2 target" in line
                for line in out), out[-40:]

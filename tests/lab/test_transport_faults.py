@@ -78,8 +78,8 @@ def test_a_qp_moved_to_error_mid_call_costs_one_call(
 
 def qp_killed(ring: str, size: int, capsys: pytest.CaptureFixture[str]) -> list[str]:
     """Rank 2 moves its `ring` QPs to ERROR 0.05 s into call 2 of 12 of int32[size]: every
-    call exact; one fault settled, named in rank 0's log; "inc": calls go on until the job
-    is back on the switch (after the 5 s back-off). Returns rank 0's output."""
+    call exact; one fault settled, named in rank 0's log; "inc": rebuilt at once, call 2
+    redone and every call through the switch, no fallback. Returns rank 0's output."""
     calls = 12
     args = ["--calls", str(calls), "--size", str(size), "--kill", ring, "--at", "2",
             "--delay", "0.05"]
@@ -92,8 +92,8 @@ def qp_killed(ring: str, size: int, capsys: pytest.CaptureFixture[str]) -> list[
     named = [line for line in out if "transport fault on '" + ring + "'" in line]
     assert named, out[-40:]
     if ring == "inc":
-        assert stats["switch"]["fallbacks"] == 1 and stats["switch"]["returns"] == 1, stats
-        assert routes[-1] == "switch" and t["rebuilds"] == 1, (routes, stats)
+        assert stats["switch"]["fallbacks"] == 0 and set(routes) == {"switch"}, stats
+        assert t["rebuilds"] == 1 and any("rebuilt at once" in line for line in named), named
     else:
         assert t["rebuilds"] == 1 and set(routes) == {"ring"}, (routes, stats)
     secs = [float(c.split()[2]) for c in lines_of(out, "CALL ")]
@@ -101,6 +101,31 @@ def qp_killed(ring: str, size: int, capsys: pytest.CaptureFixture[str]) -> list[
                    f"{''.join(r[0] for r in routes)}, call 2 {secs[2]:.2f} s vs median "
                    f"{sorted(secs)[len(secs) // 2]:.2f} s; transport {t}; job {took:.0f} s")
     return out
+
+
+@pytest.mark.parametrize("late", [0.8, 3.0])
+def test_a_rank_later_than_the_retry_budget_stays_on_the_switch(
+        late: float, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default retry budget (0.47 s): rank 2 begins call 3 of 8 of 1 MiB `late` s late,
+    algo="switch": the others' "inc" QPs fail, "inc" is rebuilt at once and the call redone
+    through the switch once rank 2 comes: every call exact and through the switch, none
+    refused, one fault and one rebuild alike on every rank, named in rank 0's log; the
+    late call takes about its lateness at least (rank 0 began it with rank 2's sleep)."""
+    calls = 8
+    result = run_job("--calls", str(calls), "--size", str(1 << 18), "--algo", "switch",
+                     "--late", str(late), "--at", "3")
+    routes, stats, out = checked(result, calls)
+    t = stats["transport"]
+    assert set(routes) == {"switch"} and stats["switch"]["fallbacks"] == 0, (routes, stats)
+    assert (t["faults"], t["rebuilds"], t["redone"]) == (1, 1, 1), stats
+    assert not any(lines(result, r, "REFUSED ") for r in range(N))
+    named = [line for line in out if "rebuilt at once" in line]
+    assert named, out[-40:]
+    secs = [float(c.split()[2]) for c in lines_of(out, "CALL ")]
+    assert secs[3] >= 0.9 * late, secs
+    figure(capsys, f"rank 2 {late:g} s late for call 3 (algo switch): call 3 {secs[3]:.2f} s, "
+                   f"the others median {sorted(secs)[len(secs) // 2]:.2f} s; transport {t}; "
+                   f"rank 0: {named[0][-300:]}")
 
 
 def lines_of(output: list[str], prefix: str) -> list[str]:

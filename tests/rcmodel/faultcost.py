@@ -3,8 +3,9 @@ one clean call, then the same call with a fault, on the simulated clock (the rea
 detection, the settle protocol of netreduce/away.py and netreduce/transport_fault.py, the
 rebuild, the redo). Three kinds, injected into rank 1 at `FRACTION` of the clean call:
 
-- "inc": its "inc" QPs moved to ERROR during a switch call (algo auto): the call is redone
-  over the host ring (the model has no controller: the switch's return is not modelled);
+- "inc": its "inc" QPs moved to ERROR during a switch call (algo auto): rank 0's controller
+  (`World(controller=True)`) registers the "inc" ring built again at once, the call is
+  redone through the switch;
 - "ring": its host-ring QPs moved to ERROR during a ring call (no switch);
 - "dark": its link drops every frame (both ways) for 1.5 retry budgets during a ring call
   (no switch): its QP fails RETRY_EXC_ERR, the ring is rebuilt and the call redone once
@@ -21,10 +22,10 @@ The closed forms (`bounds`) the model's figures are checked against (tests/test_
 - rebuild and re-register: the store's gathers and QP creation take no simulated time here
   (the lab's figures: docs/transport-faults.md); the switch's return after its back-off
   is not on the faulted call's path;
-- redo: one host-ring call without the switch (`ring_alone_s`: `formula_ring_time_us` of
-  tests/rcmodel/scale.py, checked against the model in tests/test_rc_scale.py, with its
-  metadata exchanged around the host ring instead of through the switch); "inc" at most
-  one more such pass (the settle sends records or wire words of the call around the ring).
+- redo: "inc" the clean switch call; else one host-ring call without the switch
+  (`ring_alone_s`: `formula_ring_time_us` of tests/rcmodel/scale.py, checked against the
+  model in tests/test_rc_scale.py, with its metadata exchanged around the host ring
+  instead of through the switch).
 
     python -m tests.rcmodel.faultcost       # the table of docs/reliability.md
 """
@@ -42,7 +43,7 @@ from flowctl import FlowConfig
 from flowctl.stream import LIVENESS_POLL
 from tests.rcmodel.fabric import Faults
 from tests.rcmodel.rxe import QPAttr
-from netreduce.away import NOTICE_GRACE
+from netreduce.away import INC_POLL, NOTICE_GRACE
 from netreduce.errors import CommunicatorError
 from netreduce.meta import RECORD_STRIDE
 from tests.rcmodel.fabric import LATENCY_S
@@ -116,7 +117,8 @@ def _run(kind: str, n: int, size: int, config: FlowConfig, budgets: float,
     if kind not in (*KINDS, DARK_SWITCH):
         raise ValueError(f"fault kind {kind!r} is not one of {KINDS + (DARK_SWITCH,)}")
     dark: dict[str, float] = {}
-    world = dark_world(n, dark, config, switch=kind in ("inc", DARK_SWITCH))
+    world = dark_world(n, dark, config, switch=kind in ("inc", DARK_SWITCH),
+                       controller=kind == "inc")
     count = size // 4
     want = sum(inputs(r, count).astype(np.int64) for r in range(n)).astype(np.int32)
     algo = "auto" if kind in ("inc", DARK_SWITCH) else "ring"
@@ -149,10 +151,11 @@ def _run(kind: str, n: int, size: int, config: FlowConfig, budgets: float,
 
 
 def dark_world(n: int, dark: dict[str, float], config: FlowConfig = CONFIG,
-               switch: bool = True, in_flight: int = 1) -> World:
+               switch: bool = True, in_flight: int = 1, controller: bool = False) -> World:
     """A model world whose rank VICTIM's link drops every frame (both ways) from
     dark["from"] to dark["to"] (simulated s; set them when the outage begins), its QPs on
-    `config`'s finite retry budget."""
+    `config`'s finite retry budget; `controller`: rank 0 registers an "inc" ring built
+    again (`World`)."""
     victim = bytes(map(int, host_ip(VICTIM).split(".")))
 
     def drop(_kind: str, frame: bytes) -> bool:       # IPv4 source or destination
@@ -161,7 +164,8 @@ def dark_world(n: int, dark: dict[str, float], config: FlowConfig = CONFIG,
     world = World(n, config, faults=Faults(drop=drop), switch=switch,
                   attr=QPAttr(mtu=config.mtu, timeout=config.ack_timeout,
                               retry_cnt=config.retry_cnt),
-                  max_time=3600.0, max_events=200_000_000, in_flight=in_flight)
+                  max_time=3600.0, max_events=200_000_000, in_flight=in_flight,
+                  controller=controller)
     return world
 
 
@@ -193,14 +197,15 @@ def clean_s(kind: str, n: int, size: int, config: FlowConfig = CONFIG) -> float:
 def bounds(kind: str, n: int, size: int, config: FlowConfig = CONFIG) -> tuple[float, float]:
     """(least, most) seconds a fault of `kind` costs by the closed form (module doc), the
     clean call subtracted. Least: the call's part before the fault (FRACTION of it), the
-    outage ("dark": DARK retry budgets), the redo. Most: "inc" one more host-ring pass;
+    outage ("dark": DARK retry budgets), the redo ("inc": through the switch). Most: "inc"
+    a step of the grace's wait and an "inc" liveness poll (the other ranks see the notice);
     "ring" the clean call, two liveness polls (the waits began within it) and the redo;
     "dark" the least, two polls and one ACK timeout (the retransmit timer's phase)."""
     clean, redo = clean_s(kind, n, size, config), ring_alone_s(n, size, config)
     before, polls = FRACTION * clean, 2 * LIVENESS_POLL
     if kind == "inc":
-        least = before + NOTICE_GRACE + redo
-        most = least + GRACE_POLL + redo
+        least = before + NOTICE_GRACE + clean
+        most = least + GRACE_POLL + INC_POLL
     elif kind == "ring":
         least, most = before + redo, clean + polls + redo
     else:
@@ -213,7 +218,7 @@ def table(ranks: tuple[int, ...] = (8, 64, 256), sizes: tuple[int, ...] = (1 << 
           config: FlowConfig = CONFIG) -> list[str]:
     """docs/reliability.md's table: per kind, its detection and the closed-form time lost
     (least-most, ms) at each size and number of ranks."""
-    detect = {"inc": f"{NOTICE_GRACE:g} s notice grace; ring redo",
+    detect = {"inc": f"{NOTICE_GRACE:g} s notice grace; rebuild, switch redo",
               "ring": f"≤ {2 * LIVENESS_POLL:g} s (polls); rebuild, redo",
               "dark": f"{DARK:g} budgets dark ({DARK * config.dark_budget:.2f} s); "
                       f"as ring"}

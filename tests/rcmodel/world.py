@@ -183,6 +183,8 @@ class ModelRendezvous:
     simulated clock (`Turns`). No process dies in the model.
     """
 
+    job_key = b"model"          # what names an "inc" ring built again (rings.inc_ring_spec)
+
     def __init__(self, rank: int, world_size: int, store: ModelStore, turns: Turns) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -211,10 +213,18 @@ class ModelRendezvous:
     def on_notice(self, listener: Callable[[int, str], None]) -> None:
         """Never called in the model (see the class doc)."""
 
+    def all_gather(self, name: str, value: Any, *, waiting_for: str = "joined") -> list[Any]:
+        """The registration's outcome from rank 0 (netreduce.registration)."""
+        got = self.gather(name, value, LIVENESS_POLL * 1000, waiting_for=waiting_for)
+        assert got is not None
+        return got
+
     def gather(self, name: str, value: Any, timeout: float, *, waiting_for: str,
                until: Optional[Callable[[], bool]] = None) -> Optional[list[Any]]:
         got = self._store.keys.setdefault(name, {})
         got.setdefault(self.rank, value)
+        for rank in range(self.world_size):     # as the store answers a waiting "get"
+            self._turns.poke(rank)
         end = self._turns.sim.now + timeout
         while len(got) < self.world_size:
             self.check_peers()
@@ -232,6 +242,32 @@ class ModelRendezvous:
     def close(self, timeout: float = 10.0) -> list[int]:
         return []
 
+class ModelController:
+    """Rank 0's controller client (`World(controller=True)`): registers an "inc" ring built
+    again (netreduce/away.py) with the world's one switch, no lease; unregistering is
+    forgotten by a single-tier switch only (a fabric's rings stay: nothing reuses them)."""
+
+    addr = "model"
+
+    def __init__(self, world: "World") -> None:
+        self._world = world
+
+    def register_ring(self, spec: RingSpec) -> dict[str, Any]:
+        self._world.register(spec)
+        return {"ring_id": spec.ring_id, "slots": self._world.slots, "lease_ms": 0}
+
+    def unregister_ring(self, ring_id: str) -> dict[str, Any]:
+        if not isinstance(self._world.fabric, TwoTierFabric):
+            self._world.pipeline.unregister_ring(ring_id)
+        return {}
+
+    def ping(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
 class World:
     """n ranks, the switch and the links between them (see the module doc).
 
@@ -246,7 +282,8 @@ class World:
     is a Python int, so nothing else changes. `aggregator_bps`: the hosts on a shared network
     with a one-armed aggregator whose link runs at that rate (rcmodel.fabric.OneArmedFabric;
     k aggregators: k x LINK_BPS, rcmodel.aggregators). `in_flight`: every communicator's
-    (tests.rcmodel.inflight).
+    (tests.rcmodel.inflight). `controller`: rank 0 holds a `ModelController` (an "inc"
+    ring built again after a transport fault is registered; no lease).
     """
 
     def __init__(self, n: int, config: FlowConfig, *, faults: Faults = Faults(),
@@ -258,7 +295,8 @@ class World:
                  uplink_faults: FaultRates = FaultRates(),
                  max_ranks: Optional[int] = None,
                  pods: Optional[Sequence[int]] = None,
-                 aggregator_bps: Optional[float] = None, in_flight: int = 1) -> None:
+                 aggregator_bps: Optional[float] = None, in_flight: int = 1,
+                 controller: bool = False) -> None:
         self.n, self.config = n, config
         self.sim = Simulation(max_time, max_events)
         self.turns = Turns(self.sim)
@@ -311,11 +349,7 @@ class World:
         self.slots: Optional[int] = None
         if switch:
             self.slots = DEFAULT_SLOTS if slots is None else slots
-            if isinstance(self.fabric, TwoTierFabric):
-                self.fabric.register(self.spec, self.slots)
-            else:
-                self.pipeline.register_ring(self.spec, {d.ip: r + 1 for r, d in
-                                                        enumerate(self.devices)}, self.slots)
+            self.register(self.spec)
             status = SwitchStatus("model", self.spec.ring_id, self.slots)
         self.comms = []
         self.store = ModelStore()               # what the store would tell every rank
@@ -328,9 +362,19 @@ class World:
             self.comms.append(Communicator(
                 rendezvous=rendezvous, host=ModelHost(dev, attr, self.turns, r),
                 config=config, endpoints=self.endpoints, streams=streams,
-                control=controls[r], switch=status, controller=None,
+                control=controls[r], switch=status,
+                controller=ModelController(self) if controller and r == 0 else None,
                 rings={ring: ModelRingQPs(*qps[r, ring]) for ring in RINGS},
                 in_flight=in_flight))
+
+    def register(self, spec: RingSpec) -> None:
+        """Register an "inc" ring with the switch (or the two-tier fabric), `slots` slots."""
+        assert self.slots is not None, "the world has no switch"
+        if isinstance(self.fabric, TwoTierFabric):
+            self.fabric.register(spec, self.slots)
+        else:
+            self.pipeline.register_ring(spec, {d.ip: r + 1 for r, d in enumerate(self.devices)},
+                                        self.slots)
 
     def run(self, body: Callable[[Communicator], Any], backoff: bool = False) -> list[Any]:
         """body(comm) on every rank; each rank's result or exception (see the module doc).
