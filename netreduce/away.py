@@ -375,11 +375,15 @@ class AwayProtocol:
         rank had completed (`_rebuild_at_once`; every rank's next attempt is that call):
         wait for every rank in the store, where a rank later than the RC retry budget --
         the likeliest cause of that fault -- is waited for up to the collective timeout
-        (PeerFailed if it dies), not on "inc", where the budget would fail the QPs again."""
+        (PeerFailed if it dies), not on "inc", where the budget would fail the QPs again.
+        A notice that comes meanwhile is `SwitchAway` (settled first; the ranks meet at
+        their next attempt)."""
         if self._meet is not None:
             epoch = self._meet
-            self._rendezvous.gather(f"redo.{epoch}", True, self._timeout,
-                                    waiting_for=f"began the call redone after epoch {epoch}")
+            if self._rendezvous.gather(f"redo.{epoch}", True, self._timeout,
+                                       waiting_for=f"began the call redone after epoch {epoch}",
+                                       until=lambda: self.pending) is None:
+                raise SwitchAway(self._notice_reason())
             self._meet = None
 
     def fall_back(self, epoch: int, reason: str, call: int) -> None:
