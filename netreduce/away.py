@@ -335,9 +335,9 @@ class AwayProtocol:
         the retry budget, a link that flapped), so every rank builds a fresh "inc" ring at
         once and rank 0 registers it in place of the old one (unregistered first; lease,
         owner and quota as before). Calls from k* on, the one in flight redone, go through
-        the switch again: algo="switch" is not refused. When no rank had completed k*,
-        every rank's next attempt (of k*) begins by meeting the others in the store
-        (`meet`). True when it is registered; else,
+        the switch again: algo="switch" is not refused. Every rank's next attempt (of k*;
+        of k*+1 when a good rank's sum finished k*) begins by meeting the others in the
+        store (`meet`). True when it is registered; else,
         or a second fault of the same call (the link stays dark), the caller leaves the
         switch as for its loss (`_left`)."""
         if faulted_ring(reason) != "inc" or self._rebuilt_for == plan.call:
@@ -356,8 +356,7 @@ class AwayProtocol:
             return False
         self.status = status
         self._lease = self._keep_lease()
-        if not plan.recover:
-            self._meet = epoch
+        self._meet = epoch
         self._stats.fault_event("faults")
         self._stats.fault_event("redone")
         counts = self._stats.fault_event("rebuilds")
@@ -371,10 +370,11 @@ class AwayProtocol:
         return True
 
     def meet(self) -> None:
-        """Before this rank's first attempt after an "inc" rebuilt at once for a call no
-        rank had completed (`_rebuild_at_once`; every rank's next attempt is that call):
-        wait for every rank in the store, where a rank later than the RC retry budget --
-        the likeliest cause of that fault -- is waited for up to the collective timeout
+        """Before this rank's first attempt after an "inc" rebuilt at once
+        (`_rebuild_at_once`; every rank's next attempt is the same call): wait for every
+        rank in the store, where a rank later than the RC retry budget -- the likeliest
+        cause of that fault, or a rank still handing over a good sum on the host ring --
+        is waited for up to the collective timeout
         (PeerFailed if it dies), not on "inc", where the budget would fail the QPs again.
         A notice that comes meanwhile is `SwitchAway` (settled first; the ranks meet at
         their next attempt)."""

@@ -176,9 +176,11 @@ def test_a_host_link_dark_for_20_s_mid_job_costs_no_call(
     """The default retry budget (6: 7 x 67 ms, docs/roce.md): host 2's link dark for 20 s
     from call 10 of 45 of 4 MiB, algo auto and switch through the switch, and the host ring
     without a switch (with one, algo="ring" exchanges its metadata on "inc": the open gap
-    of tests/test_native_rc_model.py's xfail): every call exact on every rank, the fault and its recovery named in rank 0's log; auto and
-    switch back on the switch by the end (algo "switch": a call refused while the switch is
-    away, alike on every rank, runs with algo "auto", as the DDP hook does)."""
+    of tests/test_native_rc_model.py's xfail): every call exact on every rank, the fault and
+    its recovery named in rank 0's log; auto and switch: the settle waits in the store until
+    the link is back (its traffic crosses the link), "inc" is rebuilt at once and the call
+    redone through the switch: every call there, none refused (algo "switch": a call refused
+    while the switch is away would run with algo "auto", as the DDP hook does)."""
     calls = 45
     args = ["--calls", str(calls), "--algo", algo]
     args += ["--no-switch"] if algo == "ring" else ["--until-switch", "400"]
@@ -189,12 +191,11 @@ def test_a_host_link_dark_for_20_s_mid_job_costs_no_call(
     if algo == "ring":
         assert set(routes) == {"ring"} and t["rebuilds"] >= 1 and t["redone"] >= 1, stats
     else:
-        assert routes[-1] == "switch", routes
-        assert stats["switch"]["fallbacks"] >= 1 and stats["switch"]["returns"] >= 1, stats
+        assert set(routes) == {"switch"} and stats["switch"]["fallbacks"] == 0, stats
     refused = [len(lines(result, r, "REFUSED ")) for r in range(N)]
-    assert refused == [refused[0]] * N and (algo == "switch" or refused[0] == 0), refused
+    assert refused == [0] * N, refused
     named = [line for line in out0 if "transport fault on '" in line]
-    recovered = "were rebuilt" if algo == "ring" else "back on the switch"
+    recovered = "were rebuilt" if algo == "ring" else "rebuilt at once"
     assert named and any(recovered in line for line in out0), out0[-60:]
     secs = [float(c.split()[2]) for c in lines_of(out0, "CALL ")]
     figure(capsys, f"{algo}: link dark {dark:.1f} s: routes "
@@ -268,8 +269,8 @@ def test_rxe_retry_race_past_the_budget_is_recovered(
     auto) or over the host ring (no switch) until the ranks counted a transport fault (at
     most RACE_CALLS), the link clean again from the first recovery (CLEAN_ON), 4 more calls
     (through the switch: until one goes there). Every call exact on every rank; >= 1 fault
-    recovered, counted alike and named in rank 0's log; the hosts' rxe counters show the retries, the duplicates
-    and a QP whose retries ran out (or a NAK: the fault's status in rank 0's log)."""
+    recovered, counted alike and named in rank 0's log; the hosts' rxe counters show the
+    retries and a QP whose retries ran out (or a NAK: the fault's status in rank 0's log)."""
     args = ["--calls", "2", "--size", str(1 << 18), "--until-fault", str(RACE_CALLS)]
     args += ["--no-switch"] if path == "ring" else ["--until-switch", "600"]
     out = Cues(*CLEAN_ON)
@@ -298,7 +299,7 @@ def test_rxe_retry_race_past_the_budget_is_recovered(
     assert t["faults"] >= 1 and t["rebuilds"] >= 1, stat
     named = [line for line in out0 if "transport fault on '" in line]
     assert named, out0[-60:]
-    assert total["completer_retry_err"] > 0 and total["duplicate_request"] > 0, total
+    assert total["completer_retry_err"] > 0, total
     # RETRY_EXC_ERR; or the race's NAK "remote invalid request" (docs/roce.md)
     assert total["retry_exceeded_err"] > 0 or any("invalid request" in line for line in named), \
         (total, named)
