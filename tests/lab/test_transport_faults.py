@@ -220,8 +220,10 @@ def test_a_host_link_dark_during_switch_calls_with_two_in_flight_costs_no_call(
     named = [line for line in out0 if "transport fault on '" in line]
     assert named, out0[-60:]
     secs = [float(c.split()[2]) for c in lines_of(out0, "CALL ")]
+    rebuilt = [line.split("; call #")[1].split(",")[0] for line in out0
+               if "rebuilt at once" in line]
     figure(capsys, f"2 in flight: link dark {dark:.1f} s: calls {stats['calls']}, "
-                   f"slowest call {max(secs):.1f} s, "
+                   f"slowest call {max(secs):.1f} s, 'inc' rebuilt at once for {rebuilt}, "
                    f"transport {t}, switch {stats['switch']}; rank 0 named: {named[0][:300]}")
 
 
