@@ -109,7 +109,8 @@ def test_a_rank_later_than_the_retry_budget_stays_on_the_switch(
     """The default retry budget (0.47 s): rank 2 begins call 3 of 8 of 1 MiB `late` s late,
     algo="switch": the others' "inc" QPs fail, "inc" is rebuilt at once and the call redone
     through the switch once rank 2 comes: every call exact and through the switch, none
-    refused, one fault and one rebuild alike on every rank, named in rank 0's log; the
+    refused, a fault and a rebuild for each call redone, alike on every rank, named in rank
+    0's log; the
     late call takes about its lateness at least (rank 0 began it with rank 2's sleep)."""
     calls = 8
     result = run_job("--calls", str(calls), "--size", str(1 << 18), "--algo", "switch",
@@ -117,7 +118,8 @@ def test_a_rank_later_than_the_retry_budget_stays_on_the_switch(
     routes, stats, out = checked(result, calls)
     t = stats["transport"]
     assert set(routes) == {"switch"} and stats["switch"]["fallbacks"] == 0, (routes, stats)
-    assert (t["faults"], t["rebuilds"], t["redone"]) == (1, 1, 1), stats
+    # at least the late call's fault (a TCG ACK later than the budget under load adds one)
+    assert t["faults"] >= 1 and t["rebuilds"] == t["redone"] == t["faults"], stats
     assert not any(lines(result, r, "REFUSED ") for r in range(N))
     named = [line for line in out if "rebuilt at once" in line]
     assert named, out[-40:]
