@@ -37,7 +37,8 @@ The host ring's protocol, alike on every rank:
    netreduce/algorithms/ring.py); a rank at k*+1 completed k* and returned its result, so
    it runs k* again from the copy of its input kept for that (`keep`: a host-ring call's
    input is copied before it runs and kept until every rank started the next call), into
-   that copy: its caller's result is not written again. Exactly once: an output is written
+   a scratch array: its caller's result is not written again, and the copy stays intact
+   for a later epoch's redo (that one completed here, not everywhere). Exactly once: an output is written
    only by the attempt that completed the call, from every rank's original input. A
    switch call being finished from the kept wire words (`AwayProtocol.resuming`) is
    finished so again on every rank instead.
@@ -49,6 +50,8 @@ import re
 import time
 from dataclasses import replace
 from typing import Any, Callable, Protocol
+
+import numpy as np
 
 from flowctl.plan import FlowConfig
 from flowctl.stream import CompletionError, Stream
@@ -192,7 +195,9 @@ class FaultRecovery:
             if kept is None or kept[0] != k:
                 raise RuntimeError(f"netreduce: rank {self.rank}: {reason}: this rank "
                                    f"completed call #{k} but keeps no copy of its input")
-            self._redo(kept[1], k)
+            # into a scratch output: the kept input must survive a redo that completes
+            # here but not on every rank (the next epoch redoes it again from that input)
+            self._redo(replace(kept[1], target=np.empty_like(kept[1].array)), k)
         if faulted_ring(reason) == "ring":  # else counted by fall_back (a fault on "inc")
             self._stats.fault_event("faults")
             self._stats.fault_event("redone")

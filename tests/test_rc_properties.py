@@ -74,3 +74,20 @@ def test_a_rank_waiting_on_the_host_ring_leaves_it_for_a_fault_on_inc() -> None:
     input: exact on both ranks (it hung before: the settle gather's RendezvousTimeout)."""
     s = two_ranks_one_ring_call(late_kind="result")
     assert check_run(s) == "exact"
+
+
+def test_a_redo_completed_on_the_rank_ahead_alone_keeps_its_input_for_the_next() -> None:
+    """3 ranks, one in-place algo='ring' call of 387 int32 under 12.5 % loss, retry_cnt 2
+    (hypothesis's draw): rank 0 completes the call, the others fault; closing, rank 0 redoes
+    it from its kept input, completes that redo while the others fault again, and redoes it
+    once more. Every rank's result is the exact sum (numpy, check_run): the second redo
+    reads the input kept, not the first redo's sum (the others summed rank 0's result
+    before: want + sum of the others')."""
+    rates = {"contribution": FaultRates(loss=0.125, delay=0.3125, delay_s=5e-05),
+             "result": FaultRates(loss=0.125, delay=0.25, delay_s=5e-05),
+             "ack": FaultRates(loss=0.03125, delay_s=5e-05)}
+    s = {"n": 3, "config": FlowConfig(mtu=512, msg_size=2048, window=3, recv_depth=32,
+                                      collective_timeout=0.5),
+         "faults": Faults(rates=rates, seed=3), "retry_cnt": 2, "timeout": 8,
+         "near_wrap": False, "calls": [("ring", 387)]}
+    assert check_run(s) == "exact"
