@@ -254,6 +254,7 @@ class ModelController:
 
     def register_ring(self, spec: RingSpec) -> dict[str, Any]:
         self._world.register(spec)
+        self._world.spec = spec             # the "inc" ring as last registered
         return {"ring_id": spec.ring_id, "slots": self._world.slots, "lease_ms": 0}
 
     def unregister_ring(self, ring_id: str) -> dict[str, Any]:
