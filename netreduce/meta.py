@@ -123,15 +123,16 @@ class CallMeta:
                             len(self.blocks), self.flags) + self.blocks
 
     @classmethod
-    def unpack(cls, raw: bytes) -> "CallMeta":
+    def unpack(cls, raw: bytes | memoryview, at: int = 0) -> "CallMeta":
+        """The record at offset `at` of `raw` (ValueError: not a record)."""
         (magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey, lo, hi,
-         size, flags) = _RECORD.unpack(raw[:_RECORD.size])
+         size, flags) = _RECORD.unpack_from(raw, at)
         if magic != _MAGIC:
             raise ValueError(f"not a call record (magic {magic!r})")
         if size > MAX_BLOCK_BYTES:
             raise ValueError(f"a call record with {size} block bytes (at most {MAX_BLOCK_BYTES})")
         text = [s.rstrip(b"\0").decode() for s in (dtype, op, algo)]
-        blocks = bytes(raw[_RECORD.size:_RECORD.size + size])
+        blocks = bytes(raw[at + _RECORD.size:at + _RECORD.size + size])
         return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes), lo, hi, blocks,
                    flags)
 
@@ -222,12 +223,11 @@ class MetaExchange:
 
     def records(self, seq: int, through_switch: bool) -> list[CallMeta]:
         """Every rank's record of call `seq` as its bank holds them, checked."""
-        n, r, view = self.world_size, self.rank, self.control.view()
+        n, r, bank = self.world_size, self.rank, self.control.view().data
         records = []
         for q in range(n):
-            at = self._slot(seq, q)
             try:
-                record = CallMeta.unpack(view[at:at + RECORD_STRIDE].tobytes())
+                record = CallMeta.unpack(bank, self._slot(seq, q))
             except ValueError as exc:
                 if through_switch:
                     raise SwitchNotAggregating(

@@ -340,7 +340,10 @@ class SwitchAllreduce:
         if array.size == 0:
             return DataRange()
         inline = array.nbytes <= INLINE_BYTES
-        if array.dtype == np.int32 and hostpass.native(array):
+        if inline and array.dtype == np.int32:      # a few values: no pass to call
+            values = array.ravel().tolist()
+            lo, hi = min(values), max(values)
+        elif array.dtype == np.int32 and hostpass.native(array):
             lo, hi = hostpass.range_int32(array)
         elif inline or array.dtype == np.int32 or not self.per_block:
             lo, hi = array.min(), array.max()
