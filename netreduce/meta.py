@@ -165,6 +165,10 @@ class MetaExchange:
         self.successor_control = successor_control
         self.rank, self.world_size = rank, world_size
         self.through_switch = through_switch      # the default of `exchange`
+        size = world_size * RECORD_STRIDE         # the send area into a bank, by seq parity
+        self._bank_writes = tuple(
+            Outgoing(control.local().slice(self._send_area, size),
+                     successor_control.slice(self._slot(parity, 0), size)) for parity in (0, 1))
 
     def _slot(self, seq: int, rank: int) -> int:
         """Where `rank`'s record of call `seq` is in a control region (bank: seq parity)."""
@@ -211,8 +215,7 @@ class MetaExchange:
         bank = bytearray(size)
         bank[r * RECORD_STRIDE:r * RECORD_STRIDE + len(record)] = record
         self.control.view().data[send:send + size] = bank    # one memcpy, the GIL kept
-        return Outgoing(self.control.local().slice(send, size),
-                        self.successor_control.slice(self._slot(mine.seq, 0), size))
+        return self._bank_writes[mine.seq % 2]
 
     def collect(self, seq: int) -> list[CallMeta]:
         """The bank of call `seq` through the switch, whose records this rank posted
