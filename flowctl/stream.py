@@ -142,15 +142,16 @@ class Stream:
                 or arrived < expected:
             progressed = False
             while posted < to_post and window.available:
-                m, part = parts[posted]
+                (index, offset, length), part = parts[posted]
                 assert part is not None
-                link.post_write(m.index, part.src.slice(m.offset, m.length),
-                                part.dst.slice(m.offset, m.length))
-                window.post(m.index)
+                link.post_write(index, part.src.slice(offset, length),
+                                part.dst.slice(offset, length))
+                window.post(index)
                 posted += 1
                 progressed = True
-            if window.pending:
-                for c in link.poll_sends(window.pending):
+            pending = window.pending
+            if pending:
+                for c in link.poll_sends(pending):
                     self._send_completed(c)
                     progressed = True
             if arrived < expected:
