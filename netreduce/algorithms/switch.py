@@ -500,7 +500,7 @@ class SwitchAllreduce:
         send = Outgoing(source, call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes, then=call.then)
         sealed = summed[call.count:]
-        if not np.all(sealed == 1):
+        if not (sealed == 1).all():
             raise SwitchNotAggregating(
                 f"allreduce call #{call.seq}: rank {call.rank}: the seal that came back is "
                 f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "
