@@ -92,7 +92,8 @@ def range_int32(array: np.ndarray) -> tuple[int, int]:
     if array.size == 0:
         raise ValueError("netreduce: the range of an empty array")
     lo, hi = ctypes.c_int32(), ctypes.c_int32()
-    _lib(array.nbytes).nr_range_i32(address(array), array.size, ctypes.byref(lo), ctypes.byref(hi))
+    lib = _lib(array.nbytes)
+    lib.nr_range_i32(address(array), array.size, ctypes.byref(lo), ctypes.byref(hi))
     return lo.value, hi.value
 
 
@@ -104,7 +105,8 @@ def block_ranges(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"netreduce: blocks of {block} elements")
     blocks = -(-flat.size // block)
     lows, highs = np.empty(blocks, np.float32), np.empty(blocks, np.float32)
-    _lib(flat.nbytes).nr_block_ranges_f32(address(flat), flat.size, block, address(lows), address(highs))
+    lib = _lib(flat.nbytes)
+    lib.nr_block_ranges_f32(address(flat), flat.size, block, address(lows), address(highs))
     return lows, highs
 
 
@@ -122,8 +124,9 @@ def block_ranges_quantize(flat: np.ndarray, block: int, base: int,
     blocks = -(-flat.size // block)
     lows, highs = np.empty(blocks, np.float32), np.empty(blocks, np.float32)
     exps = np.empty(blocks, np.int32)
-    _lib(flat.nbytes).nr_block_ranges_quantize_f32(address(flat), flat.size, block, base, address(lows),
-                                        address(highs), address(exps), address(wire))
+    lib = _lib(flat.nbytes)
+    lib.nr_block_ranges_quantize_f32(address(flat), flat.size, block, base, address(lows),
+                                     address(highs), address(exps), address(wire))
     return lows, highs, exps
 
 
@@ -135,8 +138,9 @@ def requantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray, ahead: n
     _check(wire, np.int32, flat.size)
     exps = _exponents(exponents, flat.size, block)
     used = _exponents(ahead, flat.size, block)
-    _lib(flat.nbytes).nr_requantize_f32(address(flat), flat.size, block, address(exps), address(used),
-                             address(wire))
+    lib = _lib(flat.nbytes)
+    lib.nr_requantize_f32(address(flat), flat.size, block, address(exps), address(used),
+                          address(wire))
 
 
 def quantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray,
@@ -146,7 +150,8 @@ def quantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray,
     _check(flat, np.float32)
     _check(wire, np.int32, flat.size)
     exps = _exponents(exponents, flat.size, block)
-    _lib(flat.nbytes).nr_quantize_f32(address(flat), flat.size, block, address(exps), address(wire))
+    lib = _lib(flat.nbytes)
+    lib.nr_quantize_f32(address(flat), flat.size, block, address(exps), address(wire))
 
 
 def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, divisor: int,
@@ -158,8 +163,9 @@ def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, diviso
     if divisor < 1:
         raise ValueError(f"netreduce: divisor {divisor}")
     exps = _exponents(exponents, summed.size, block)
-    _lib(summed.nbytes).nr_dequantize_f32(address(summed), summed.size, block, address(exps), divisor,
-                             address(dst))
+    lib = _lib(summed.nbytes)
+    lib.nr_dequantize_f32(address(summed), summed.size, block, address(exps), divisor,
+                          address(dst))
 
 
 def _check(array: np.ndarray, dtype: type, size: int | None = None) -> None:
