@@ -6,7 +6,7 @@ pyverbs implementation; tests drive the stream through an in-process one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Self
 
 
@@ -47,6 +47,7 @@ class Gather:
     most MAX_SGES parts."""
 
     parts: tuple[LocalBuffer, ...]
+    nbytes: int = field(init=False, repr=False, compare=False)    # the parts' sum
 
     def __post_init__(self) -> None:
         if not self.parts or any(p.nbytes == 0 for p in self.parts):
@@ -55,10 +56,7 @@ class Gather:
         if len(self.parts) > MAX_SGES:
             raise ValueError(f"flowctl: a gather list of {len(self.parts)} parts; a WRITE "
                              f"reads at most {MAX_SGES}")
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
+        object.__setattr__(self, "nbytes", sum(p.nbytes for p in self.parts))
 
     def slice(self, offset: int, nbytes: int) -> "LocalBuffer | Gather":
         if offset < 0 or nbytes <= 0 or offset + nbytes > self.nbytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence, overload
+from typing import Iterator, NamedTuple, Sequence, overload
 
 from nr_contract.spec import DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT, PATH_MTUS
 
@@ -97,9 +97,9 @@ class FlowConfig:
         return self.window * self.packets_per_message
 
 
-@dataclass(frozen=True)
-class Message:
-    """One RDMA WRITE WITH IMMEDIATE: `length` bytes at `offset` of its transfer."""
+class Message(NamedTuple):
+    """One RDMA WRITE WITH IMMEDIATE: `length` bytes at `offset` of its transfer (a tuple:
+    a transfer makes one per message, on the hot path)."""
 
     index: int    # position in the stream of its direction; the immediate is index mod 2^32
     offset: int
@@ -148,7 +148,9 @@ class MessagePlan(Sequence[Message]):
         return Message(self.first_index + i, offset, min(self.msg_size, self.nbytes - offset))
 
     def __iter__(self) -> Iterator[Message]:
-        return (self[i] for i in range(self._count))
+        first, size, nbytes = self.first_index, self.msg_size, self.nbytes
+        return (Message(first + i, offset, min(size, nbytes - offset))
+                for i, offset in enumerate(range(0, nbytes, size)))
 
     @property
     def end_index(self) -> int:

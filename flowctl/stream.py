@@ -130,39 +130,42 @@ class Stream:
             behind = MessagePlan(then.src.nbytes, self.config.msg_size, out.end_index)
             parts, end_index = parts + [(m, then) for m in behind], behind.end_index
         unsettled = len(parts) - len(out)     # `then`'s messages: never waited for here
-        inc = MessagePlan(recv_nbytes, self.config.msg_size, self.next_recv_index)
+        inc = list(MessagePlan(recv_nbytes, self.config.msg_size, self.next_recv_index))
+        recv_end = self.next_recv_index + len(inc)
         posted = arrived = 0
+        to_post, expected = len(parts), len(inc)
         armed = False
         last_progress = self.last_progress = time.monotonic()
-        window = self.window
+        window, link = self.window, self.link
         was, self.interrupted = self.interrupted, True      # until the loop ends normally
-        while (settle and window.pending > unsettled) or posted < len(parts) \
-                or arrived < len(inc):
+        while (settle and window.pending > unsettled) or posted < to_post \
+                or arrived < expected:
             progressed = False
-            while posted < len(parts) and window.available:
-                m, part = parts[posted]
+            while posted < to_post and window.available:
+                (index, offset, length), part = parts[posted]
                 assert part is not None
-                self.link.post_write(m.index, part.src.slice(m.offset, m.length),
-                                     part.dst.slice(m.offset, m.length))
-                window.post(m.index)
+                link.post_write(index, part.src.slice(offset, length),
+                                part.dst.slice(offset, length))
+                window.post(index)
                 posted += 1
                 progressed = True
-            if window.pending:
-                for c in self.link.poll_sends(window.pending):
+            pending = window.pending
+            if pending:
+                for c in link.poll_sends(pending):
                     self._send_completed(c)
                     progressed = True
-            if arrived < len(inc):
-                got = self.link.poll_recvs(len(inc) - arrived)
+            if arrived < expected:
+                got = link.poll_recvs(expected - arrived)
                 for c in got:
-                    if self._empty_resend(c, inc.first_index + arrived):
-                        continue
                     m = inc[arrived]
+                    if c.empty and self._empty_resend(c, m.index):
+                        continue
                     self._check_arrival(c, m)
                     arrived += 1
                     if on_arrival is not None:
                         on_arrival(m)
                 if got:
-                    self.link.post_recvs(len(got))
+                    link.post_recvs(len(got))
                     progressed = True
             if progressed:
                 last_progress = self.last_progress = time.monotonic()
@@ -172,17 +175,16 @@ class Stream:
                 self.liveness()
             idle_for = time.monotonic() - last_progress
             if idle_for > self.config.collective_timeout:
-                pending_recv = inc[arrived] if arrived < len(inc) else None
+                pending_recv = inc[arrived] if arrived < expected else None
                 raise StallError(self._stall_message(len(parts) - posted, pending_recv))
             elif not armed:
-                self.link.arm()
+                link.arm()
                 armed = True
             else:
-                self.link.wait(min(self.liveness_poll,
-                                   self.config.collective_timeout - idle_for))
+                link.wait(min(self.liveness_poll, self.config.collective_timeout - idle_for))
                 armed = False
         self.next_send_index = end_index
-        self.next_recv_index = inc.end_index
+        self.next_recv_index = recv_end
         self.interrupted = was
 
     def _send_completed(self, c: Completion) -> None:

@@ -39,6 +39,7 @@ from netreduce.algorithms import CallContext
 from netreduce.algorithms.base import Spare
 from netreduce.algorithms.switch import SWITCH
 from netreduce.away import AwayProtocol, SwitchAway
+from netreduce.dtypes import NAMES
 from netreduce.errors import CommunicatorError, PeerFailure, TransportFault
 from netreduce.inflight import Ahead, fits_window, in_flight_setting, slot
 from netreduce.meta import (AHEAD, IN_FLIGHT, INLINE, REJOIN, CallMeta, CallRejected,
@@ -342,7 +343,7 @@ class Communicator:
         data = algorithms[0].local_range(array, Spare(workspace, away.free_below(workspace),
                                                       seq, self.world_size))
         flags |= (INLINE if data.inline else 0) | (IN_FLIGHT if self._in_flight > 1 else 0)
-        return CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=dtype.name,
+        return CallMeta(rank=self.rank, seq=seq, count=array.size, dtype=NAMES[dtype],
                         op=call.op, algo=call.algo, workspace=workspace.remote(),
                         lo=data.lo, hi=data.hi, blocks=data.blocks, flags=flags), workspace
 
@@ -355,10 +356,11 @@ class Communicator:
         would not wait for this call's completion everywhere), nor past the "inc" window
         (`fits_window`), nor when the next call's input may be this call's output `target`
         (its records describe the result)."""
+        if self._in_flight < 2 or context.inline:
+            return context
         nxt = self._engine.peek()
-        if self._in_flight < 2 or context.inline or not isinstance(nxt, _Call) \
-                or not self._engine.on_thread() or not self._away.aggregating \
-                or np.may_share_memory(nxt.array, target) \
+        if not isinstance(nxt, _Call) or not self._engine.on_thread() \
+                or not self._away.aggregating or np.may_share_memory(nxt.array, target) \
                 or not fits_window(context.count, self.world_size, self._streams["inc"].config):
             return context
         record, workspace = self._record(nxt, context.seq + 1, AHEAD)

@@ -21,6 +21,7 @@ FLOAT32 = np.dtype(np.float32)
 HALVES = (FLOAT16, BFLOAT16)          # accumulated in float32, rounded once
 SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.int64), FLOAT16, BFLOAT16, FLOAT32,
                     np.dtype(np.float64))
+NAMES = {d: d.name for d in SUPPORTED_DTYPES}      # numpy's dtype.name is computed each time
 
 # dtype -> (u, tiny) of one rounding to it
 ROUNDING = {np.dtype(np.float64): (2.0**-53, 2.0**-1075), FLOAT32: (2.0**-24, 2.0**-150),

@@ -5,6 +5,9 @@ dequantize. numpy needs two passes for a min and a max and
 three with temporaries for a quantize or dequantize (scale, round, cast); these read and
 write each element once and allocate nothing.
 
+A pass over fewer than HOLD_GIL_BYTES keeps the GIL (the library loaded as `ctypes.PyDLL`):
+releasing and taking it back costs more than such a pass while another thread runs Python.
+
 Invariant: each function's result is bit for bit that of the numpy passes it replaces
 (netreduce/algorithms/switch.py keeps them for float16 and bfloat16, non-contiguous
 arrays, and a machine without the built library: `AVAILABLE` False, logged once and counted,
@@ -22,11 +25,12 @@ logger = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).resolve().parent / "native" / "libnrhost.so"
 _P, _N = ctypes.c_void_p, ctypes.c_size_t
+HOLD_GIL_BYTES = 16 * 1024    # passes over fewer bytes keep the GIL (module doc)
 
 
-def _load() -> ctypes.CDLL | None:
+def _load(loader: type[ctypes.CDLL] = ctypes.CDLL) -> ctypes.CDLL | None:
     try:
-        lib = ctypes.CDLL(str(LIBRARY))
+        lib = loader(str(LIBRARY))
     except OSError as exc:
         logger.warning("netreduce: %s not loaded (%s): the switch's host passes run in numpy "
                        "(slower); build it with make -C netreduce/native", LIBRARY.name, exc)
@@ -46,6 +50,7 @@ def _load() -> ctypes.CDLL | None:
 
 _LIB = _load()
 AVAILABLE = _LIB is not None
+_HELD = _load(ctypes.PyDLL) if AVAILABLE else None     # the same library, the GIL kept
 _fallbacks = 0     # passes that ran in numpy because the library is not built (`fallbacks`)
 
 
@@ -74,10 +79,11 @@ def fallbacks() -> int:
     return _fallbacks
 
 
-def _lib() -> ctypes.CDLL:
-    if _LIB is None:
+def _lib(nbytes: int) -> ctypes.CDLL:
+    """The library for a pass over `nbytes` (below HOLD_GIL_BYTES: the GIL kept)."""
+    if _LIB is None or _HELD is None:
         raise RuntimeError(f"netreduce: {LIBRARY} is not built (make -C netreduce/native)")
-    return _LIB
+    return _HELD if nbytes < HOLD_GIL_BYTES else _LIB
 
 
 def range_int32(array: np.ndarray) -> tuple[int, int]:
@@ -86,7 +92,8 @@ def range_int32(array: np.ndarray) -> tuple[int, int]:
     if array.size == 0:
         raise ValueError("netreduce: the range of an empty array")
     lo, hi = ctypes.c_int32(), ctypes.c_int32()
-    _lib().nr_range_i32(address(array), array.size, ctypes.byref(lo), ctypes.byref(hi))
+    lib = _lib(array.nbytes)
+    lib.nr_range_i32(address(array), array.size, ctypes.byref(lo), ctypes.byref(hi))
     return lo.value, hi.value
 
 
@@ -98,7 +105,8 @@ def block_ranges(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"netreduce: blocks of {block} elements")
     blocks = -(-flat.size // block)
     lows, highs = np.empty(blocks, np.float32), np.empty(blocks, np.float32)
-    _lib().nr_block_ranges_f32(address(flat), flat.size, block, address(lows), address(highs))
+    lib = _lib(flat.nbytes)
+    lib.nr_block_ranges_f32(address(flat), flat.size, block, address(lows), address(highs))
     return lows, highs
 
 
@@ -116,8 +124,9 @@ def block_ranges_quantize(flat: np.ndarray, block: int, base: int,
     blocks = -(-flat.size // block)
     lows, highs = np.empty(blocks, np.float32), np.empty(blocks, np.float32)
     exps = np.empty(blocks, np.int32)
-    _lib().nr_block_ranges_quantize_f32(address(flat), flat.size, block, base, address(lows),
-                                        address(highs), address(exps), address(wire))
+    lib = _lib(flat.nbytes)
+    lib.nr_block_ranges_quantize_f32(address(flat), flat.size, block, base, address(lows),
+                                     address(highs), address(exps), address(wire))
     return lows, highs, exps
 
 
@@ -129,8 +138,9 @@ def requantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray, ahead: n
     _check(wire, np.int32, flat.size)
     exps = _exponents(exponents, flat.size, block)
     used = _exponents(ahead, flat.size, block)
-    _lib().nr_requantize_f32(address(flat), flat.size, block, address(exps), address(used),
-                             address(wire))
+    lib = _lib(flat.nbytes)
+    lib.nr_requantize_f32(address(flat), flat.size, block, address(exps), address(used),
+                          address(wire))
 
 
 def quantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray,
@@ -140,7 +150,8 @@ def quantize_f32(flat: np.ndarray, block: int, exponents: np.ndarray,
     _check(flat, np.float32)
     _check(wire, np.int32, flat.size)
     exps = _exponents(exponents, flat.size, block)
-    _lib().nr_quantize_f32(address(flat), flat.size, block, address(exps), address(wire))
+    lib = _lib(flat.nbytes)
+    lib.nr_quantize_f32(address(flat), flat.size, block, address(exps), address(wire))
 
 
 def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, divisor: int,
@@ -152,8 +163,9 @@ def dequantize_f32(summed: np.ndarray, block: int, exponents: np.ndarray, diviso
     if divisor < 1:
         raise ValueError(f"netreduce: divisor {divisor}")
     exps = _exponents(exponents, summed.size, block)
-    _lib().nr_dequantize_f32(address(summed), summed.size, block, address(exps), divisor,
-                             address(dst))
+    lib = _lib(summed.nbytes)
+    lib.nr_dequantize_f32(address(summed), summed.size, block, address(exps), divisor,
+                          address(dst))
 
 
 def _check(array: np.ndarray, dtype: type, size: int | None = None) -> None:

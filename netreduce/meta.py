@@ -123,15 +123,16 @@ class CallMeta:
                             len(self.blocks), self.flags) + self.blocks
 
     @classmethod
-    def unpack(cls, raw: bytes) -> "CallMeta":
+    def unpack(cls, raw: bytes | memoryview, at: int = 0) -> "CallMeta":
+        """The record at offset `at` of `raw` (ValueError: not a record)."""
         (magic, rank, seq, count, dtype, op, algo, addr, nbytes, rkey, lo, hi,
-         size, flags) = _RECORD.unpack(raw[:_RECORD.size])
+         size, flags) = _RECORD.unpack_from(raw, at)
         if magic != _MAGIC:
             raise ValueError(f"not a call record (magic {magic!r})")
         if size > MAX_BLOCK_BYTES:
             raise ValueError(f"a call record with {size} block bytes (at most {MAX_BLOCK_BYTES})")
         text = [s.rstrip(b"\0").decode() for s in (dtype, op, algo)]
-        blocks = bytes(raw[_RECORD.size:_RECORD.size + size])
+        blocks = bytes(raw[at + _RECORD.size:at + _RECORD.size + size])
         return cls(rank, seq, count, *text, RemoteBuffer(addr, rkey, nbytes), lo, hi, blocks,
                    flags)
 
@@ -164,6 +165,10 @@ class MetaExchange:
         self.successor_control = successor_control
         self.rank, self.world_size = rank, world_size
         self.through_switch = through_switch      # the default of `exchange`
+        size = world_size * RECORD_STRIDE         # the send area into a bank, by seq parity
+        self._bank_writes = tuple(
+            Outgoing(control.local().slice(self._send_area, size),
+                     successor_control.slice(self._slot(parity, 0), size)) for parity in (0, 1))
 
     def _slot(self, seq: int, rank: int) -> int:
         """Where `rank`'s record of call `seq` is in a control region (bank: seq parity)."""
@@ -206,12 +211,11 @@ class MetaExchange:
         the bank-sized message to post on "inc" (by `exchange`, or behind the previous
         call's data: `collect` then receives the bank). The send area must be settled."""
         n, r = self.world_size, self.rank
-        view, send, size = self.control.view(), self._send_area, n * RECORD_STRIDE
-        record = np.frombuffer(mine.pack(), dtype=np.uint8)
-        view[send:send + size] = 0
-        view[send + r * RECORD_STRIDE:send + r * RECORD_STRIDE + record.size] = record
-        return Outgoing(self.control.local().slice(send, size),
-                        self.successor_control.slice(self._slot(mine.seq, 0), size))
+        send, size, record = self._send_area, n * RECORD_STRIDE, mine.pack()
+        bank = bytearray(size)
+        bank[r * RECORD_STRIDE:r * RECORD_STRIDE + len(record)] = record
+        self.control.view().data[send:send + size] = bank    # one memcpy, the GIL kept
+        return self._bank_writes[mine.seq % 2]
 
     def collect(self, seq: int) -> list[CallMeta]:
         """The bank of call `seq` through the switch, whose records this rank posted
@@ -222,12 +226,11 @@ class MetaExchange:
 
     def records(self, seq: int, through_switch: bool) -> list[CallMeta]:
         """Every rank's record of call `seq` as its bank holds them, checked."""
-        n, r, view = self.world_size, self.rank, self.control.view()
+        n, r, bank = self.world_size, self.rank, self.control.view().data
         records = []
         for q in range(n):
-            at = self._slot(seq, q)
             try:
-                record = CallMeta.unpack(view[at:at + RECORD_STRIDE].tobytes())
+                record = CallMeta.unpack(bank, self._slot(seq, q))
             except ValueError as exc:
                 if through_switch:
                     raise SwitchNotAggregating(

@@ -127,6 +127,8 @@ class RegistrationCache:
     def unpin(self, below: int | None = None) -> None:
         """Calls before `below` (None: all) send from no region any more; regions over
         `capacity` that nothing pins now go, least recently used first."""
+        if not self._entries:       # nothing cached (a collection only removes entries)
+            return
         with self._lock:
             for entry in self._entries.values():
                 entry.pins = {seq for seq in entry.pins if below is not None and seq >= below}

@@ -35,6 +35,11 @@ def test_range_int32_is_numpys_min_and_max() -> None:
         assert hostpass.range_int32(x) == (int(x.min()), int(x.max()))
     edge = np.array([2**31 - 1, -2**31, 0], dtype=np.int32)
     assert hostpass.range_int32(edge) == (-2**31, 2**31 - 1)
+    for n in (31, 32, 33, 95):              # the extremes in every lane and in the tail
+        for at in range(n):
+            x = np.zeros(n, np.int32)
+            x[at], x[(at + 1) % n] = -2**31, 2**31 - 1
+            assert hostpass.range_int32(x) == (-2**31, 2**31 - 1), (n, at)
     with pytest.raises(ValueError, match="empty"):
         hostpass.range_int32(np.empty(0, np.int32))
     with pytest.raises(TypeError, match="C-contiguous int32"):

@@ -340,7 +340,10 @@ class SwitchAllreduce:
         if array.size == 0:
             return DataRange()
         inline = array.nbytes <= INLINE_BYTES
-        if array.dtype == np.int32 and hostpass.native(array):
+        if inline and array.dtype == np.int32:      # a few values: no pass to call
+            values = array.ravel().tolist()
+            lo, hi = min(values), max(values)
+        elif array.dtype == np.int32 and hostpass.native(array):
             lo, hi = hostpass.range_int32(array)
         elif inline or array.dtype == np.int32 or not self.per_block:
             lo, hi = array.min(), array.max()
@@ -497,7 +500,7 @@ class SwitchAllreduce:
         send = Outgoing(source, call.peer_workspace.slice(at, nbytes))
         call.streams["inc"].transfer(send, recv_nbytes=nbytes, then=call.then)
         sealed = summed[call.count:]
-        if not np.all(sealed == 1):
+        if not (sealed == 1).all():
             raise SwitchNotAggregating(
                 f"allreduce call #{call.seq}: rank {call.rank}: the seal that came back is "
                 f"{sealed.tolist()}, not {call.world_size} ones: the switch did not add every "

