@@ -330,20 +330,21 @@ class AwayProtocol:
 
     def _rebuild_at_once(self, epoch: int, reason: str, plan: SettlePlan) -> bool:
         """Epoch `epoch` is a transport fault on "inc" (no switch-away notice named the
-        switch's loss), the first one settled for call k* (`plan`), and rank 0 holds a
-        controller client: the switch most likely holds the ring still (a rank later than
-        the retry budget, a link that flapped), so every rank builds a fresh "inc" ring at
-        once and rank 0 registers it in place of the old one (unregistered first; lease,
-        owner and quota as before). Calls from k* on, the one in flight redone, go through
-        the switch again: algo="switch" is not refused. Every rank's next attempt (of k*;
-        of k*+1 when a good rank's sum finished k*) begins by meeting the others in the
-        store (`meet`). True when it is registered; else,
-        or a second fault of the same call (the link stays dark), the caller leaves the
-        switch as for its loss (`_left`)."""
-        if faulted_ring(reason) != "inc" or self._rebuilt_for == plan.call:
+        switch's loss), the first one settled for call k* (`plan`), no rank completed k*
+        (none holds a sum to hand over), and rank 0 holds a controller client: the switch
+        most likely holds the ring still (a rank later than the retry budget, a link that
+        flapped), so every rank builds a fresh "inc" ring at once and rank 0 registers it
+        in place of the old one (unregistered first; lease, owner and quota as before).
+        Calls from k* on go through the switch again, k* redone there once every rank met
+        the others in the store (`meet`): algo="switch" is not refused. True when it is
+        registered; else, or a second fault of the same call (the link stays dark), or a
+        plan that hands a good rank's sum over the host ring (a host-ring fault there may
+        end that on some ranks only: every rank must take the same next step), the caller
+        leaves the switch as for its loss (`_left`)."""
+        if faulted_ring(reason) != "inc" or self._rebuilt_for == plan.call or plan.recover:
             return False
         self._rebuilt_for = plan.call
-        self.forget_kept(plan.call if plan.recover else None)
+        self.forget_kept()
         lost_ring, self.epoch = self.status.ring_id, epoch
         if self.rank == 0 and lost_ring is not None:
             unregister(self._controller, lost_ring, quiet=True)
@@ -361,20 +362,18 @@ class AwayProtocol:
         self._stats.fault_event("redone")
         counts = self._stats.fault_event("rebuilds")
         if self.rank == 0:
-            done = "finished from a good rank's sum" if plan.recover else "redone"
             logger.warning("netreduce: %s; epoch %d: 'inc' rebuilt at once (%.2f s), ring %s "
-                           "registered in place of %s; call #%d %s, calls go on through the "
-                           "switch (transport counts: %s)", reason, epoch,
-                           time.monotonic() - t0, ring_id, lost_ring, plan.call, done,
+                           "registered in place of %s; call #%d redone, calls go on through "
+                           "the switch (transport counts: %s)", reason, epoch,
+                           time.monotonic() - t0, ring_id, lost_ring, plan.call,
                            _counts(counts))
         return True
 
     def meet(self) -> None:
         """Before this rank's first attempt after an "inc" rebuilt at once
-        (`_rebuild_at_once`; every rank's next attempt is the same call): wait for every
-        rank in the store, where a rank later than the RC retry budget -- the likeliest
-        cause of that fault, or a rank still handing over a good sum on the host ring --
-        is waited for up to the collective timeout
+        (`_rebuild_at_once`; every rank's next attempt is that call): wait for every rank
+        in the store, where a rank later than the RC retry budget -- the likeliest cause of
+        that fault -- is waited for up to the collective timeout
         (PeerFailed if it dies), not on "inc", where the budget would fail the QPs again.
         A notice that comes meanwhile is `SwitchAway` (settled first; the ranks meet at
         their next attempt)."""

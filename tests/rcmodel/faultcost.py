@@ -5,7 +5,7 @@ rebuild, the redo). Three kinds, injected into rank 1 at `FRACTION` of the clean
 
 - "inc": its "inc" QPs moved to ERROR during a switch call (algo auto): rank 0's controller
   (`World(controller=True)`) registers the "inc" ring built again at once, the call is
-  redone through the switch;
+  redone through the switch (or, when some rank had its sum, handed over the host ring);
 - "ring": its host-ring QPs moved to ERROR during a ring call (no switch);
 - "dark": its link drops every frame (both ways) for 1.5 retry budgets during a ring call
   (no switch): its QP fails RETRY_EXC_ERR, the ring is rebuilt and the call redone once
@@ -198,14 +198,15 @@ def bounds(kind: str, n: int, size: int, config: FlowConfig = CONFIG) -> tuple[f
     """(least, most) seconds a fault of `kind` costs by the closed form (module doc), the
     clean call subtracted. Least: the call's part before the fault (FRACTION of it), the
     outage ("dark": DARK retry budgets), the redo ("inc": through the switch). Most: "inc"
-    a step of the grace's wait and an "inc" liveness poll (the other ranks see the notice);
+    a step of the grace's wait, an "inc" liveness poll (the other ranks see the notice)
+    and a host-ring pass (some rank had the sum: it is handed over there instead);
     "ring" the clean call, two liveness polls (the waits began within it) and the redo;
     "dark" the least, two polls and one ACK timeout (the retransmit timer's phase)."""
     clean, redo = clean_s(kind, n, size, config), ring_alone_s(n, size, config)
     before, polls = FRACTION * clean, 2 * LIVENESS_POLL
     if kind == "inc":
         least = before + NOTICE_GRACE + clean
-        most = least + GRACE_POLL + INC_POLL
+        most = least + GRACE_POLL + INC_POLL + redo
     elif kind == "ring":
         least, most = before + redo, clean + polls + redo
     else:
@@ -218,7 +219,7 @@ def table(ranks: tuple[int, ...] = (8, 64, 256), sizes: tuple[int, ...] = (1 << 
           config: FlowConfig = CONFIG) -> list[str]:
     """docs/reliability.md's table: per kind, its detection and the closed-form time lost
     (least-most, ms) at each size and number of ranks."""
-    detect = {"inc": f"{NOTICE_GRACE:g} s notice grace; rebuild, switch redo",
+    detect = {"inc": f"{NOTICE_GRACE:g} s notice grace; rebuild, switch redo (or hand-over)",
               "ring": f"≤ {2 * LIVENESS_POLL:g} s (polls); rebuild, redo",
               "dark": f"{DARK:g} budgets dark ({DARK * config.dark_budget:.2f} s); "
                       f"as ring"}

@@ -259,7 +259,9 @@ class ModelController:
 
     def unregister_ring(self, ring_id: str) -> dict[str, Any]:
         if not isinstance(self._world.fabric, TwoTierFabric):
-            self._world.pipeline.unregister_ring(ring_id)
+            pipeline = self._world.pipeline
+            self._world.unregistered[ring_id] = pipeline.counters()[ring_id]
+            pipeline.unregister_ring(ring_id)
         return {}
 
     def ping(self) -> dict[str, Any]:
@@ -299,6 +301,7 @@ class World:
                  aggregator_bps: Optional[float] = None, in_flight: int = 1,
                  controller: bool = False) -> None:
         self.n, self.config = n, config
+        self.unregistered: dict[str, Any] = {}  # a ring's last counters (ModelController)
         self.sim = Simulation(max_time, max_events)
         self.turns = Turns(self.sim)
         self.pipeline = AggregationPipeline()
@@ -394,10 +397,12 @@ class World:
         return [dict(dev.counters) for dev in self.devices]
 
     def switch_counters(self) -> dict[str, Any]:
-        """The "inc" ring's counters, as the controller reports them (on a two-tier fabric:
+        """The "inc" ring's counters, as the controller reports them (also once rank 0's
+        `ModelController` unregistered it; on a two-tier fabric:
         its ToRs' sums, with `racks` and each switch's own counters, `switches`)."""
         if isinstance(self.fabric, ThreeTierFabric):
             return self.fabric.ring_counters(self.spec.ring_id)
         if isinstance(self.fabric, TwoTierFabric):
             return self.fabric.target.counters()["rings"][self.spec.ring_id]
-        return self.fabric.pipeline.counters()[self.spec.ring_id]
+        counters = self.fabric.pipeline.counters()
+        return counters.get(self.spec.ring_id) or self.unregistered[self.spec.ring_id]
