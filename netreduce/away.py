@@ -55,7 +55,8 @@ from netreduce.algorithms import CallContext
 from netreduce.algorithms.switch import (SWITCH, inline_sum, recv_offset, wire_bytes,
                                          write_inline)
 from netreduce.errors import SwitchFailure
-from netreduce.meta import INLINE, CallMeta, MetaExchange, SwitchNotAggregating, check_agreement
+from netreduce.meta import (INLINE, CallMeta, CallRejected, MetaExchange, SwitchNotAggregating,
+                            check_agreement)
 from netreduce.registration import (Controller, LeaseKeeper, SwitchRegistrationError,
                                     SwitchStatus, register_inc_ring, switch_view,
                                     unregister)
@@ -288,14 +289,16 @@ class AwayProtocol:
         recovered = False
         if plan.recover:
             last = self._kept.get(plan.call)
-            self._recovery = Recovery(plan.call) if last is None or last.context.inline else \
+            self._recovery = Recovery(plan.call, record=self._began if last is None else
+                                      last.record) \
+                if last is None or last.context.inline else \
                 Recovery.handing(plan, last.context, expected if last is good else None,
                                  self.rank)
             try:
                 recovered = self._recover(position, target, reason)
-            except (RingFault, CompletionError):
+            except (RingFault, CompletionError, CallRejected):
                 self._left(epoch, reason, plan)     # the recovery is redone in the next epoch
-                raise
+                raise                               # (refused: alike on the ranks at k*)
         if not (gathered[0]["controller"] and self._rebuild_at_once(epoch, reason, plan)):
             self._left(epoch, reason, plan)
         return recovered
@@ -425,20 +428,23 @@ class AwayProtocol:
                        reason: str) -> bool:
         """Settle call `seq`, a small call that travelled in its records (INLINE), which
         the switch completed for some ranks only (it was lost while it emitted their
-        sums): every rank exchanges its record of it again around the host ring; the ranks
-        without it (`position` == `seq`) write its result from those records into
-        `target`, the others check that the switch gave them the same records. Returns
-        True when it wrote `target`. `SwitchFailure` when this rank holds neither that
-        call's wire words (`settle` sums those) nor its record of a small call."""
-        last = self._kept.get(seq)
-        kept = last is not None
-        if position > seq and not kept:
-            raise SwitchFailure(
-                f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
-                f"lost ({reason}) while some ranks lacked the records of call #{seq}, which "
-                f"this rank refused from them (a refusal keeps nothing to finish it with)")
-        mine = last.record if kept else self._began
+        sums): every rank exchanges its record of it again around the host ring (the one
+        `Recovery.record` holds, so a redo after a host-ring fault sends it again, also
+        from a rank an earlier attempt completed it on); the ranks without it (`position`
+        == `seq`) write its result from those records into `target`, the ranks the switch
+        gave records check that it gave them the same. Returns True when it wrote
+        `target`. `SwitchFailure` when this rank holds neither that call's wire words
+        (`settle` sums those) nor its record of a small call."""
+        rec, last = self._recovery, self._kept.get(seq)
+        assert rec is not None and rec.call == seq
+        mine = rec.record
         if mine is None or mine.seq != seq or not mine.flags & INLINE:
+            if position > seq and last is None:
+                raise SwitchFailure(
+                    f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
+                    f"lost ({reason}) while some ranks lacked the records of call #{seq}, "
+                    f"which this rank refused from them and left (it keeps nothing to finish "
+                    f"it with)")
             raise SwitchFailure(
                 f"netreduce: rank {self.rank}: the switch at {self.status.controller} was "
                 f"lost ({reason}); call #{seq} must be finished from a good rank's sum (or "
@@ -446,8 +452,7 @@ class AwayProtocol:
                 f"{'those of calls ' + str(sorted(self._kept)) if self._kept else 'none'}")
         records = self._meta.exchange(mine, through_switch=False)
         if position > seq:
-            assert last is not None
-            if tuple(m.blocks for m in records) != last.context.blocks:
+            if last is not None and tuple(m.blocks for m in records) != last.context.blocks:
                 raise SwitchFailure(
                     f"netreduce: rank {self.rank}: allreduce call #{seq}: the records the "
                     f"switch at {self.status.controller} returned differ from every rank's "

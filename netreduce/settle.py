@@ -63,13 +63,15 @@ class Recovery:
     it (netreduce/transport_fault.py): what this rank contributes (`words`: the giver's
     good sum, zeros elsewhere; copied before the first attempt, as the host ring sums in
     place over the workspace's send area), what the switch gave it with a good seal
-    (`expected`) and the giver; `context` None: a small call, finished from its records."""
+    (`expected`) and the giver; `context` None: a small call, finished from its records,
+    `record` this rank's (as it began the call: sent again by every attempt)."""
 
     call: int
     context: CallContext | None = None
     words: np.ndarray | None = None
     expected: np.ndarray | None = None
     giver: int = 0
+    record: CallMeta | None = None
 
     @classmethod
     def handing(cls, plan: SettlePlan, switch_call: CallContext, expected: np.ndarray | None,

@@ -159,8 +159,9 @@ def test_a_fake_switch_lost_with_k4_calls_in_flight_recovers_every_call_once() -
 
 def test_an_inc_fault_on_fake_qps_with_k4_calls_in_flight_recovers_every_call_once() -> None:
     """Rank 1's "inc" QPs fail a WRITE in call 2 (its records behind call 1's data, or
-    its data): "inc" rebuilt at once, the calls not completed redone through the switch,
-    every call exact, once, in order; one fault, one rebuild, no fallback."""
+    its data): every call exact, once, in order; one fault. No rank had completed the
+    call: "inc" rebuilt at once, the call redone through the switch, no fallback; else
+    (the threads' timing decides) a good rank's sum handed over, the switch left."""
     fabric = FakeFabric()
     controller = FakeController(fabric)
 
@@ -172,8 +173,10 @@ def test_an_inc_fault_on_fake_qps_with_k4_calls_in_flight_recovers_every_call_on
                         controller=controller)
     check_exact(results, CALLS)
     for _, _, stats in results:
-        assert stats["switch"]["fallbacks"] == 0 and stats["calls"] == {"switch": CALLS}, stats
-        assert (stats["transport"]["faults"], stats["transport"]["rebuilds"]) == (1, 1), stats
+        switch, t = stats["switch"], stats["transport"]
+        assert t["faults"] == 1 and switch["fallbacks"] + t["rebuilds"] == 1, stats
+        assert switch["fallbacks"] == switch["recovered"], stats
+        assert switch["fallbacks"] or stats["calls"] == {"switch": CALLS}, stats
 
 
 def observe_rank0_inc(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]], Any]:
