@@ -361,9 +361,7 @@ class AwayProtocol:
         self.status = status
         self._lease = self._keep_lease()
         self._meet = epoch
-        self._stats.fault_event("faults")
-        self._stats.fault_event("redone")
-        counts = self._stats.fault_event("rebuilds")
+        counts = self._stats.fault_rebuilt()
         if self.rank == 0:
             logger.warning("netreduce: %s; epoch %d: 'inc' rebuilt at once (%.2f s), ring %s "
                            "registered in place of %s; call #%d redone, calls go on through "

@@ -156,6 +156,15 @@ class CallStats:
             self._transport[kind] += count
             return dict(self._transport)
 
+    def fault_rebuilt(self, fault: bool = True) -> dict[str, int]:
+        """A transport fault settled by rebuilding a ring and redoing its call: rebuilds +1,
+        and (`fault`: not counted already) faults and redone +1; the counts after it."""
+        with self._lock:
+            for kind in ("faults", "redone") if fault else ():
+                self._transport[kind] += 1
+            self._transport["rebuilds"] += 1
+            return dict(self._transport)
+
     def fault_detected(self, at: float) -> None:
         """A transport fault settled here was detected at `at` (monotonic s: this rank's
         failed completion, or its settle's start): time is lost from the earliest such

@@ -198,10 +198,8 @@ class FaultRecovery:
             # into a scratch output: the kept input must survive a redo that completes
             # here but not on every rank (the next epoch redoes it again from that input)
             self._redo(replace(kept[1], target=np.empty_like(kept[1].array)), k)
-        if faulted_ring(reason) == "ring":  # else counted by fall_back (a fault on "inc")
-            self._stats.fault_event("faults")
-            self._stats.fault_event("redone")
-        counts = self._stats.fault_event("rebuilds")
+        # a fault on "inc" is counted by fall_back
+        counts = self._stats.fault_rebuilt(fault=faulted_ring(reason) == "ring")
         if self.rank == 0:
             logger.warning("netreduce: %s; epoch %d: the host ring's QPs were rebuilt "
                            "(attempt %d of call #%d, positions %s), the call is %s "
