@@ -73,17 +73,18 @@ def own_failure(exc: BaseException, retry_cnt: int) -> bool:
         and "transport retry counter exceeded" in str(exc)
 
 
-def check_run(s: dict[str, Any]) -> str:
+def check_run(s: dict[str, Any], controller: bool = False) -> str:
     """Run scenario `s`: every call's result is the exact sum on every rank ("exact"), or
     the first error of each failed rank is documented (fail fast: `check_fail_fast`), its
-    later calls refused as unusable ("failed"); never a wrong sum, never a hang."""
+    later calls refused as unusable ("failed"); never a wrong sum, never a hang.
+    `controller`: rank 0 holds one (World), so an "inc" fault rebuilds "inc" at once."""
     n, config, calls = s["n"], s["config"], s["calls"]
     psn0s = ({(r, ring): PSN_MASK - 40 * r for r in range(n) for ring in ("ring", "inc")}
              if s["near_wrap"] else None)
     spec_slots = required_slots(World(n, config, switch=False).spec)
     world = World(n, config, faults=s["faults"], slots=max(256, spec_slots),
                   attr=QPAttr(mtu=config.mtu, timeout=s["timeout"], retry_cnt=s["retry_cnt"]),
-                  psn0s=psn0s, max_time=200.0, max_events=400_000)
+                  psn0s=psn0s, max_time=200.0, max_events=400_000, controller=controller)
 
     def body(comm: Any) -> list[Any]:
         out: list[Any] = []
