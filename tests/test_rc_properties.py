@@ -13,7 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import netreduce.rejoin
-
 from flowctl import FlowConfig
 from tests.rcmodel.fabric import FaultRates, Faults
 from tests.rcmodel.scenarios import check_run, scenarios
